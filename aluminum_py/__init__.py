@@ -1,0 +1,24 @@
+"""aluminum_py: MPI-style collectives for Python with fast allreduce algorithms and a native
+progress engine.  See docs/quickstart.md.
+
+    import aluminum_py as al
+    comm = al.Communicator()
+    comm.Allreduce(x)                     # in place
+    req = comm.Iallreduce(x); req.Wait()
+"""
+from mpi4py import MPI as _MPI  # noqa: F401  (initialises MPI and loads libmpi before _core)
+
+from . import _core
+from .algorithms import algorithms
+from .communicator import Communicator
+from .errors import Error, MPIError, TimeoutError, UnavailableError
+from .ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM, Op
+from .request import Request, Waitall
+from ._shutdown import install as _install_shutdown
+
+__version__ = "0.1.0"
+__all__ = ["Communicator", "Request", "Waitall", "algorithms", "Error", "MPIError",
+           "TimeoutError", "UnavailableError", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
+           "LXOR", "BAND", "BOR", "BXOR", "AVG", "OPS"]
+
+_install_shutdown()

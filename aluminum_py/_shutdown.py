@@ -1,0 +1,17 @@
+"""Stop the progress engine at interpreter exit, before mpi4py finalizes MPI.
+
+mpi4py finalizes MPI after Python's atexit handlers have run, so an atexit handler registered
+here runs first: pending ops get AL_EXIT_GRACE seconds (default 2) to complete, then their MPI
+requests are cancelled and freed, so an exiting program never hangs on them.
+"""
+import atexit
+
+from . import _core, config
+
+
+def _shutdown() -> None:
+    _core.shutdown_engine(config.exit_grace())
+
+
+def install() -> None:
+    atexit.register(_shutdown)

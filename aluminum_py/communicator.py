@@ -1,0 +1,439 @@
+"""The Communicator: every collective, blocking and I-prefixed nonblocking.
+
+Every method has the same shape: normalise and check the buffers (``buffers``), check op and
+dtype (``ops``), pick the algorithm, build one native op (``_core.make_op``), then ``_launch``
+runs it in the caller (blocking, GIL released) or hands it to the progress engine (nonblocking).
+"""
+from __future__ import annotations
+
+import operator
+
+from . import _core, config, schedules
+from .algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, Selector
+from .buffers import addr, as_array, at_least, no_partial_overlap, same_dtype
+from .errors import Error, TimeoutError, UnavailableError
+from .ops import AVG, DTYPE_CODES, SUM, as_op, check_op
+from .request import Request, _check
+
+K = _core.KINDS
+_MAX_COUNT = 2**31 - 1
+
+
+class Communicator:
+    """An MPI-style communicator for host (numpy / buffer-protocol) arrays.
+
+    Duplicates the given mpi4py communicator (default ``MPI.COMM_WORLD``) twice: one copy for
+    collectives and the library's own algorithm traffic, one for the user's Send/Recv, so neither
+    can match the other's messages.  Construction is collective.
+
+    Example (``mpiexec -n 4 python prog.py``)::
+
+        import numpy as np, aluminum_py as al
+        comm = al.Communicator()
+        x = np.full(1000, comm.rank, dtype=np.float32)
+        comm.Allreduce(x)                      # in place: x == sum(range(size))
+        req = comm.Iallreduce(x, algorithm="ring"); ...; req.Wait()
+    """
+
+    def __init__(self, comm=None, *, stream=None):
+        from mpi4py import MPI
+        if stream is not None:
+            raise UnavailableError("stream=: GPU communicators need a CUDA device and the GPU "
+                                   "backend; no CUDA device is available")
+        if isinstance(comm, Communicator):
+            comm = comm._coll
+        base = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(base, MPI.Comm):
+            raise TypeError(f"comm: expected an mpi4py communicator, got {type(base).__name__}")
+        if base == MPI.COMM_NULL:
+            raise ValueError("comm: MPI.COMM_NULL is not a communicator")
+        self._coll = base.Dup()
+        self._p2p = base.Dup()
+        self._state = _core.CommState(self._coll, self._p2p)
+        self.rank: int = self._state.rank
+        self.size: int = self._state.size
+        node = base.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank: int = node.Get_rank()
+        self.local_size: int = node.Get_size()
+        node.Free()
+        self._selector = Selector(self.size)
+        self._schedules: dict = {}
+        self._any_source = MPI.ANY_SOURCE
+        self._any_tag = MPI.ANY_TAG
+
+    def __repr__(self) -> str:
+        return f"<aluminum_py.Communicator rank {self.rank} of {self.size}>"
+
+    @property
+    def mpi_comm(self):
+        """The mpi4py communicator used for collectives (do not send on it)."""
+        return self._coll
+
+    def Free(self) -> None:
+        """Free the duplicated MPI communicators (collective). Pending ops are an error."""
+        if self._state.pending:
+            raise Error(f"Free: {self._state.pending} operations are still pending")
+        self._coll.Free()
+        self._p2p.Free()
+
+    # ------------------------------------------------------------------ helpers
+    def _rank_arg(self, value, name: str) -> int:
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}: expected an int rank, got {type(value).__name__}") from None
+        if not 0 <= v < self.size:
+            raise ValueError(f"{name}: rank {v} is out of range for a communicator of size {self.size}")
+        return v
+
+    def _tag_arg(self, tag, allow_any: bool) -> int:
+        t = operator.index(tag)
+        if allow_any and t == self._any_tag:
+            return t
+        if not 0 <= t <= 32767:
+            raise ValueError(f"tag: {t} is out of range (0..32767)")
+        return t
+
+    @staticmethod
+    def _count(n: int, name: str) -> int:
+        if n > _MAX_COUNT:
+            raise ValueError(f"{name}: {n} elements exceeds the limit of 2**31-1 per operation")
+        return n
+
+    def _resolve(self, algorithm: str, nbytes: int) -> str:
+        if algorithm == "auto":
+            return self._selector.choose(nbytes)
+        if algorithm in HOST_ALLREDUCE:
+            return algorithm
+        if algorithm in GPU_ALLREDUCE:
+            raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
+                             f"{', '.join(HOST_ALLREDUCE)}")
+        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; choose from "
+                         f"{', '.join(HOST_ALLREDUCE)}")
+
+    def _schedule(self, alg: str, count: int, inplace: bool):
+        key = (alg, count, inplace)
+        sched = self._schedules.get(key)
+        if sched is None:
+            steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)
+            sched = _core.Schedule(steps, tmp)
+            if len(self._schedules) >= 256:
+                self._schedules.clear()
+            self._schedules[key] = sched
+        return sched
+
+    def _launch(self, op, blocking: bool, algorithm: str):
+        if not blocking:
+            op.submit()
+            return Request(op, algorithm)
+        timeout = config.hang_timeout()
+        if self._state.pending == 0:      # nothing queued on this communicator: run here
+            if not op.run(-1.0 if timeout is None else timeout):
+                raise TimeoutError(f"{op.describe()}: not complete after {timeout} s "
+                                   f"(AL_HANG_TIMEOUT; a peer that never joined?)")
+            _check(op)
+            return None
+        op.submit()                       # keep call order behind the pending ops
+        Request(op, algorithm)._wait(timeout)
+        return None
+
+    def _reduction(self, op, arr):
+        op = as_op(op)
+        code = DTYPE_CODES[arr.dtype][0]
+        check_op(op, code, arr.dtype)
+        return op, code
+
+    # ------------------------------------------------------------------ allreduce
+    def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking):
+        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
+        if recvbuf is None:
+            r, inplace = s, True
+        else:
+            r = as_array(recvbuf, "recvbuf", writable=True)
+            same_dtype(s, r, "sendbuf", "recvbuf")
+            at_least(r, s.size, "recvbuf", "one element per sendbuf element")
+            inplace = no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        op, code = self._reduction(op, s)
+        count = self._count(s.size, "sendbuf")
+        alg = self._resolve(algorithm, s.nbytes)
+        rp = addr(r)
+        sp = rp if inplace else addr(s)
+        avg = float(self.size) if op is AVG else 0.0
+        if alg == "mpi":
+            nop = _core.make_op(self._state, K["allreduce"], "allreduce/mpi", 0 if inplace else sp,
+                                rp, count, code, s.itemsize, op.code, avg_div=avg, avg_buf=rp,
+                                avg_cnt=count, keep=(s, r))
+        else:
+            nop = _core.make_op(self._state, K["schedule"], f"allreduce/{alg}", sp, rp, count,
+                                code, s.itemsize, op.code, tag=self._state.next_tag(),
+                                schedule=self._schedule(alg, count, inplace), avg_div=avg,
+                                avg_buf=rp, avg_cnt=count, keep=(s, r))
+        return self._launch(nop, blocking, alg)
+
+    def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> None:
+        """Reduce `sendbuf` over all ranks into `recvbuf` on every rank (None: in place).
+
+        Args:
+            sendbuf: numpy array or C-contiguous buffer.
+            recvbuf: output with at least sendbuf's element count and the same dtype, or None.
+            op: al.SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR or AVG.
+            algorithm: "auto", "mpi", "recursive_doubling", "rabenseifner" or "ring".
+        Raises:
+            TypeError / ValueError: bad arguments (before any communication).
+            aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
+        """
+        self._allreduce(sendbuf, recvbuf, op, algorithm, True)
+
+    def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
+        """Nonblocking Allreduce: returns a Request at once; the engine progresses it."""
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
+
+    # ------------------------------------------------------------------ reduce
+    def _reduce(self, sendbuf, recvbuf, op, root, blocking):
+        root = self._rank_arg(root, "root")
+        at_root = self.rank == root
+        s = as_array(sendbuf, "sendbuf", writable=at_root and recvbuf is None)
+        op, code = self._reduction(op, s)
+        count = self._count(s.size, "sendbuf")
+        sp, rp, r = addr(s), 0, None
+        if at_root:
+            if recvbuf is None:
+                r, sp = s, 0
+            else:
+                r = as_array(recvbuf, "recvbuf", writable=True)
+                same_dtype(s, r, "sendbuf", "recvbuf")
+                at_least(r, count, "recvbuf", "one element per sendbuf element")
+                if no_partial_overlap(s, r, "sendbuf", "recvbuf"):
+                    sp = 0
+            rp = addr(r)
+        avg = float(self.size) if (op is AVG and at_root) else 0.0
+        nop = _core.make_op(self._state, K["reduce"], "reduce", sp, rp, count, code, s.itemsize,
+                            op.code, root=root, avg_div=avg, avg_buf=rp, avg_cnt=count,
+                            keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    def Reduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> None:
+        """Reduce onto `root`. recvbuf matters at root only (None there: in place in sendbuf)."""
+        self._reduce(sendbuf, recvbuf, op, root, True)
+
+    def Ireduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> Request:
+        return self._reduce(sendbuf, recvbuf, op, root, False)
+
+    # ------------------------------------------------------------------ reduce_scatter
+    def _reduce_scatter(self, sendbuf, recvbuf, op, blocking):
+        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
+        if s.size % self.size:
+            raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
+                             f"size {self.size}")
+        op, code = self._reduction(op, s)
+        n = self._count(s.size // self.size, "recvbuf")
+        if recvbuf is None:
+            r, sp = s, 0
+        else:
+            r = as_array(recvbuf, "recvbuf", writable=True)
+            same_dtype(s, r, "sendbuf", "recvbuf")
+            at_least(r, n, "recvbuf", "len(sendbuf) // size")
+            sp = 0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else addr(s)
+        rp = addr(r)
+        avg = float(self.size) if op is AVG else 0.0
+        nop = _core.make_op(self._state, K["reduce_scatter"], "reduce_scatter", sp, rp, n, code,
+                            s.itemsize, op.code, avg_div=avg, avg_buf=rp, avg_cnt=n, keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM) -> None:
+        """Block reduce-scatter: rank i gets block i (len(sendbuf)//size elements) of the
+        reduction. recvbuf None: in place, the result lands in sendbuf[:len//size]."""
+        self._reduce_scatter(sendbuf, recvbuf, op, True)
+
+    def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM) -> Request:
+        return self._reduce_scatter(sendbuf, recvbuf, op, False)
+
+    # ------------------------------------------------------------------ data movement
+    def _blocks_in_place(self, buf, name):
+        """In-place form of a gather-like op: `buf` holds `size` blocks."""
+        b = as_array(buf, name, writable=True)
+        if b.size % self.size:
+            raise ValueError(f"{name}: {b.size} elements is not divisible by the communicator "
+                             f"size {self.size}")
+        return b, b.size // self.size
+
+    def _move(self, kind, name, s, r, n, blocking, root=0):
+        """Launch a data-movement op: s/r are arrays or None (None sendbuf: MPI_IN_PLACE)."""
+        arr = s if s is not None else r
+        code = DTYPE_CODES[arr.dtype][0]
+        nop = _core.make_op(self._state, K[kind], name, 0 if s is None else addr(s),
+                            0 if r is None else addr(r), self._count(n, "count"), code,
+                            arr.itemsize, 0, root=root, keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    def _allgather(self, sendbuf, recvbuf, blocking):
+        if recvbuf is None:
+            r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            return self._move("allgather", "allgather", None, r, n, blocking)
+        s = as_array(sendbuf, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, self.size * s.size, "recvbuf", "size * len(sendbuf)")
+        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        return self._move("allgather", "allgather", s, r, s.size, blocking)
+
+    def Allgather(self, sendbuf, recvbuf=None) -> None:
+        """Every rank gets every rank's sendbuf, concatenated in rank order.
+        recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`."""
+        self._allgather(sendbuf, recvbuf, True)
+
+    def Iallgather(self, sendbuf, recvbuf=None) -> Request:
+        return self._allgather(sendbuf, recvbuf, False)
+
+    def _bcast(self, buf, root, blocking):
+        root = self._rank_arg(root, "root")
+        b = as_array(buf, "buf", writable=self.rank != root)
+        nop = _core.make_op(self._state, K["bcast"], "bcast", 0, addr(b), self._count(b.size, "buf"),
+                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
+        return self._launch(nop, blocking, "mpi")
+
+    def Bcast(self, buf, root: int = 0) -> None:
+        """Broadcast root's `buf` into `buf` on every rank."""
+        self._bcast(buf, root, True)
+
+    def Ibcast(self, buf, root: int = 0) -> Request:
+        return self._bcast(buf, root, False)
+
+    def _alltoall(self, sendbuf, recvbuf, blocking):
+        if recvbuf is None:
+            r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            return self._move("alltoall", "alltoall", None, r, n, blocking)
+        s = as_array(sendbuf, "sendbuf")
+        if s.size % self.size:
+            raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
+                             f"size {self.size}")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, s.size, "recvbuf", "len(sendbuf)")
+        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        return self._move("alltoall", "alltoall", s, r, s.size // self.size, blocking)
+
+    def Alltoall(self, sendbuf, recvbuf=None) -> None:
+        """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i."""
+        self._alltoall(sendbuf, recvbuf, True)
+
+    def Ialltoall(self, sendbuf, recvbuf=None) -> Request:
+        return self._alltoall(sendbuf, recvbuf, False)
+
+    def _gather(self, sendbuf, recvbuf, root, blocking):
+        root = self._rank_arg(root, "root")
+        if self.rank != root:
+            s = as_array(sendbuf, "sendbuf")
+            return self._move("gather", "gather", s, None, s.size, blocking, root)
+        if recvbuf is None:
+            r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            return self._move("gather", "gather", None, r, n, blocking, root)
+        s = as_array(sendbuf, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, self.size * s.size, "recvbuf", "size * len(sendbuf)")
+        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        return self._move("gather", "gather", s, r, s.size, blocking, root)
+
+    def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
+        """Concatenate every rank's sendbuf at root. recvbuf matters at root only; None there:
+        in place, sendbuf holds size blocks with root's own at block `root`."""
+        self._gather(sendbuf, recvbuf, root, True)
+
+    def Igather(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
+        return self._gather(sendbuf, recvbuf, root, False)
+
+    def _scatter(self, sendbuf, recvbuf, root, blocking):
+        root = self._rank_arg(root, "root")
+        if self.rank != root:
+            if recvbuf is None:
+                raise TypeError("recvbuf: required on non-root ranks")
+            r = as_array(recvbuf, "recvbuf", writable=True)
+            nop_s = r   # sendbuf is not significant here
+            return self._move("scatter", "scatter", nop_s, r, r.size, blocking, root)
+        s = as_array(sendbuf, "sendbuf")
+        if s.size % self.size:
+            raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
+                             f"size {self.size}")
+        n = s.size // self.size
+        if recvbuf is None:
+            return self._move("scatter", "scatter", s, None, n, blocking, root)
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, n, "recvbuf", "len(sendbuf) // size")
+        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        return self._move("scatter", "scatter", s, r, n, blocking, root)
+
+    def Scatter(self, sendbuf, recvbuf=None, root: int = 0) -> None:
+        """Block i of root's sendbuf goes to rank i's recvbuf (whose length sets the count on
+        non-roots). At root recvbuf None: in place, root's block stays in sendbuf."""
+        self._scatter(sendbuf, recvbuf, root, True)
+
+    def Iscatter(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
+        return self._scatter(sendbuf, recvbuf, root, False)
+
+    def _barrier(self, blocking):
+        nop = _core.make_op(self._state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)
+        return self._launch(nop, blocking, "mpi")
+
+    def Barrier(self) -> None:
+        self._barrier(True)
+
+    def Ibarrier(self) -> Request:
+        return self._barrier(False)
+
+    # ------------------------------------------------------------------ point to point
+    def _send(self, buf, dest, tag, blocking):
+        dest = self._rank_arg(dest, "dest")
+        b = as_array(buf, "buf")
+        nop = _core.make_op(self._state, K["send"], "send", addr(b), 0, self._count(b.size, "buf"),
+                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=dest,
+                            tag=self._tag_arg(tag, False), keep=(b,))
+        return self._launch(nop, blocking, "mpi")
+
+    def Send(self, buf, dest: int, tag: int = 0) -> None:
+        """Send `buf` to rank `dest` (messages on this communicator never match collectives)."""
+        self._send(buf, dest, tag, True)
+
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+        return self._send(buf, dest, tag, False)
+
+    def _source(self, source):
+        if operator.index(source) == self._any_source:
+            return int(source)
+        return self._rank_arg(source, "source")
+
+    def _recv(self, buf, source, tag, blocking):
+        source = self._source(source)
+        b = as_array(buf, "buf", writable=True)
+        nop = _core.make_op(self._state, K["recv"], "recv", 0, addr(b), self._count(b.size, "buf"),
+                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=source,
+                            tag=self._tag_arg(tag, True), keep=(b,))
+        return self._launch(nop, blocking, "mpi")
+
+    def Recv(self, buf, source: int, tag: int = 0) -> None:
+        """Receive into `buf` from rank `source` (or MPI.ANY_SOURCE); tag may be MPI.ANY_TAG."""
+        self._recv(buf, source, tag, True)
+
+    def Irecv(self, buf, source: int, tag: int = 0) -> Request:
+        return self._recv(buf, source, tag, False)
+
+    def _sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking):
+        dest = self._rank_arg(dest, "dest")
+        source = self._source(source)
+        s = as_array(sendbuf, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        nop = _core.make_op(self._state, K["sendrecv"], "sendrecv", addr(s), addr(r),
+                            self._count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize, 0,
+                            root=dest, count2=self._count(r.size, "recvbuf"), peer2=source,
+                            tag=self._tag_arg(tag, False), keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    def Sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
+        """Send to `dest` and receive from `source` at once (no deadlock in a ring)."""
+        self._sendrecv(sendbuf, dest, recvbuf, source, tag, True)
+
+    def Isendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> Request:
+        return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False)

@@ -1,0 +1,34 @@
+"""Environment variables (all start with AL_). Read when used, so tests can change them."""
+from __future__ import annotations
+
+import os
+
+
+def _float(name: str, default):
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return default
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r} is not a number of seconds") from None
+
+
+def hang_timeout() -> float | None:
+    """AL_HANG_TIMEOUT: seconds after which a blocking op or a Wait() without timeout raises."""
+    t = _float("AL_HANG_TIMEOUT", None)
+    return None if t is None or t <= 0 else t
+
+
+def exit_grace() -> float:
+    """AL_EXIT_GRACE: seconds pending ops get to finish at interpreter exit (default 2)."""
+    return _float("AL_EXIT_GRACE", 2.0)
+
+
+def model_params() -> tuple[float, float, float]:
+    """AL_ALPHA (s per message), AL_BETA (s per byte), AL_GAMMA (s per byte reduced).
+
+    Defaults: measured with bench/allreduce_vs_mpi.py on the reference 2-core machine
+    (MPICH 5, shared memory); see docs/algorithms.md.
+    """
+    return (_float("AL_ALPHA", 2.0e-6), _float("AL_BETA", 1.6e-10), _float("AL_GAMMA", 1.0e-10))

@@ -1,0 +1,86 @@
+"""Requests returned by the nonblocking (I-prefixed) operations."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from . import config
+from .errors import Error, MPIError, TimeoutError
+
+
+def _check(op) -> None:
+    err = op.error
+    if err is not None:
+        code, msg = err
+        raise MPIError(f"{op.name}: {msg}", code)
+
+
+class Request:
+    """A pending operation. Holds the buffers it reads and writes until it completes.
+
+    Attributes:
+        algorithm: the algorithm that runs the op (``"ring"``, ``"mpi"``, ...).
+    """
+
+    __slots__ = ("_op", "algorithm")
+
+    def __init__(self, op, algorithm: str):
+        self._op = op
+        self.algorithm = algorithm
+
+    def Wait(self, timeout: float | None = None) -> None:
+        """Block until the op completes.
+
+        Args:
+            timeout: seconds; None uses AL_HANG_TIMEOUT (unset: wait forever).
+        Raises:
+            aluminum_py.TimeoutError: not complete in time (the op stays pending; Wait again).
+            aluminum_py.MPIError: the op failed.
+        """
+        self._wait(config.hang_timeout() if timeout is None else float(timeout))
+
+    def _wait(self, timeout: float | None) -> None:
+        if not self._op.wait(-1.0 if timeout is None else timeout):
+            raise TimeoutError(f"{self._op.describe()}: not complete after {timeout} s "
+                               f"(a peer that never joined?)")
+        _check(self._op)
+
+    def Test(self) -> bool:
+        """True if complete (raising if it failed); never blocks."""
+        if self._op.test():
+            _check(self._op)
+            return True
+        return False
+
+    @property
+    def done(self) -> bool:
+        return self._op.test()
+
+    def __repr__(self) -> str:
+        return f"<aluminum_py.Request {self._op.describe()} algorithm={self.algorithm}>"
+
+    def __del__(self):
+        try:
+            self._op.orphan()
+        except Exception:   # interpreter shutdown
+            pass
+
+
+def Waitall(requests: Iterable[Request], timeout: float | None = None) -> None:
+    """Wait for every request; `timeout` bounds the whole call. Raises the first failure."""
+    import time
+    reqs = list(requests)
+    if timeout is None:
+        timeout = config.hang_timeout()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    first: Error | None = None
+    for r in reqs:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            r._wait(left)
+        except TimeoutError:
+            raise
+        except Error as e:
+            if first is None:
+                first = e
+    if first is not None:
+        raise first

@@ -1,0 +1,284 @@
+"""Allreduce algorithms as pure schedule builders.
+
+A schedule is, for one rank, the list of steps it performs: per step an optional local copy
+(sendbuf -> recvbuf), an optional receive and an optional send.  A receive either lands in the
+result buffer (``into``), or is reduced into it (``tmp_reduce``: into scratch, then
+``recvbuf[off] = SRC[off] op scratch``; ``into_reduce``: into the result buffer, then
+``recvbuf[off] = sendbuf[off] op recvbuf[off]``, which saves the scratch and the copy for
+out-of-place calls).  The native engine executes schedules (``ext/_core.pyx``), the same machine
+for blocking and nonblocking calls; :func:`simulate` executes them in numpy for every rank at once,
+so the algorithms are tested for many rank counts without MPI.
+
+Offsets and counts are in elements.  Sends and receives of zero elements are dropped on both
+sides (both ends compute the same block sizes).  Out of place, the builder tracks which blocks of
+the result buffer already hold partial results ("valid"); untouched blocks are read from sendbuf,
+so no algorithm starts with a full copy of the input.
+
+Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
+
+* ``recursive_doubling``: log2(p) full-vector exchanges.  Non-powers of two fold the first 2r
+  ranks (r = p - 2^floor(log2 p)) in pairs before and out after.
+* ``rabenseifner``: reduce-scatter by recursive halving, then allgather by recursive doubling,
+  over 2^floor(log2 p) blocks, with the same fold.
+* ``ring``: reduce-scatter then allgather around the ring, p blocks, any p.
+
+Every block's final value is computed by exactly one rank or identically by both partners (the
+ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
+bit-identical results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+FROM_SEND, FROM_RECV = 0, 1
+RECV_NONE, RECV_INTO, RECV_TMP_REDUCE, RECV_INTO_REDUCE = 0, 1, 2, 3
+
+ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring")
+
+
+@dataclass(frozen=True)
+class Step:
+    send_peer: int = -1
+    send_src: int = FROM_SEND
+    send_off: int = 0
+    send_cnt: int = 0
+    recv_peer: int = -1
+    recv_mode: int = RECV_NONE
+    reduce_src: int = FROM_RECV
+    recv_off: int = 0
+    recv_cnt: int = 0
+    copy_off: int = 0
+    copy_cnt: int = 0
+
+
+def block_bounds(count: int, nblocks: int) -> list[int]:
+    """Offsets of `nblocks` near-equal blocks covering `count` elements (length nblocks + 1)."""
+    q, r = divmod(count, nblocks)
+    bounds = [0]
+    for i in range(nblocks):
+        bounds.append(bounds[-1] + q + (1 if i < r else 0))
+    return bounds
+
+
+class _Builder:
+    """Accumulates steps for one rank, tracking which blocks of recvbuf hold partial results."""
+
+    def __init__(self, count: int, bounds: list[int], inplace: bool):
+        self.count = count
+        self.bounds = bounds
+        self.inplace = inplace
+        self.valid = [inplace] * (len(bounds) - 1)
+        self.steps: list[Step] = []
+        self.tmp = 0
+
+    def _range(self, lo: int, hi: int) -> tuple[int, int]:
+        return self.bounds[lo], self.bounds[hi] - self.bounds[lo]
+
+    def _src(self, lo: int, hi: int) -> int:
+        vals = set(self.valid[lo:hi])
+        assert len(vals) <= 1, "mixed validity inside one transfer"
+        return FROM_RECV if vals == {True} else FROM_SEND
+
+    def step(self, send_peer=-1, send=None, recv_peer=-1, recv=None, reduce=False):
+        """One exchange: send blocks send=(lo, hi) to send_peer, receive blocks recv=(lo, hi)."""
+        kw = {}
+        if send is not None and send_peer >= 0:
+            off, cnt = self._range(*send)
+            if cnt > 0:
+                kw.update(send_peer=send_peer, send_src=self._src(*send), send_off=off, send_cnt=cnt)
+        if recv is not None and recv_peer >= 0:
+            off, cnt = self._range(*recv)
+            if cnt > 0:
+                if not reduce:
+                    mode, rsrc = RECV_INTO, FROM_RECV
+                elif self._src(*recv) == FROM_RECV:
+                    mode, rsrc = RECV_TMP_REDUCE, FROM_RECV
+                elif send is not None and kw.get("send_src") == FROM_RECV and _overlap(
+                        (kw["send_off"], kw["send_cnt"]), (off, cnt)):
+                    mode, rsrc = RECV_TMP_REDUCE, FROM_SEND   # cannot land where we send from
+                else:
+                    mode, rsrc = RECV_INTO_REDUCE, FROM_SEND
+                if mode == RECV_TMP_REDUCE:
+                    self.tmp = max(self.tmp, cnt)
+                kw.update(recv_peer=recv_peer, recv_mode=mode, reduce_src=rsrc, recv_off=off,
+                          recv_cnt=cnt)
+            for b in range(*recv):
+                self.valid[b] = True
+        if kw:
+            self.steps.append(Step(**kw))
+
+    def finish(self, has_result: bool = True) -> tuple[list[Step], int]:
+        """Copy blocks never touched (out of place) so recvbuf holds the whole result."""
+        if has_result and not self.inplace:
+            b = 0
+            nb = len(self.valid)
+            while b < nb:
+                if self.valid[b]:
+                    b += 1
+                    continue
+                e = b
+                while e < nb and not self.valid[e]:
+                    e += 1
+                off, cnt = self._range(b, e)
+                if cnt > 0:
+                    self.steps.append(Step(copy_off=off, copy_cnt=cnt))
+                b = e
+        return self.steps, self.tmp
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def _fold(p: int, rank: int):
+    """Fold to a power of two: (p2, r, newrank or -1, partner rank in the pair or -1)."""
+    p2 = 1 << (p.bit_length() - 1)
+    r = p - p2
+    if rank < 2 * r:
+        if rank % 2 == 0:
+            return p2, r, -1, rank + 1
+        return p2, r, rank // 2, rank - 1
+    return p2, r, rank - r, -1
+
+
+def _real(newrank: int, r: int) -> int:
+    return newrank * 2 + 1 if newrank < r else newrank + r
+
+
+def _fold_in(b: _Builder, rank: int, newrank: int, pair: int, nblocks: int):
+    if pair < 0:
+        return
+    if newrank < 0:          # even rank of a folded pair: hand over its data
+        b.step(send_peer=pair, send=(0, nblocks))
+    else:                    # odd rank: absorb the partner's data
+        b.step(recv_peer=pair, recv=(0, nblocks), reduce=True)
+
+
+def _fold_out(b: _Builder, newrank: int, pair: int, nblocks: int):
+    if pair < 0:
+        return
+    if newrank < 0:
+        b.step(recv_peer=pair, recv=(0, nblocks))
+    else:
+        b.step(send_peer=pair, send=(0, nblocks))
+
+
+def recursive_doubling(p: int, rank: int, count: int, inplace: bool):
+    b = _Builder(count, [0, count], inplace)
+    p2, r, nr, pair = _fold(p, rank)
+    _fold_in(b, rank, nr, pair, 1)
+    if nr >= 0:
+        mask = 1
+        while mask < p2:
+            peer = _real(nr ^ mask, r)
+            b.step(send_peer=peer, send=(0, 1), recv_peer=peer, recv=(0, 1), reduce=True)
+            mask <<= 1
+    _fold_out(b, nr, pair, 1)
+    return b.finish()
+
+
+def rabenseifner(p: int, rank: int, count: int, inplace: bool):
+    p2, r, nr, pair = _fold(p, rank)
+    b = _Builder(count, block_bounds(count, p2), inplace)
+    _fold_in(b, rank, nr, pair, p2)
+    if nr >= 0:
+        lo, hi = 0, p2
+        mask = p2 >> 1
+        while mask >= 1:                      # reduce-scatter by recursive halving
+            peer = _real(nr ^ mask, r)
+            mid = (lo + hi) // 2
+            keep, give = ((mid, hi), (lo, mid)) if nr & mask else ((lo, mid), (mid, hi))
+            b.step(send_peer=peer, send=give, recv_peer=peer, recv=keep, reduce=True)
+            lo, hi = keep
+            mask >>= 1
+        mask = 1
+        while mask < p2:                      # allgather by recursive doubling
+            peer = _real(nr ^ mask, r)
+            other = (lo - mask, lo) if nr & mask else (hi, hi + mask)
+            b.step(send_peer=peer, send=(lo, hi), recv_peer=peer, recv=other)
+            lo, hi = min(lo, other[0]), max(hi, other[1])
+            mask <<= 1
+    _fold_out(b, nr, pair, p2)
+    return b.finish()
+
+
+def ring(p: int, rank: int, count: int, inplace: bool):
+    b = _Builder(count, block_bounds(count, p), inplace)
+    right, left = (rank + 1) % p, (rank - 1) % p
+    for s in range(p - 1):                    # reduce-scatter
+        sb, rb = (rank - s) % p, (rank - s - 1) % p
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1), reduce=True)
+    for s in range(p - 1):                    # allgather
+        sb, rb = (rank + 1 - s) % p, (rank - s) % p
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1))
+    return b.finish()
+
+
+BUILDERS = {"recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner, "ring": ring}
+
+
+@lru_cache(maxsize=512)
+def build(algorithm: str, p: int, rank: int, count: int, inplace: bool):
+    """(steps, scratch elements) for one rank; cached."""
+    steps, tmp = BUILDERS[algorithm](p, rank, count, inplace)
+    return tuple(steps), tmp
+
+
+def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = False):
+    """Execute the schedules of all ranks in one process (for tests): returns each rank's result.
+
+    ``reduce(a, b)`` is the element-wise op.  Messages are matched per (source, dest) in order,
+    as MPI does with one tag.  Raises if the schedules deadlock or mismatch.
+    """
+    p = len(inputs)
+    count = inputs[0].size
+    sched = [build(algorithm, p, r, count, inplace)[0] for r in range(p)]
+    send = [x.copy() for x in inputs]
+    recv = [x.copy() if inplace else np.full_like(x, 0) for x in inputs]
+    if inplace:
+        send = recv
+    pos = [0] * p
+    posted: dict[tuple[int, int], list[np.ndarray]] = {}
+    phase = [0] * p  # 0: not yet sent this step, 1: sent, waiting for receive
+    while any(pos[r] < len(sched[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            if pos[r] >= len(sched[r]):
+                continue
+            st = sched[r][pos[r]]
+            if phase[r] == 0:
+                if st.copy_cnt:
+                    sl = slice(st.copy_off, st.copy_off + st.copy_cnt)
+                    recv[r][sl] = send[r][sl]
+                if st.send_peer >= 0:
+                    src = send[r] if st.send_src == FROM_SEND else recv[r]
+                    data = src[st.send_off:st.send_off + st.send_cnt].copy()
+                    posted.setdefault((r, st.send_peer), []).append(data)
+                phase[r] = 1
+                moved = True
+            if st.recv_peer >= 0:
+                q = posted.get((st.recv_peer, r))
+                if not q:
+                    continue
+                data = q.pop(0)
+                if data.size != st.recv_cnt:
+                    raise AssertionError(f"rank {r} step {pos[r]}: got {data.size}, wants {st.recv_cnt}")
+                sl = slice(st.recv_off, st.recv_off + st.recv_cnt)
+                if st.recv_mode == RECV_INTO:
+                    recv[r][sl] = data
+                elif st.recv_mode == RECV_TMP_REDUCE:
+                    src = send[r] if st.reduce_src == FROM_SEND else recv[r]
+                    recv[r][sl] = reduce(src[sl], data)
+                else:
+                    recv[r][sl] = reduce(send[r][sl], data)
+            pos[r] += 1
+            phase[r] = 0
+            moved = True
+        if not moved:
+            raise AssertionError(f"{algorithm}: schedules deadlock at steps {pos}")
+    if any(posted.values()):
+        raise AssertionError(f"{algorithm}: unreceived messages {posted}")
+    return recv

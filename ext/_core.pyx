@@ -1,0 +1,907 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Native core of aluminum_py: op state machines and the progress engine.
+
+Everything below the Python-visible classes runs without the GIL:
+
+* ``al_op`` is the state of one operation.  ``op_start`` and ``op_step`` are
+  non-blocking; the same two functions drive an op to completion in the
+  caller (blocking calls, GIL released) and in the progress engine thread
+  (nonblocking calls).  One explicit ``phase`` field, no boolean soup.
+* Our own allreduce algorithms run as a *schedule* (``al_step`` array built in
+  Python by ``aluminum_py.schedules``): per step an optional local copy, an
+  optional receive (plain, or followed by a reduction) and an optional send.
+* MPI pass-through ops (the MPI library's own collectives and point-to-point)
+  start with the ``MPI_I*`` call and are polled with ``MPI_Testall``.
+* The engine thread is a pthread whose loop is pure ``nogil`` Cython calling
+  the MPI C API through ``mpi4py.libmpi``.  Completion is an atomic flag
+  (release store, acquire load); waiters sleep on a condition variable.
+"""
+
+from libc.stdlib cimport malloc, free, calloc, getenv
+from libc.string cimport memcpy, memset, strncpy
+from libc.stdint cimport int64_t, intptr_t
+from posix.time cimport timespec, clock_gettime, CLOCK_REALTIME
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
+cimport mpi4py.libmpi as mpi
+cimport numpy as cnp
+from mpi4py.libmpi cimport MPI_Comm, MPI_Request, MPI_Datatype, MPI_Op
+
+cdef extern from "al_reduce.h" nogil:
+    int al_reduce(int dtype, int op, void* out, const void* a, const void* b, size_t n)
+    int al_scale_div(int dtype, void* buf, size_t n, double divisor)
+    int al_load_acquire(const int* p)
+    void al_store_release(int* p, int v)
+    int al_fetch_add(int* p, int v)
+    int al_load_seqcst(const int* p)
+    void al_store_seqcst(int* p, int v)
+    double al_now()
+    int AL_FLOAT16, AL_BFLOAT16, AL_NDTYPES, AL_NOPS
+    int AL_SUM, AL_PROD, AL_MIN, AL_MAX, AL_LAND, AL_LOR, AL_LXOR, AL_BAND, AL_BOR, AL_BXOR, AL_AVG
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_create(pthread_t*, void*, void* (*)(void*) noexcept nogil, void*)
+    int pthread_join(pthread_t, void**)
+    int pthread_mutex_init(pthread_mutex_t*, void*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
+    int pthread_cond_init(pthread_cond_t*, void*)
+    int pthread_cond_signal(pthread_cond_t*)
+    int pthread_cond_broadcast(pthread_cond_t*)
+    int pthread_cond_wait(pthread_cond_t*, pthread_mutex_t*)
+    int pthread_cond_timedwait(pthread_cond_t*, pthread_mutex_t*, const timespec*)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef extern from "<stdio.h>" nogil:
+    int snprintf(char*, size_t, const char*, ...)
+
+# ---------------------------------------------------------------------------
+# Constants shared with Python (aluminum_py/_native.py re-exports them)
+
+# op kinds
+cdef enum:
+    K_SCHEDULE = 0
+    K_ALLREDUCE = 1
+    K_REDUCE = 2
+    K_REDUCE_SCATTER = 3
+    K_ALLGATHER = 4
+    K_BCAST = 5
+    K_ALLTOALL = 6
+    K_GATHER = 7
+    K_SCATTER = 8
+    K_BARRIER = 9
+    K_SEND = 10
+    K_RECV = 11
+    K_SENDRECV = 12
+    K_NKINDS = 13
+
+# phases
+cdef enum:
+    PH_NEW = 0
+    PH_RUNNING = 1
+    PH_DONE = 2
+
+# schedule step receive modes and buffer selectors
+cdef enum:
+    RECV_NONE = 0
+    RECV_INTO = 1          # receive into recvbuf[off]
+    RECV_TMP_REDUCE = 2    # receive into scratch; recvbuf[off] = SRC[off] op scratch
+    RECV_INTO_REDUCE = 3   # receive into recvbuf[off]; recvbuf[off] = sendbuf[off] op recvbuf[off]
+    FROM_SEND = 0
+    FROM_RECV = 1
+
+KIND_NAMES = ("schedule", "allreduce", "reduce", "reduce_scatter", "allgather", "bcast",
+              "alltoall", "gather", "scatter", "barrier", "send", "recv", "sendrecv")
+KINDS = {name: i for i, name in enumerate(KIND_NAMES)}
+RECV_MODES = {"none": RECV_NONE, "into": RECV_INTO, "tmp_reduce": RECV_TMP_REDUCE,
+              "into_reduce": RECV_INTO_REDUCE}
+
+ctypedef struct al_step:
+    int send_peer        # -1: no send
+    int send_src         # FROM_SEND / FROM_RECV
+    int64_t send_off     # elements
+    int64_t send_cnt
+    int recv_peer        # -1: no receive
+    int recv_mode
+    int reduce_src       # RECV_TMP_REDUCE: FROM_SEND / FROM_RECV
+    int64_t recv_off
+    int64_t recv_cnt
+    int64_t copy_off     # local copy sendbuf -> recvbuf before communicating
+    int64_t copy_cnt
+
+ctypedef struct al_comm:
+    MPI_Comm coll        # internal traffic: collectives and our algorithms
+    MPI_Comm p2p         # the user's Send/Recv
+    int rank
+    int size
+    int pending          # ops handed to the engine and not yet complete (atomic)
+
+ctypedef struct al_op:
+    int kind
+    int phase
+    int blocking         # start() may use the blocking MPI call
+    int counted          # counted in comm.pending
+    al_comm* comm
+    int tag
+    char* sbuf           # NULL: in place (MPI_IN_PLACE)
+    char* rbuf
+    char* tmp
+    size_t tmpbytes
+    int64_t count        # elements (see the per-kind comment in op_start)
+    int64_t count2
+    int esize
+    int dtype
+    int rop
+    MPI_Datatype mtype
+    MPI_Op mop
+    int root             # root, or peer for send/recv, or dest for sendrecv
+    int peer2            # source for sendrecv
+    al_step* steps
+    int nsteps
+    int cur
+    int posted
+    MPI_Request reqs[2]
+    int nreqs
+    double avg_div       # > 0: divide avg_buf[:avg_cnt] by it at the end (AVG)
+    char* avg_buf
+    int64_t avg_cnt
+    int done             # atomic completion flag
+    int err              # 0, an MPI error code, or -1 (library error)
+    char errmsg[256]
+    al_op* next
+
+# ---------------------------------------------------------------------------
+# Scratch buffers: a small pool so that large ops don't fault fresh pages each time
+
+DEF POOL_SLOTS = 8
+cdef char* g_pool_buf[POOL_SLOTS]
+cdef size_t g_pool_size[POOL_SLOTS]
+cdef pthread_mutex_t g_pool_lock
+pthread_mutex_init(&g_pool_lock, NULL)
+memset(g_pool_buf, 0, sizeof(g_pool_buf))
+memset(g_pool_size, 0, sizeof(g_pool_size))
+
+cdef char* scratch_get(size_t nbytes, size_t* got) noexcept nogil:
+    cdef int i, best = -1
+    cdef char* p
+    pthread_mutex_lock(&g_pool_lock)
+    for i in range(POOL_SLOTS):
+        if g_pool_buf[i] != NULL and g_pool_size[i] >= nbytes:
+            if best < 0 or g_pool_size[i] < g_pool_size[best]:
+                best = i
+    if best >= 0:
+        p = g_pool_buf[best]
+        got[0] = g_pool_size[best]
+        g_pool_buf[best] = NULL
+        pthread_mutex_unlock(&g_pool_lock)
+        return p
+    pthread_mutex_unlock(&g_pool_lock)
+    got[0] = nbytes
+    return <char*>malloc(nbytes)
+
+cdef void scratch_put(char* p, size_t nbytes) noexcept nogil:
+    cdef int i, smallest = 0
+    if p == NULL:
+        return
+    pthread_mutex_lock(&g_pool_lock)
+    for i in range(POOL_SLOTS):
+        if g_pool_buf[i] == NULL:
+            g_pool_buf[i] = p
+            g_pool_size[i] = nbytes
+            pthread_mutex_unlock(&g_pool_lock)
+            return
+        if g_pool_size[i] < g_pool_size[smallest]:
+            smallest = i
+    # pool full: keep the larger buffer
+    if g_pool_size[smallest] < nbytes:
+        free(g_pool_buf[smallest])
+        g_pool_buf[smallest] = p
+        g_pool_size[smallest] = nbytes
+        p = NULL
+    pthread_mutex_unlock(&g_pool_lock)
+    free(p)
+
+# ---------------------------------------------------------------------------
+# The op state machine
+
+cdef inline int set_mpi_error(al_op* op, int rc, const char* where) noexcept nogil:
+    cdef char msg[512]
+    cdef int n = 0
+    if mpi.MPI_Error_string(rc, msg, &n) != mpi.MPI_SUCCESS:
+        n = 0
+    msg[n if n < 511 else 511] = 0
+    op.err = rc
+    snprintf(op.errmsg, 256, "%s failed: %s", where, msg)
+    return -1
+
+cdef int op_finish(al_op* op) noexcept nogil:
+    if op.err == 0 and op.avg_div > 0 and op.avg_cnt > 0:
+        al_scale_div(op.dtype, op.avg_buf, <size_t>op.avg_cnt, op.avg_div)
+    if op.tmp != NULL:
+        scratch_put(op.tmp, op.tmpbytes)
+        op.tmp = NULL
+    op.phase = PH_DONE
+    return 1
+
+cdef int sched_advance(al_op* op, int block) noexcept nogil:
+    """Run schedule steps until one would block (returns 0) or all are done (1)."""
+    cdef al_step* st
+    cdef char* dst
+    cdef char* src
+    cdef int rc, flag, es = op.esize
+    cdef MPI_Comm comm = op.comm.coll
+    while op.cur < op.nsteps:
+        st = &op.steps[op.cur]
+        if not op.posted:
+            if st.copy_cnt > 0:
+                memcpy(op.rbuf + st.copy_off * es, op.sbuf + st.copy_off * es, <size_t>(st.copy_cnt * es))
+            op.nreqs = 0
+            if st.recv_peer >= 0:
+                dst = op.tmp if st.recv_mode == RECV_TMP_REDUCE else op.rbuf + st.recv_off * es
+                rc = mpi.MPI_Irecv(dst, <int>st.recv_cnt, op.mtype, st.recv_peer, op.tag, comm, &op.reqs[0])
+                if rc != mpi.MPI_SUCCESS:
+                    set_mpi_error(op, rc, "MPI_Irecv")
+                    return op_finish(op)
+                op.nreqs = 1
+            if st.send_peer >= 0:
+                src = (op.sbuf if st.send_src == FROM_SEND else op.rbuf) + st.send_off * es
+                rc = mpi.MPI_Isend(src, <int>st.send_cnt, op.mtype, st.send_peer, op.tag, comm, &op.reqs[op.nreqs])
+                if rc != mpi.MPI_SUCCESS:
+                    set_mpi_error(op, rc, "MPI_Isend")
+                    return op_finish(op)
+                op.nreqs += 1
+            op.posted = 1
+        if op.nreqs > 0:
+            if block:
+                rc = mpi.MPI_Waitall(op.nreqs, op.reqs, mpi.MPI_STATUSES_IGNORE)
+                flag = 1
+            else:
+                rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, mpi.MPI_STATUSES_IGNORE)
+            if rc != mpi.MPI_SUCCESS:
+                set_mpi_error(op, rc, "MPI_Testall")
+                return op_finish(op)
+            if not flag:
+                return 0
+            op.nreqs = 0
+        if st.recv_mode == RECV_TMP_REDUCE:
+            src = (op.sbuf if st.reduce_src == FROM_SEND else op.rbuf) + st.recv_off * es
+            al_reduce(op.dtype, op.rop, op.rbuf + st.recv_off * es, src, op.tmp, <size_t>st.recv_cnt)
+        elif st.recv_mode == RECV_INTO_REDUCE:
+            dst = op.rbuf + st.recv_off * es
+            al_reduce(op.dtype, op.rop, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt)
+        op.posted = 0
+        op.cur += 1
+    return op_finish(op)
+
+cdef int mpi_start(al_op* op) noexcept nogil:
+    """Start an MPI pass-through op: the blocking call when op.blocking, else MPI_I*."""
+    cdef MPI_Comm comm = op.comm.coll
+    cdef void* sb = <void*>op.sbuf if op.sbuf != NULL else mpi.MPI_IN_PLACE
+    cdef void* rb = <void*>op.rbuf
+    if rb == NULL and op.kind == K_SCATTER:      # root's block stays in place
+        rb = mpi.MPI_IN_PLACE
+    cdef int n = <int>op.count, b = op.blocking, rc = mpi.MPI_SUCCESS
+    cdef MPI_Datatype t = op.mtype
+    cdef MPI_Request* r = &op.reqs[0]
+    op.nreqs = 0 if b else 1
+    if op.kind == K_ALLREDUCE:
+        rc = mpi.MPI_Allreduce(sb, rb, n, t, op.mop, comm) if b else mpi.MPI_Iallreduce(sb, rb, n, t, op.mop, comm, r)
+    elif op.kind == K_REDUCE:
+        rc = mpi.MPI_Reduce(sb, rb, n, t, op.mop, op.root, comm) if b else mpi.MPI_Ireduce(sb, rb, n, t, op.mop, op.root, comm, r)
+    elif op.kind == K_REDUCE_SCATTER:
+        rc = (mpi.MPI_Reduce_scatter_block(sb, rb, n, t, op.mop, comm) if b
+              else mpi.MPI_Ireduce_scatter_block(sb, rb, n, t, op.mop, comm, r))
+    elif op.kind == K_ALLGATHER:
+        rc = (mpi.MPI_Allgather(sb, n, t, rb, n, t, comm) if b
+              else mpi.MPI_Iallgather(sb, n, t, rb, n, t, comm, r))
+    elif op.kind == K_BCAST:
+        rc = mpi.MPI_Bcast(rb, n, t, op.root, comm) if b else mpi.MPI_Ibcast(rb, n, t, op.root, comm, r)
+    elif op.kind == K_ALLTOALL:
+        rc = (mpi.MPI_Alltoall(sb, n, t, rb, n, t, comm) if b
+              else mpi.MPI_Ialltoall(sb, n, t, rb, n, t, comm, r))
+    elif op.kind == K_GATHER:
+        rc = (mpi.MPI_Gather(sb, n, t, rb, n, t, op.root, comm) if b
+              else mpi.MPI_Igather(sb, n, t, rb, n, t, op.root, comm, r))
+    elif op.kind == K_SCATTER:
+        rc = (mpi.MPI_Scatter(sb, n, t, rb, n, t, op.root, comm) if b
+              else mpi.MPI_Iscatter(sb, n, t, rb, n, t, op.root, comm, r))
+    elif op.kind == K_BARRIER:
+        rc = mpi.MPI_Barrier(comm) if b else mpi.MPI_Ibarrier(comm, r)
+    elif op.kind == K_SEND:
+        rc = (mpi.MPI_Send(sb, n, t, op.root, op.tag, op.comm.p2p) if b
+              else mpi.MPI_Isend(sb, n, t, op.root, op.tag, op.comm.p2p, r))
+    elif op.kind == K_RECV:
+        rc = (mpi.MPI_Recv(rb, n, t, op.root, op.tag, op.comm.p2p, mpi.MPI_STATUS_IGNORE) if b
+              else mpi.MPI_Irecv(rb, n, t, op.root, op.tag, op.comm.p2p, r))
+    elif op.kind == K_SENDRECV:
+        if b:
+            rc = mpi.MPI_Sendrecv(sb, n, t, op.root, op.tag, rb, <int>op.count2, t, op.peer2, op.tag,
+                                  op.comm.p2p, mpi.MPI_STATUS_IGNORE)
+        else:
+            rc = mpi.MPI_Irecv(rb, <int>op.count2, t, op.peer2, op.tag, op.comm.p2p, &op.reqs[0])
+            if rc == mpi.MPI_SUCCESS:
+                rc = mpi.MPI_Isend(sb, n, t, op.root, op.tag, op.comm.p2p, &op.reqs[1])
+                op.nreqs = 2
+    else:
+        op.err = -1
+        snprintf(op.errmsg, 256, "unknown op kind %d", op.kind)
+        op.nreqs = 0
+        return op_finish(op)
+    if rc != mpi.MPI_SUCCESS:
+        op.nreqs = 0
+        set_mpi_error(op, rc, "MPI call")
+        return op_finish(op)
+    if op.nreqs == 0:
+        return op_finish(op)
+    return 0
+
+cdef int op_start(al_op* op) noexcept nogil:
+    """Begin an op without blocking (unless op.blocking). Returns 1 if already complete."""
+    op.phase = PH_RUNNING
+    if op.kind == K_SCHEDULE:
+        op.cur = 0
+        op.posted = 0
+        if op.tmpbytes > 0:
+            op.tmp = scratch_get(op.tmpbytes, &op.tmpbytes)
+            if op.tmp == NULL:
+                op.err = -1
+                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch", op.tmpbytes)
+                return op_finish(op)
+        return sched_advance(op, op.blocking)
+    return mpi_start(op)
+
+cdef int op_step(al_op* op, int block) noexcept nogil:
+    """Make progress; returns 1 when the op is complete. With block, waits for the current step."""
+    cdef int rc, flag
+    if op.phase == PH_DONE:
+        return 1
+    if op.kind == K_SCHEDULE:
+        return sched_advance(op, block)
+    if op.nreqs > 0:
+        if block:
+            rc = mpi.MPI_Waitall(op.nreqs, op.reqs, mpi.MPI_STATUSES_IGNORE)
+            flag = 1
+        else:
+            rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, mpi.MPI_STATUSES_IGNORE)
+        if rc != mpi.MPI_SUCCESS:
+            op.nreqs = 0
+            set_mpi_error(op, rc, "MPI_Testall")
+            return op_finish(op)
+        if not flag:
+            return 0
+        op.nreqs = 0
+    return op_finish(op)
+
+cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
+    """Abandon an op (engine shutdown): cancel and free its outstanding MPI requests."""
+    cdef int i
+    for i in range(op.nreqs):
+        mpi.MPI_Cancel(&op.reqs[i])
+        mpi.MPI_Request_free(&op.reqs[i])
+    op.nreqs = 0
+    op.err = -1
+    strncpy(op.errmsg, why, 255)
+    op_finish(op)
+
+# ---------------------------------------------------------------------------
+# The progress engine
+
+cdef pthread_mutex_t g_lock
+cdef pthread_cond_t g_submit_cond
+cdef pthread_cond_t g_done_cond
+pthread_mutex_init(&g_lock, NULL)
+pthread_cond_init(&g_submit_cond, NULL)
+pthread_cond_init(&g_done_cond, NULL)
+cdef al_op* g_qhead = NULL
+cdef al_op* g_qtail = NULL
+cdef pthread_t g_thread
+cdef int g_started = 0
+cdef int g_stop = 0
+cdef int g_waiters = 0
+cdef double g_exit_grace = 2.0
+cdef long g_loops = 0            # engine loop iterations (diagnostics)
+
+cdef inline void notify_done(al_op* op) noexcept nogil:
+    if op.counted:
+        al_fetch_add(&op.comm.pending, -1)
+    al_store_seqcst(&op.done, 1)
+    if al_load_seqcst(&g_waiters) > 0:
+        pthread_mutex_lock(&g_lock)
+        pthread_cond_broadcast(&g_done_cond)
+        pthread_mutex_unlock(&g_lock)
+
+cdef void* engine_main(void* arg) noexcept nogil:
+    global g_qhead, g_qtail, g_loops
+    cdef al_op* active = NULL
+    cdef al_op* tail = NULL
+    cdef al_op* take
+    cdef al_op* op
+    cdef al_op* prev
+    cdef al_op* nxt
+    cdef int stopping = 0, progress
+    cdef double deadline = 0.0
+    while True:
+        pthread_mutex_lock(&g_lock)
+        while g_qhead == NULL and active == NULL and not g_stop:
+            pthread_cond_wait(&g_submit_cond, &g_lock)
+        take = g_qhead
+        g_qhead = NULL
+        g_qtail = NULL
+        if g_stop and not stopping:
+            stopping = 1
+            deadline = al_now() + g_exit_grace
+        pthread_mutex_unlock(&g_lock)
+        g_loops += 1
+        progress = 0
+        # start newly submitted ops in submission order (per communicator: call order)
+        while take != NULL:
+            op = take
+            take = take.next
+            op.next = NULL
+            progress = 1
+            if op.phase == PH_NEW and op_start(op):
+                notify_done(op)
+                continue
+            if tail == NULL:
+                active = op
+            else:
+                tail.next = op
+            tail = op
+        # step every active op
+        prev = NULL
+        op = active
+        while op != NULL:
+            nxt = op.next
+            if op_step(op, 0):
+                progress = 1
+                if prev == NULL:
+                    active = nxt
+                else:
+                    prev.next = nxt
+                if tail == op:
+                    tail = prev
+                op.next = NULL
+                notify_done(op)
+            else:
+                prev = op
+            op = nxt
+        if stopping and (active == NULL or al_now() > deadline):
+            break
+        if not progress:
+            sched_yield()
+    # shutdown: abandon what is left
+    while active != NULL:
+        op = active
+        active = op.next
+        op.next = NULL
+        op_cancel(op, "cancelled: the progress engine stopped at interpreter exit before this op completed")
+        notify_done(op)
+    pthread_mutex_lock(&g_lock)
+    take = g_qhead
+    g_qhead = NULL
+    g_qtail = NULL
+    pthread_mutex_unlock(&g_lock)
+    while take != NULL:
+        op = take
+        take = op.next
+        op.next = NULL
+        op_cancel(op, "cancelled: the progress engine stopped at interpreter exit before this op started")
+        notify_done(op)
+    return NULL
+
+cdef int engine_submit(al_op* op) noexcept nogil:
+    """Queue an op for the engine (starting the thread if needed). Returns 0 or an errno."""
+    global g_qhead, g_qtail, g_started
+    cdef int rc = 0
+    op.counted = 1
+    al_fetch_add(&op.comm.pending, 1)
+    pthread_mutex_lock(&g_lock)
+    if g_stop:
+        pthread_mutex_unlock(&g_lock)
+        al_fetch_add(&op.comm.pending, -1)
+        op.counted = 0
+        return -1
+    if not g_started:
+        rc = pthread_create(&g_thread, NULL, engine_main, NULL)
+        if rc != 0:
+            pthread_mutex_unlock(&g_lock)
+            al_fetch_add(&op.comm.pending, -1)
+            op.counted = 0
+            return rc
+        g_started = 1
+    op.next = NULL
+    if g_qtail == NULL:
+        g_qhead = op
+    else:
+        g_qtail.next = op
+    g_qtail = op
+    pthread_cond_signal(&g_submit_cond)
+    pthread_mutex_unlock(&g_lock)
+    return 0
+
+cdef int wait_done(al_op* op, double timeout) noexcept nogil:
+    """Wait for op.done; timeout < 0 waits forever. Returns 1 if done, 0 on timeout."""
+    cdef int i
+    cdef double deadline, now, until
+    cdef timespec ts
+    for i in range(200):
+        if al_load_acquire(&op.done):
+            return 1
+        if i >= 50:
+            sched_yield()
+    deadline = al_now() + timeout if timeout >= 0 else 1e300
+    pthread_mutex_lock(&g_lock)
+    al_fetch_add(&g_waiters, 1)
+    while not al_load_seqcst(&op.done):
+        now = al_now()
+        if now >= deadline:
+            break
+        until = deadline - now
+        if until > 0.05:
+            until = 0.05
+        clock_gettime(CLOCK_REALTIME, &ts)
+        ts.tv_nsec += <long>(until * 1e9)
+        ts.tv_sec += ts.tv_nsec // 1000000000
+        ts.tv_nsec = ts.tv_nsec % 1000000000
+        pthread_cond_timedwait(&g_done_cond, &g_lock, &ts)
+    al_fetch_add(&g_waiters, -1)
+    pthread_mutex_unlock(&g_lock)
+    return al_load_acquire(&op.done)
+
+cdef int run_inline(al_op* op, double timeout) noexcept nogil:
+    """Drive an op to completion in the calling thread. Returns 1 if done, 0 on timeout."""
+    cdef double deadline
+    cdef int n = 0
+    if timeout < 0:
+        op.blocking = 1
+        if not op_start(op):
+            while not op_step(op, 1):
+                pass
+        al_store_release(&op.done, 1)
+        return 1
+    deadline = al_now() + timeout
+    op.blocking = 0
+    if not op_start(op):
+        while not op_step(op, 0):
+            n += 1
+            if (n & 255) == 0 and al_now() > deadline:
+                return 0
+    al_store_release(&op.done, 1)
+    return 1
+
+def shutdown_engine(double grace=2.0):
+    """Stop the progress engine: finish what completes within `grace` seconds, cancel the rest."""
+    global g_stop, g_exit_grace, g_started
+    cdef int started
+    with nogil:
+        pthread_mutex_lock(&g_lock)
+        g_exit_grace = grace
+        g_stop = 1
+        started = g_started
+        pthread_cond_signal(&g_submit_cond)
+        pthread_mutex_unlock(&g_lock)
+        if started:
+            pthread_join(g_thread, NULL)
+            g_started = 0
+
+def engine_running():
+    return bool(g_started) and not g_stop
+
+def engine_loops():
+    """Number of progress-engine loop iterations so far (a diagnostic)."""
+    return g_loops
+
+# ---------------------------------------------------------------------------
+# MPI datatypes and ops for our dtype codes
+
+cdef MPI_Datatype g_types[16]
+cdef MPI_Op g_mpi_ops[16]
+cdef MPI_Op g_half_ops[2][4]      # user ops for float16 / bfloat16: SUM, PROD, MIN, MAX
+cdef int g_mpi_ready = 0
+
+cdef void uop_f16_sum(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_FLOAT16, AL_SUM, io, io, i, <size_t>n[0])
+cdef void uop_f16_prod(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_FLOAT16, AL_PROD, io, io, i, <size_t>n[0])
+cdef void uop_f16_min(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_FLOAT16, AL_MIN, io, io, i, <size_t>n[0])
+cdef void uop_f16_max(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_FLOAT16, AL_MAX, io, io, i, <size_t>n[0])
+cdef void uop_bf16_sum(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_BFLOAT16, AL_SUM, io, io, i, <size_t>n[0])
+cdef void uop_bf16_prod(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_BFLOAT16, AL_PROD, io, io, i, <size_t>n[0])
+cdef void uop_bf16_min(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_BFLOAT16, AL_MIN, io, io, i, <size_t>n[0])
+cdef void uop_bf16_max(void* i, void* io, int* n, MPI_Datatype* t) noexcept nogil:
+    al_reduce(AL_BFLOAT16, AL_MAX, io, io, i, <size_t>n[0])
+
+cdef int mpi_tables_init() except -1:
+    global g_mpi_ready
+    if g_mpi_ready:
+        return 0
+    g_types[0] = mpi.MPI_INT8_T
+    g_types[1] = mpi.MPI_INT16_T
+    g_types[2] = mpi.MPI_INT32_T
+    g_types[3] = mpi.MPI_INT64_T
+    g_types[4] = mpi.MPI_UINT8_T
+    g_types[5] = mpi.MPI_UINT16_T
+    g_types[6] = mpi.MPI_UINT32_T
+    g_types[7] = mpi.MPI_UINT64_T
+    g_types[8] = mpi.MPI_UINT16_T     # float16: moved as 16-bit words, reduced by our user ops
+    g_types[9] = mpi.MPI_UINT16_T     # bfloat16: likewise
+    g_types[10] = mpi.MPI_FLOAT
+    g_types[11] = mpi.MPI_DOUBLE
+    g_types[12] = mpi.MPI_C_FLOAT_COMPLEX
+    g_types[13] = mpi.MPI_C_DOUBLE_COMPLEX
+    g_mpi_ops[0] = mpi.MPI_SUM
+    g_mpi_ops[1] = mpi.MPI_PROD
+    g_mpi_ops[2] = mpi.MPI_MIN
+    g_mpi_ops[3] = mpi.MPI_MAX
+    g_mpi_ops[4] = mpi.MPI_LAND
+    g_mpi_ops[5] = mpi.MPI_LOR
+    g_mpi_ops[6] = mpi.MPI_LXOR
+    g_mpi_ops[7] = mpi.MPI_BAND
+    g_mpi_ops[8] = mpi.MPI_BOR
+    g_mpi_ops[9] = mpi.MPI_BXOR
+    g_mpi_ops[10] = mpi.MPI_SUM       # AVG: SUM, then divide
+    mpi.MPI_Op_create(uop_f16_sum, 1, &g_half_ops[0][0])
+    mpi.MPI_Op_create(uop_f16_prod, 1, &g_half_ops[0][1])
+    mpi.MPI_Op_create(uop_f16_min, 1, &g_half_ops[0][2])
+    mpi.MPI_Op_create(uop_f16_max, 1, &g_half_ops[0][3])
+    mpi.MPI_Op_create(uop_bf16_sum, 1, &g_half_ops[1][0])
+    mpi.MPI_Op_create(uop_bf16_prod, 1, &g_half_ops[1][1])
+    mpi.MPI_Op_create(uop_bf16_min, 1, &g_half_ops[1][2])
+    mpi.MPI_Op_create(uop_bf16_max, 1, &g_half_ops[1][3])
+    g_mpi_ready = 1
+    return 0
+
+cdef MPI_Op mpi_op_for(int dtype, int rop) noexcept:
+    cdef int r = AL_SUM if rop == AL_AVG else rop
+    if dtype == AL_FLOAT16 or dtype == AL_BFLOAT16:
+        return g_half_ops[dtype - AL_FLOAT16][r]
+    return g_mpi_ops[r]
+
+cnp.import_array()
+
+def addr(cnp.ndarray a):
+    """Address of an ndarray's data."""
+    return <intptr_t>cnp.PyArray_DATA(a)
+
+def thread_level():
+    """The MPI thread support level as an int (mpi4py.MPI.THREAD_* values)."""
+    cdef int provided = 0
+    mpi.MPI_Query_thread(&provided)
+    return provided
+
+def thread_multiple():
+    cdef int provided = 0
+    mpi.MPI_Query_thread(&provided)
+    return provided == mpi.MPI_THREAD_MULTIPLE
+
+def reduce_into(int dtype, int rop, out, a, b):
+    """out[:] = a OP b with the native kernel (numpy arrays of equal size; testing and benches)."""
+    cdef Py_buffer bo, ba, bb
+    cdef int rc
+    PyObject_GetBuffer(out, &bo, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    PyObject_GetBuffer(a, &ba, PyBUF_C_CONTIGUOUS)
+    PyObject_GetBuffer(b, &bb, PyBUF_C_CONTIGUOUS)
+    try:
+        if ba.len != bo.len or bb.len != bo.len or bo.itemsize != ba.itemsize:
+            raise ValueError("reduce_into: buffers differ in size")
+        with nogil:
+            rc = al_reduce(dtype, rop, bo.buf, ba.buf, bb.buf, <size_t>(bo.len // bo.itemsize))
+        if rc != 0:
+            raise ValueError(f"reduce_into: op {rop} not defined for dtype {dtype}")
+    finally:
+        PyBuffer_Release(&bb)
+        PyBuffer_Release(&ba)
+        PyBuffer_Release(&bo)
+
+# ---------------------------------------------------------------------------
+# Python-visible handles
+
+cdef class CommState:
+    """Native state of one Communicator: two duplicated MPI communicators and a pending count."""
+    cdef al_comm* c
+    cdef readonly object coll_comm, p2p_comm
+    cdef readonly unsigned int seq
+
+    def __cinit__(self, coll_comm, p2p_comm):
+        mpi_tables_init()
+        self.c = <al_comm*>calloc(1, sizeof(al_comm))
+        if self.c == NULL:
+            raise MemoryError()
+        self.coll_comm = coll_comm
+        self.p2p_comm = p2p_comm
+        self.c.coll = <MPI_Comm><size_t>coll_comm.handle
+        self.c.p2p = <MPI_Comm><size_t>p2p_comm.handle
+        mpi.MPI_Comm_set_errhandler(self.c.coll, mpi.MPI_ERRORS_RETURN)
+        mpi.MPI_Comm_set_errhandler(self.c.p2p, mpi.MPI_ERRORS_RETURN)
+        mpi.MPI_Comm_rank(self.c.coll, &self.c.rank)
+        mpi.MPI_Comm_size(self.c.coll, &self.c.size)
+        self.seq = 0
+
+    def __dealloc__(self):
+        # MPI communicators are freed by Communicator.Free(); the struct lives as long as any op
+        # referencing it (ops keep a reference to this object).
+        free(self.c)
+        self.c = NULL
+
+    @property
+    def rank(self):
+        return self.c.rank
+
+    @property
+    def size(self):
+        return self.c.size
+
+    @property
+    def pending(self):
+        """Ops handed to the progress engine on this communicator and not yet complete."""
+        return al_load_acquire(&self.c.pending)
+
+    def next_tag(self):
+        """Tag for the next schedule op: identical on every rank because ops start in call order."""
+        self.seq += 1
+        return <int>(self.seq % 32000u) + 1
+
+
+cdef class Schedule:
+    """A native step array built from the pure-Python schedule (aluminum_py.schedules)."""
+    cdef al_step* steps
+    cdef readonly int nsteps
+    cdef readonly int64_t tmp_elems
+
+    def __cinit__(self, steps, int64_t tmp_elems):
+        cdef int i
+        cdef al_step* s
+        self.nsteps = len(steps)
+        self.tmp_elems = tmp_elems
+        self.steps = <al_step*>calloc(max(self.nsteps, 1), sizeof(al_step))
+        if self.steps == NULL:
+            raise MemoryError()
+        for i, st in enumerate(steps):
+            s = &self.steps[i]
+            s.send_peer = st.send_peer
+            s.send_src = st.send_src
+            s.send_off = st.send_off
+            s.send_cnt = st.send_cnt
+            s.recv_peer = st.recv_peer
+            s.recv_mode = st.recv_mode
+            s.reduce_src = st.reduce_src
+            s.recv_off = st.recv_off
+            s.recv_cnt = st.recv_cnt
+            s.copy_off = st.copy_off
+            s.copy_cnt = st.copy_cnt
+
+    def __dealloc__(self):
+        free(self.steps)
+
+
+_orphans = []   # (NativeOp) whose Request was dropped before completion
+
+
+cdef class NativeOp:
+    """One operation: the native state plus references to everything it reads or writes."""
+    cdef al_op* op
+    cdef readonly object keep        # buffers, schedule, comm state: alive until completion
+    cdef readonly object name
+
+    def __cinit__(self):
+        self.op = <al_op*>calloc(1, sizeof(al_op))
+        if self.op == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.op != NULL:
+            free(self.op)
+
+    @property
+    def done(self):
+        return al_load_acquire(&self.op.done) != 0
+
+    @property
+    def error(self):
+        """(code, message) or None. Only meaningful once done."""
+        if self.op.err == 0:
+            return None
+        return (self.op.err, (<char*>self.op.errmsg).decode("utf-8", "replace"))
+
+    def describe(self):
+        """Where the op stands: its name, phase and, for schedules, the step and peers."""
+        cdef al_op* o = self.op
+        cdef al_step* st
+        phase = ("new", "running", "done")[o.phase]
+        if o.kind == K_SCHEDULE and o.phase == PH_RUNNING and o.cur < o.nsteps:
+            st = &o.steps[o.cur]
+            return (f"{self.name}: step {o.cur + 1}/{o.nsteps} waiting "
+                    f"(recv from rank {st.recv_peer}, send to rank {st.send_peer}, tag {o.tag})")
+        return f"{self.name}: {phase}"
+
+    def run(self, double timeout=-1.0):
+        """Run in the calling thread with the GIL released. Returns False if it timed out
+        (the op is then handed to the engine so its buffers stay valid)."""
+        cdef int ok
+        with nogil:
+            ok = run_inline(self.op, timeout)
+        if not ok:
+            self.submit(adopt=True)
+        return bool(ok)
+
+    def submit(self, adopt=False):
+        """Hand the op to the progress engine."""
+        cdef int rc
+        if _orphans:
+            _sweep_orphans()
+        if not thread_multiple():
+            raise RuntimeError("nonblocking operations need MPI_THREAD_MULTIPLE; "
+                               "do not lower mpi4py.rc.thread_level")
+        if not adopt:
+            self.op.phase = PH_NEW
+        with nogil:
+            rc = engine_submit(self.op)
+        if rc != 0:
+            raise RuntimeError("the progress engine is stopped (interpreter exit)" if rc < 0
+                               else f"could not start the progress engine thread (errno {rc})")
+
+    def wait(self, double timeout=-1.0):
+        """Wait for completion (timeout < 0: forever). Returns True when done."""
+        cdef int ok
+        if al_load_acquire(&self.op.done):
+            return True
+        with nogil:
+            ok = wait_done(self.op, timeout)
+        return bool(ok)
+
+    def test(self):
+        return al_load_acquire(&self.op.done) != 0
+
+    def orphan(self):
+        """The Request was dropped before completion: keep buffers alive until done."""
+        if not al_load_acquire(&self.op.done):
+            _orphans.append(self)
+
+
+def _sweep_orphans():
+    _orphans[:] = [o for o in _orphans if not o.done]
+
+
+def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t count,
+            int dtype, int esize, int rop, int root=0, int64_t count2=0, int peer2=0,
+            int tag=0, Schedule schedule=None, double avg_div=0.0, intptr_t avg_buf=0,
+            int64_t avg_cnt=0, keep=None):
+    """Build a NativeOp. Pointers are addresses (0 for in place / unused); counts are elements."""
+    cdef NativeOp o = NativeOp.__new__(NativeOp)
+    cdef al_op* op = o.op
+    op.kind = kind
+    op.phase = PH_NEW
+    op.comm = cs.c
+    op.tag = tag
+    op.sbuf = <char*>sbuf
+    op.rbuf = <char*>rbuf
+    op.count = count
+    op.count2 = count2
+    op.dtype = dtype
+    op.esize = esize
+    op.rop = rop
+    op.mtype = g_types[dtype]
+    op.mop = mpi_op_for(dtype, rop)
+    op.root = root
+    op.peer2 = peer2
+    op.avg_div = avg_div
+    op.avg_buf = <char*>avg_buf
+    op.avg_cnt = avg_cnt
+    if schedule is not None:
+        op.steps = schedule.steps
+        op.nsteps = schedule.nsteps
+        op.tmpbytes = <size_t>(schedule.tmp_elems * esize)
+    o.keep = (cs, schedule, keep)
+    o.name = name
+    return o

@@ -1,0 +1,71 @@
+"""Build the Cython extensions in ext/ against an MPI library.
+
+MPI is found in this order (the same knobs mpi4py uses):
+  1. MPICC=/path/to/mpicc      the cluster's MPI compiler wrapper: used as the C compiler
+  2. mpicc on PATH             (the `mpich` wheel puts one in the build environment)
+  3. <prefix>/include/mpi.h    for every prefix on sys.path (the `mpich` wheel layout)
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import mpi4py
+import numpy
+from setuptools import Extension, setup
+from Cython.Build import cythonize
+
+
+def mpicc_flags(mpicc):
+    """Include dirs, library dirs and libraries from `mpicc -show` (MPICH) or `--showme` (Open MPI)."""
+    for flag in ("-show", "--showme"):
+        try:
+            out = subprocess.run([mpicc, flag], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        inc, libdirs, libs = [], [], []
+        for tok in shlex.split(out)[1:]:
+            if tok.startswith("-I"):
+                inc.append(tok[2:])
+            elif tok.startswith("-L"):
+                libdirs.append(tok[2:])
+            elif tok.startswith("-l"):
+                libs.append(tok[2:])
+        if inc or libs:
+            return inc, libdirs, libs
+    return None
+
+
+def find_mpi():
+    mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
+    if mpicc:
+        found = mpicc_flags(mpicc)
+        if found:
+            return found
+    prefixes = {sys.prefix, sysconfig.get_paths()["data"]}
+    for p in sys.path:
+        # <prefix>/lib/pythonX.Y/site-packages -> <prefix>
+        prefixes.add(os.path.abspath(os.path.join(p, "..", "..", "..")))
+    for prefix in sorted(prefixes):
+        if os.path.exists(os.path.join(prefix, "include", "mpi.h")):
+            return [os.path.join(prefix, "include")], [os.path.join(prefix, "lib")], ["mpi"]
+    sys.exit("aluminum_py: no MPI found. Install the `mpich` wheel, or set MPICC to your MPI's mpicc.")
+
+
+if os.environ.get("MPICC"):
+    os.environ.setdefault("CC", os.environ["MPICC"])
+
+inc, libdirs, libs = find_mpi()
+ext = Extension(
+    "aluminum_py._core",
+    sources=["ext/_core.pyx"],
+    include_dirs=["ext", mpi4py.get_include(), numpy.get_include()] + inc,
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    library_dirs=libdirs,
+    libraries=libs,
+    extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-unused-function"],
+)
+
+setup(ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))
