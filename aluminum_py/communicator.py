@@ -12,11 +12,53 @@ from . import _core, config, schedules
 from .algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, Selector
 from .buffers import addr, as_array, at_least, no_partial_overlap, same_dtype
 from .errors import Error, TimeoutError, UnavailableError
-from .ops import AVG, DTYPE_CODES, SUM, as_op, check_op
+from .ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, SUM, Op, as_op, check_op
 from .request import Request, _check
 
 K = _core.KINDS
 _MAX_COUNT = 2**31 - 1
+
+
+class _Hooks:
+    """What the native call path calls back for: unusual buffers, and every error message."""
+
+    as_array = staticmethod(as_array)
+    same_dtype = staticmethod(same_dtype)
+    at_least = staticmethod(at_least)
+    no_partial_overlap = staticmethod(no_partial_overlap)
+
+    @staticmethod
+    def request(op, algorithm):
+        return Request(op, algorithm)
+
+    @staticmethod
+    def raise_error(op):
+        _check(op)
+
+    @staticmethod
+    def raise_timeout(op, timeout):
+        raise TimeoutError(f"{op.describe()}: not complete after {timeout} s "
+                           f"(AL_HANG_TIMEOUT; a peer that never joined?)")
+
+    @staticmethod
+    def bad_algorithm(algorithm):
+        if algorithm in GPU_ALLREDUCE:
+            raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
+                             f"{', '.join(HOST_ALLREDUCE)}")
+        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; choose from "
+                         f"{', '.join(HOST_ALLREDUCE)}")
+
+    @staticmethod
+    def check_op(opcode, code, dtype):
+        check_op(OPS[opcode], code, dtype)
+
+    @staticmethod
+    def too_many(n, name):
+        Communicator._count(n, name)
+
+
+_core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
+                [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
 
 
 class Communicator:
@@ -57,7 +99,8 @@ class Communicator:
         self.local_size: int = node.Get_size()
         node.Free()
         self._selector = Selector(self.size)
-        self._schedules: dict = {}
+        self._launcher = _core.Launcher(self._state, self._selector.choose, self._build_schedule,
+                                        HOST_ALLREDUCE)
         self._any_source = MPI.ANY_SOURCE
         self._any_tag = MPI.ANY_TAG
 
@@ -100,42 +143,12 @@ class Communicator:
             raise ValueError(f"{name}: {n} elements exceeds the limit of 2**31-1 per operation")
         return n
 
-    def _resolve(self, algorithm: str, nbytes: int) -> str:
-        if algorithm == "auto":
-            return self._selector.choose(nbytes)
-        if algorithm in HOST_ALLREDUCE:
-            return algorithm
-        if algorithm in GPU_ALLREDUCE:
-            raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
-                             f"{', '.join(HOST_ALLREDUCE)}")
-        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; choose from "
-                         f"{', '.join(HOST_ALLREDUCE)}")
-
-    def _schedule(self, alg: str, count: int, inplace: bool):
-        key = (alg, count, inplace)
-        sched = self._schedules.get(key)
-        if sched is None:
-            steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)
-            sched = _core.Schedule(steps, tmp)
-            if len(self._schedules) >= 256:
-                self._schedules.clear()
-            self._schedules[key] = sched
-        return sched
+    def _build_schedule(self, alg: str, count: int, inplace: bool):
+        steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)
+        return _core.Schedule(steps, tmp)
 
     def _launch(self, op, blocking: bool, algorithm: str):
-        if not blocking:
-            op.submit()
-            return Request(op, algorithm)
-        timeout = config.hang_timeout()
-        if self._state.pending == 0:      # nothing queued on this communicator: run here
-            if not op.run(-1.0 if timeout is None else timeout):
-                raise TimeoutError(f"{op.describe()}: not complete after {timeout} s "
-                                   f"(AL_HANG_TIMEOUT; a peer that never joined?)")
-            _check(op)
-            return None
-        op.submit()                       # keep call order behind the pending ops
-        Request(op, algorithm)._wait(timeout)
-        return None
+        return self._launcher.launch(op, blocking, config.hang_timeout_native(), algorithm)
 
     def _reduction(self, op, arr):
         op = as_op(op)
@@ -144,32 +157,6 @@ class Communicator:
         return op, code
 
     # ------------------------------------------------------------------ allreduce
-    def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking):
-        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
-        if recvbuf is None:
-            r, inplace = s, True
-        else:
-            r = as_array(recvbuf, "recvbuf", writable=True)
-            same_dtype(s, r, "sendbuf", "recvbuf")
-            at_least(r, s.size, "recvbuf", "one element per sendbuf element")
-            inplace = no_partial_overlap(s, r, "sendbuf", "recvbuf")
-        op, code = self._reduction(op, s)
-        count = self._count(s.size, "sendbuf")
-        alg = self._resolve(algorithm, s.nbytes)
-        rp = addr(r)
-        sp = rp if inplace else addr(s)
-        avg = float(self.size) if op is AVG else 0.0
-        if alg == "mpi":
-            nop = _core.make_op(self._state, K["allreduce"], "allreduce/mpi", 0 if inplace else sp,
-                                rp, count, code, s.itemsize, op.code, avg_div=avg, avg_buf=rp,
-                                avg_cnt=count, keep=(s, r))
-        else:
-            nop = _core.make_op(self._state, K["schedule"], f"allreduce/{alg}", sp, rp, count,
-                                code, s.itemsize, op.code, tag=self._state.next_tag(),
-                                schedule=self._schedule(alg, count, inplace), avg_div=avg,
-                                avg_buf=rp, avg_cnt=count, keep=(s, r))
-        return self._launch(nop, blocking, alg)
-
     def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> None:
         """Reduce `sendbuf` over all ranks into `recvbuf` on every rank (None: in place).
 
@@ -182,11 +169,14 @@ class Communicator:
             TypeError / ValueError: bad arguments (before any communication).
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
-        self._allreduce(sendbuf, recvbuf, op, algorithm, True)
+        self._launcher.allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
+                                 algorithm, True, config.hang_timeout_native())
 
     def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
         """Nonblocking Allreduce: returns a Request at once; the engine progresses it."""
-        return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
+        return self._launcher.allreduce(sendbuf, recvbuf,
+                                        op.code if type(op) is Op else as_op(op).code,
+                                        algorithm, False, config.hang_timeout_native())
 
     # ------------------------------------------------------------------ reduce
     def _reduce(self, sendbuf, recvbuf, op, root, blocking):

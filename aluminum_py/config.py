@@ -1,4 +1,7 @@
-"""Environment variables (all start with AL_). Read when used, so tests can change them."""
+"""Environment variables (all start with AL_).
+
+Read once at import; call :func:`reload` after changing ``os.environ`` in a running program.
+"""
 from __future__ import annotations
 
 import os
@@ -14,10 +17,24 @@ def _float(name: str, default):
         raise ValueError(f"environment variable {name}={v!r} is not a number of seconds") from None
 
 
+_hang_timeout: float | None = None
+
+
+def reload() -> None:
+    """Re-read the environment variables that are cached (AL_HANG_TIMEOUT)."""
+    global _hang_timeout
+    t = _float("AL_HANG_TIMEOUT", None)
+    _hang_timeout = None if t is None or t <= 0 else t
+
+
 def hang_timeout() -> float | None:
     """AL_HANG_TIMEOUT: seconds after which a blocking op or a Wait() without timeout raises."""
-    t = _float("AL_HANG_TIMEOUT", None)
-    return None if t is None or t <= 0 else t
+    return _hang_timeout
+
+
+def hang_timeout_native() -> float:
+    """AL_HANG_TIMEOUT for the native layer: -1.0 means wait forever."""
+    return -1.0 if _hang_timeout is None else _hang_timeout
 
 
 def exit_grace() -> float:
@@ -32,3 +49,6 @@ def model_params() -> tuple[float, float, float]:
     (MPICH 5, shared memory); see docs/algorithms.md.
     """
     return (_float("AL_ALPHA", 2.0e-6), _float("AL_BETA", 1.6e-10), _float("AL_GAMMA", 1.0e-10))
+
+
+reload()

@@ -905,3 +905,174 @@ def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t 
     o.keep = (cs, schedule, keep)
     o.name = name
     return o
+
+
+# ---------------------------------------------------------------------------
+# The allreduce call path, in Cython because it is latency-critical: buffer checks, op/dtype
+# check, algorithm choice (cached per communicator), schedule lookup (cached), op creation and
+# launch.  Anything unusual (non-ndarray buffers, errors) defers to the Python helpers in
+# `_hooks`, so each error message is written once, in Python.
+
+cdef object _hooks = None           # aluminum_py.communicator._Hooks instance
+cdef dict _dtype_codes = {}         # np.dtype -> dtype code
+cdef int _valid[16][16]             # capability table: _valid[dtype][op]
+cdef int _avg_code = 10
+memset(_valid, 0, sizeof(_valid))
+
+def configure(hooks, dtype_codes, valid_pairs):
+    """Install the Python helpers and the capability table (called once at import)."""
+    global _hooks, _dtype_codes
+    _hooks = hooks
+    _dtype_codes = dict(dtype_codes)
+    memset(_valid, 0, sizeof(_valid))
+    for d, o in valid_pairs:
+        _valid[d][o] = 1
+
+cdef inline cnp.ndarray as_array(obj, str name, bint writable):
+    cdef cnp.ndarray a
+    if type(obj) is cnp.ndarray:
+        a = <cnp.ndarray>obj
+        if cnp.PyArray_IS_C_CONTIGUOUS(a) and (not writable or cnp.PyArray_ISWRITEABLE(a)):
+            return a
+    return _hooks.as_array(obj, name, writable)
+
+cdef inline int dtype_code_of(cnp.ndarray a) except -1:
+    code = _dtype_codes.get(<object>cnp.PyArray_DESCR(a))
+    if code is None:
+        _hooks.as_array(a, "sendbuf", False)      # raises the unsupported-dtype error
+        return -1
+    return code
+
+cdef inline void check_error(NativeOp o) except *:
+    if o.op.err != 0:
+        _hooks.raise_error(o)
+
+cdef class Launcher:
+    """Per-communicator call path: caches of auto's choice and of native schedules."""
+    cdef readonly CommState state
+    cdef dict auto_cache
+    cdef dict sched_cache
+    cdef object selector          # nbytes -> algorithm name (Python, cached here)
+    cdef object builder           # (alg, count, inplace) -> Schedule
+    cdef frozenset host_algs
+
+    def __cinit__(self, CommState state, selector, builder, host_algs):
+        self.state = state
+        self.auto_cache = {}
+        self.sched_cache = {}
+        self.selector = selector
+        self.builder = builder
+        self.host_algs = frozenset(host_algs)
+
+    cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
+        """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
+        cdef int ok
+        if not blocking:
+            o.submit()
+            return _hooks.request(o, algorithm)
+        if al_load_acquire(&self.state.c.pending) == 0:
+            with nogil:
+                ok = run_inline(o.op, timeout)
+            if not ok:
+                o.submit(adopt=True)
+                _hooks.raise_timeout(o, timeout)
+            check_error(o)
+            return None
+        o.submit()                      # keep call order behind this communicator's pending ops
+        if not o.wait(timeout):
+            _hooks.raise_timeout(o, timeout)
+        check_error(o)
+        return None
+
+    cdef str resolve(self, str algorithm, Py_ssize_t nbytes):
+        cdef object alg
+        if algorithm == "auto":
+            alg = self.auto_cache.get(nbytes)
+            if alg is None:
+                alg = self.selector(nbytes)
+                if len(self.auto_cache) > 4096:
+                    self.auto_cache.clear()
+                self.auto_cache[nbytes] = alg
+            return <str>alg
+        if algorithm in self.host_algs:
+            return algorithm
+        return _hooks.bad_algorithm(algorithm)     # raises
+
+    cdef Schedule schedule(self, str alg, Py_ssize_t count, bint inplace):
+        key = (alg, count, inplace)
+        sched = self.sched_cache.get(key)
+        if sched is None:
+            sched = self.builder(alg, count, inplace)
+            if len(self.sched_cache) >= 256:
+                self.sched_cache.clear()
+            self.sched_cache[key] = sched
+        return <Schedule>sched
+
+    def allreduce(self, sendbuf, recvbuf, int opcode, str algorithm, bint blocking, double timeout):
+        cdef cnp.ndarray s, r
+        cdef bint inplace
+        cdef Py_ssize_t count
+        cdef intptr_t sp, rp
+        cdef int code
+        cdef char* slo
+        cdef char* rlo
+        cdef NativeOp o
+        cdef str alg
+        s = as_array(sendbuf, "sendbuf", recvbuf is None)
+        code = dtype_code_of(s)
+        count = cnp.PyArray_SIZE(s)
+        if recvbuf is None:
+            r = s
+            inplace = True
+        else:
+            r = as_array(recvbuf, "recvbuf", True)
+            if cnp.PyArray_DESCR(r) != cnp.PyArray_DESCR(s) and r.dtype != s.dtype:
+                _hooks.same_dtype(s, r, "sendbuf", "recvbuf")
+            if cnp.PyArray_SIZE(r) < count:
+                _hooks.at_least(r, count, "recvbuf", "one element per sendbuf element")
+            slo = <char*>cnp.PyArray_DATA(s)
+            rlo = <char*>cnp.PyArray_DATA(r)
+            if count == 0 or slo == rlo:
+                inplace = count != 0
+            elif slo < rlo + cnp.PyArray_NBYTES(r) and rlo < slo + cnp.PyArray_NBYTES(s):
+                _hooks.no_partial_overlap(s, r, "sendbuf", "recvbuf")   # raises
+                inplace = False
+            else:
+                inplace = False
+        if opcode < 0 or opcode >= 16 or not _valid[code][opcode]:
+            _hooks.check_op(opcode, code, s.dtype)                        # raises
+        if count > 2147483647:
+            _hooks.too_many(count, "sendbuf")
+        alg = self.resolve(algorithm, cnp.PyArray_NBYTES(s))
+        rp = <intptr_t>cnp.PyArray_DATA(r)
+        sp = rp if inplace else <intptr_t>cnp.PyArray_DATA(s)
+        o = NativeOp.__new__(NativeOp)
+        o.op.comm = self.state.c
+        o.op.phase = PH_NEW
+        o.op.rbuf = <char*>rp
+        o.op.count = count
+        o.op.dtype = code
+        o.op.esize = <int>cnp.PyArray_ITEMSIZE(s)
+        o.op.rop = opcode
+        o.op.mtype = g_types[code]
+        o.op.mop = mpi_op_for(code, opcode)
+        if opcode == _avg_code:
+            o.op.avg_div = <double>self.state.c.size
+            o.op.avg_buf = <char*>rp
+            o.op.avg_cnt = count
+        if alg == "mpi":
+            o.op.kind = K_ALLREDUCE
+            o.op.sbuf = NULL if inplace else <char*>sp
+            o.name = "allreduce/mpi"
+            o.keep = (self.state, None, (s, r))
+        else:
+            sched = self.schedule(alg, count, inplace)
+            o.op.kind = K_SCHEDULE
+            o.op.sbuf = <char*>sp
+            o.op.tag = self.state.next_tag()
+            o.op.steps = sched.steps
+            o.op.nsteps = sched.nsteps
+            o.op.tmpbytes = <size_t>(sched.tmp_elems * o.op.esize)
+            o.name = "allreduce/" + alg
+            o.keep = (self.state, sched, (s, r))
+        return self.launch(o, blocking, timeout, alg)

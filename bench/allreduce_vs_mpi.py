@@ -1,0 +1,121 @@
+"""Allreduce: every aluminum_py algorithm against mpi4py's own Allreduce, same run, interleaved.
+
+    mpiexec -n 2 python bench/allreduce_vs_mpi.py [--min-bytes 4] [--max-bytes 64MiB]
+        [--algorithms mpi,recursive_doubling,rabenseifner,ring,auto] [--dtype float32]
+        [--nonblocking] [--iters N] [--json FILE]
+
+For each size and each iteration, every contender runs once (order rotated per iteration),
+each preceded by a barrier.  A sample is the max over ranks of one call's time; the table shows
+the median sample in microseconds and the ratio to mpi4py's ``comm.Allreduce`` (lower is better).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import aluminum_py as al
+
+
+def parse_bytes(text: str) -> int:
+    t = text.strip().lower()
+    for suf, mul in (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10),
+                     ("m", 1 << 20), ("g", 1 << 30), ("b", 1)):
+        if t.endswith(suf):
+            return int(float(t[: -len(suf)]) * mul)
+    return int(t)
+
+
+def human(n: int) -> str:
+    for unit, mul in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mul:
+            return f"{n // mul} {unit}"
+    return f"{n} B"
+
+
+def default_iters(nbytes: int) -> int:
+    return int(min(300, max(5, (256 << 20) // max(nbytes, 1) // 8)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--min-bytes", default="4")
+    ap.add_argument("--max-bytes", default="64MiB")
+    ap.add_argument("--algorithms", default="recursive_doubling,rabenseifner,ring,auto")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--nonblocking", action="store_true", help="time Iallreduce + Wait")
+    ap.add_argument("--iters", type=int, default=0, help="iterations per size (0: by size)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    world = MPI.COMM_WORLD
+    comm = al.Communicator()
+    native = world.Dup()
+    dtype = np.dtype(args.dtype)
+    algs = [a for a in args.algorithms.split(",") if a]
+    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    sizes = []
+    n = max(lo, dtype.itemsize)
+    while n <= hi:
+        sizes.append(n)
+        n *= 2
+    contenders = ["mpi4py"] + algs
+    rows = []
+    if comm.rank == 0:
+        print(f"# allreduce {args.dtype} SUM, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}"
+              f"{', nonblocking (Iallreduce+Wait)' if args.nonblocking else ''}")
+        print(f"# median over iterations of the max over ranks, microseconds; ratio = time / mpi4py")
+        head = f"{'bytes':>10} {'mpi4py':>10}" + "".join(f" {a:>20}" for a in algs)
+        print(head)
+    for nbytes in sizes:
+        count = nbytes // dtype.itemsize
+        send = np.ones(count, dtype=dtype)
+        recv = np.empty_like(send)
+        iters = args.iters or default_iters(nbytes)
+        times = np.zeros((len(contenders), iters))
+
+        def run(name):
+            if name == "mpi4py":
+                native.Allreduce(send, recv, op=MPI.SUM)
+            elif args.nonblocking:
+                comm.Iallreduce(send, recv, algorithm=name).Wait()
+            else:
+                comm.Allreduce(send, recv, algorithm=name)
+
+        for name in contenders:          # warm-up
+            run(name)
+        for it in range(iters):
+            order = contenders[it % len(contenders):] + contenders[:it % len(contenders)]
+            for name in order:
+                world.Barrier()
+                t0 = time.perf_counter()
+                run(name)
+                times[contenders.index(name), it] = time.perf_counter() - t0
+        world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+        med = np.median(times, axis=1) * 1e6
+        row = {"bytes": nbytes, "iters": iters,
+               **{name: float(med[i]) for i, name in enumerate(contenders)},
+               **{f"{name}_min": float(times[i].min() * 1e6) for i, name in enumerate(contenders)}}
+        rows.append(row)
+        if comm.rank == 0:
+            cells = "".join(f" {med[i + 1]:>11.1f} ({med[i + 1] / med[0]:4.2f}x)" for i in range(len(algs)))
+            print(f"{nbytes:>10} {med[0]:>10.1f}{cells}", flush=True)
+    if comm.rank == 0 and rows:
+        for a in algs:
+            ratios = np.array([r[a] / r["mpi4py"] for r in rows])
+            print(f"# {a}: geometric-mean ratio {np.exp(np.log(ratios).mean()):.2f}, "
+                  f"best {ratios.min():.2f}, worst {ratios.max():.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": comm.size, "dtype": args.dtype, "nonblocking": args.nonblocking,
+                           "mpi": MPI.Get_library_version().splitlines()[0], "rows": rows}, f, indent=1)
+    native.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
