@@ -800,7 +800,9 @@ cdef class NativeOp:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self.op != NULL:
+        # Last line of defence: an op the engine may still touch is leaked, never freed
+        # (Request.__del__ and the launcher orphan such ops, so this should not happen).
+        if self.op != NULL and (self.op.phase != PH_RUNNING or al_load_acquire(&self.op.done)):
             free(self.op)
 
     @property
@@ -824,16 +826,6 @@ cdef class NativeOp:
             return (f"{self.name}: step {o.cur + 1}/{o.nsteps} waiting "
                     f"(recv from rank {st.recv_peer}, send to rank {st.send_peer}, tag {o.tag})")
         return f"{self.name}: {phase}"
-
-    def run(self, double timeout=-1.0):
-        """Run in the calling thread with the GIL released. Returns False if it timed out
-        (the op is then handed to the engine so its buffers stay valid)."""
-        cdef int ok
-        with nogil:
-            ok = run_inline(self.op, timeout)
-        if not ok:
-            self.submit(adopt=True)
-        return bool(ok)
 
     def submit(self, adopt=False):
         """Hand the op to the progress engine."""
@@ -974,12 +966,14 @@ cdef class Launcher:
             with nogil:
                 ok = run_inline(o.op, timeout)
             if not ok:
-                o.submit(adopt=True)
+                o.submit(adopt=True)        # the engine finishes it; buffers stay alive
+                o.orphan()
                 _hooks.raise_timeout(o, timeout)
             check_error(o)
             return None
         o.submit()                      # keep call order behind this communicator's pending ops
         if not o.wait(timeout):
+            o.orphan()
             _hooks.raise_timeout(o, timeout)
         check_error(o)
         return None

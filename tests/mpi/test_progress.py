@@ -1,0 +1,128 @@
+"""The progress engine: background progress, timeouts, errors raised by Wait."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from aluminum_py import config
+from conftest import WORLD
+
+pytestmark = pytest.mark.mpi
+
+BIG = 4 << 20   # float32 elements: 16 MiB
+
+
+def test_progress_while_caller_sleeps(comm):
+    """Without any library call, a 16 MiB Iallreduce completes while the caller sleeps."""
+    for alg in ("ring", "rabenseifner", "mpi"):
+        x = np.full(BIG, comm.rank + 1, dtype=np.float32)
+        WORLD.Barrier()
+        req = comm.Iallreduce(x, algorithm=alg)
+        deadline = time.monotonic() + 60
+        while not req.done and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert req.done, f"{alg}: no progress while the caller slept"
+        req.Wait(timeout=1)
+        assert np.all(x == sum(range(1, comm.size + 1)))
+
+
+def test_progress_while_caller_holds_the_gil(comm):
+    """A pure-Python busy loop (holding the GIL) does not stop the engine."""
+    x = np.full(BIG, 1.0, dtype=np.float32)
+    WORLD.Barrier()
+    req = comm.Iallreduce(x, algorithm="ring")
+    t0 = time.monotonic()
+    spins = 0
+    while not req.done and time.monotonic() - t0 < 60:
+        for _ in range(1000):
+            spins += 1
+    assert req.done
+    req.Wait(timeout=1)
+    assert np.all(x == comm.size)
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "recursive_doubling", "ring"])
+def test_wait_timeout_when_peer_never_joins(comm, algorithm):
+    if comm.size == 1:
+        pytest.skip("needs a peer")
+    x = np.full(1000, comm.rank + 1.0)
+    if comm.rank == 0:
+        req = comm.Iallreduce(x, algorithm=algorithm)
+        with pytest.raises(al.TimeoutError, match="allreduce"):
+            req.Wait(timeout=0.3)
+        assert not req.Test()
+    WORLD.Barrier()
+    if comm.rank != 0:
+        req = comm.Iallreduce(x, algorithm=algorithm)
+    req.Wait(timeout=60)            # the timed-out op stayed pending and now completes
+    assert np.all(x == sum(range(1, comm.size + 1)))
+
+
+def test_recv_timeout_then_message_arrives(comm):
+    if comm.size == 1:
+        pytest.skip("needs a peer")
+    buf = np.zeros(10, dtype=np.int32)
+    if comm.rank == 1:
+        req = comm.Irecv(buf, source=0, tag=3)
+        with pytest.raises(al.TimeoutError):
+            req.Wait(timeout=0.2)
+    WORLD.Barrier()
+    if comm.rank == 0:
+        comm.Send(np.arange(10, dtype=np.int32), dest=1, tag=3)
+    if comm.rank == 1:
+        req.Wait(timeout=60)
+        assert np.array_equal(buf, np.arange(10))
+
+
+def test_hang_timeout_on_blocking_call(comm, monkeypatch):
+    """AL_HANG_TIMEOUT turns a blocking call whose peers never come into an error; the op stays
+    pending in the engine and the communicator keeps call order afterwards."""
+    if comm.size == 1:
+        pytest.skip("needs a peer")
+    x = np.full(100, comm.rank + 1, dtype=np.int64)
+    if comm.rank == 0:
+        monkeypatch.setenv("AL_HANG_TIMEOUT", "0.3")
+        config.reload()
+        try:
+            with pytest.raises(al.TimeoutError, match="AL_HANG_TIMEOUT"):
+                comm.Allreduce(x, algorithm="ring")
+        finally:
+            monkeypatch.delenv("AL_HANG_TIMEOUT")
+            config.reload()
+    WORLD.Barrier()
+    if comm.rank != 0:
+        comm.Allreduce(x, algorithm="ring")
+    y = np.full(5, 1, dtype=np.int64)
+    comm.Allreduce(y)                # rank 0: queued behind the adopted op
+    assert np.all(y == comm.size)
+    assert np.all(x == sum(range(1, comm.size + 1)))
+
+
+def test_engine_error_is_raised_by_wait(comm):
+    """A truncated receive fails inside MPI; Wait raises MPIError; the communicator goes on."""
+    if comm.size == 1:
+        pytest.skip("needs a peer")
+    if comm.rank == 0:
+        comm.Send(np.arange(10, dtype=np.int32), dest=1, tag=9)
+    elif comm.rank == 1:
+        small = np.zeros(5, dtype=np.int32)
+        req = comm.Irecv(small, source=0, tag=9)
+        with pytest.raises(al.MPIError) as info:
+            req.Wait(timeout=60)
+        assert "recv" in str(info.value)
+    x = np.ones(3)
+    comm.Allreduce(x)
+    assert np.all(x == comm.size)
+
+
+def test_dropped_request_keeps_buffers_alive(comm):
+    """A Request dropped before completion must not free buffers the engine still writes."""
+    import gc
+    for _ in range(5):
+        comm.Iallreduce(np.ones(200000, dtype=np.float64), algorithm="ring")
+    gc.collect()
+    x = np.ones(7)
+    comm.Allreduce(x)
+    assert np.all(x == comm.size)

@@ -1,0 +1,36 @@
+"""Run the multi-rank suite (tests/mpi) under mpiexec at 1, 2, 3 and 4 ranks.
+
+Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
+by the subprocess timeout here.  Set AL_TEST_RANKS=2,4 to choose rank counts.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RANKS = [int(n) for n in os.environ.get("AL_TEST_RANKS", "1,2,3,4").split(",") if n]
+
+
+def mpiexec() -> str:
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if exe is None:
+        pytest.fail("mpiexec not found (pip install mpich)")
+    return exe
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_mpi_suite(nranks):
+    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1")
+    cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
+           "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=300", "-o", "console_output_style=classic"]
+    extra = os.environ.get("AL_TEST_ARGS")
+    if extra:
+        cmd += extra.split()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1500)
+    out = proc.stdout
+    print(out[-20000:])
+    assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{out[-8000:]}"

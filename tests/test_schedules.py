@@ -1,0 +1,91 @@
+"""The allreduce schedules, executed for all ranks in one process (no MPI)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from aluminum_py import schedules
+from aluminum_py.schedules import (FROM_RECV, RECV_INTO, RECV_INTO_REDUCE, RECV_TMP_REDUCE,
+                                   block_bounds, build, simulate)
+
+ALGS = schedules.ALGORITHMS
+
+
+def inputs(p, count, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-100, 100, size=count).astype(np.int64) for _ in range(p)]
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("p", range(1, 10))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_simulated_sum(alg, p, inplace):
+    for count in [0, 1, 2, 3, 5, 7, 8, 13, 64, 100]:
+        xs = inputs(p, count, seed=p * 1000 + count)
+        expected = np.sum(xs, axis=0)
+        for r, got in enumerate(simulate(alg, xs, np.add, inplace)):
+            assert np.array_equal(got, expected), (alg, p, count, r)
+
+
+@settings(max_examples=60, deadline=None)
+@given(alg=st.sampled_from(ALGS), p=st.integers(1, 17), count=st.integers(0, 300),
+       inplace=st.booleans())
+def test_simulated_max_hypothesis(alg, p, count, inplace):
+    xs = inputs(p, count, seed=count)
+    expected = np.max(xs, axis=0) if count else np.zeros(0, np.int64)
+    for got in simulate(alg, xs, np.maximum, inplace):
+        assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 6, 7, 8])
+def test_no_receive_into_region_being_sent(alg, p):
+    """A step never receives into recvbuf where it simultaneously sends from recvbuf."""
+    for count in [1, 7, 64, 101]:
+        for inplace in (False, True):
+            for r in range(p):
+                for s in build(alg, p, r, count, inplace)[0]:
+                    if s.recv_peer >= 0 and s.send_peer >= 0 and s.recv_mode in (RECV_INTO, RECV_INTO_REDUCE) \
+                            and s.send_src == FROM_RECV:
+                        assert s.send_off + s.send_cnt <= s.recv_off or s.recv_off + s.recv_cnt <= s.send_off
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_out_of_place_needs_no_scratch_for_power_of_two(alg):
+    """Out of place, the first reduction of each block lands straight in recvbuf."""
+    steps, tmp = build(alg, 2, 0, 1000, False)
+    assert tmp == 0
+    assert any(s.recv_mode == RECV_INTO_REDUCE for s in steps)
+    steps, tmp = build(alg, 2, 0, 1000, True)
+    assert tmp > 0 and all(s.recv_mode != RECV_INTO_REDUCE for s in steps)
+
+
+def test_step_counts_and_volumes():
+    """Message counts and volumes match the algorithms' cost formulas."""
+    n, p = 1 << 12, 8
+    for r in range(p):
+        rd, _ = build("recursive_doubling", p, r, n, False)
+        assert len(rd) == 3 and all(s.send_cnt == n for s in rd)
+        rab, _ = build("rabenseifner", p, r, n, False)
+        assert len(rab) == 6 and sum(s.send_cnt for s in rab) == 2 * (p - 1) * n // p
+        ring, _ = build("ring", p, r, n, False)
+        assert len(ring) == 2 * (p - 1) and sum(s.send_cnt for s in ring) == 2 * (p - 1) * n // p
+
+
+def test_fold_for_non_power_of_two():
+    # p = 6: ranks 0..3 fold in pairs, 0 and 2 hand their data over and get the result back
+    steps, _ = build("recursive_doubling", 6, 0, 10, False)
+    assert [(s.send_peer, s.recv_peer) for s in steps] == [(1, -1), (-1, 1)]
+    steps, _ = build("recursive_doubling", 6, 1, 10, False)
+    assert steps[0].recv_peer == 0 and steps[-1].send_peer == 0
+
+
+def test_block_bounds():
+    assert block_bounds(10, 4) == [0, 3, 6, 8, 10]
+    assert block_bounds(2, 4) == [0, 1, 2, 2, 2]
+    assert block_bounds(0, 3) == [0, 0, 0, 0]
+
+
+def test_single_rank_is_a_copy():
+    steps, tmp = build("ring", 1, 0, 5, False)
+    assert len(steps) == 1 and steps[0].copy_cnt == 5 and tmp == 0
+    assert build("ring", 1, 0, 5, True)[0] == ()
