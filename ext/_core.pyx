@@ -62,7 +62,7 @@ cdef extern from "<stdio.h>" nogil:
     int snprintf(char*, size_t, const char*, ...)
 
 # ---------------------------------------------------------------------------
-# Constants shared with Python (aluminum_py/_native.py re-exports them)
+# Constants shared with Python (KINDS and RECV_MODES below; schedules.py mirrors the modes)
 
 # op kinds
 cdef enum:
@@ -147,8 +147,10 @@ ctypedef struct al_op:
     int cur
     int posted
     MPI_Request reqs[2]
+    mpi.MPI_Status stats[2]
     int nreqs
     double avg_div       # > 0: divide avg_buf[:avg_cnt] by it at the end (AVG)
+                         # avg_buf[:avg_cnt] is this rank's result region (reductions only)
     char* avg_buf
     int64_t avg_cnt
     int done             # atomic completion flag
@@ -220,9 +222,23 @@ cdef inline int set_mpi_error(al_op* op, int rc, const char* where) noexcept nog
     snprintf(op.errmsg, 256, "%s failed: %s", where, msg)
     return -1
 
+cdef inline int status_error(al_op* op, int rc) noexcept nogil:
+    """MPI_ERR_IN_STATUS: the real error is in one of the statuses."""
+    cdef int i
+    if rc == mpi.MPI_ERR_IN_STATUS:
+        for i in range(op.nreqs):
+            if op.stats[i].MPI_ERROR != mpi.MPI_SUCCESS and op.stats[i].MPI_ERROR != mpi.MPI_ERR_PENDING:
+                return op.stats[i].MPI_ERROR
+    return rc
+
 cdef int op_finish(al_op* op) noexcept nogil:
-    if op.err == 0 and op.avg_div > 0 and op.avg_cnt > 0:
-        al_scale_div(op.dtype, op.avg_buf, <size_t>op.avg_cnt, op.avg_div)
+    # post-processing of this rank's result region (avg_buf[:avg_cnt])
+    if op.err == 0 and op.avg_cnt > 0:
+        if op.avg_div > 0:
+            al_scale_div(op.dtype, op.avg_buf, <size_t>op.avg_cnt, op.avg_div)
+        if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
+            # one rank: no reduction ran, but logical results are 0/1 as with more ranks
+            al_reduce(op.dtype, AL_LAND, op.avg_buf, op.avg_buf, op.avg_buf, <size_t>op.avg_cnt)
     if op.tmp != NULL:
         scratch_put(op.tmp, op.tmpbytes)
         op.tmp = NULL
@@ -259,12 +275,12 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
             op.posted = 1
         if op.nreqs > 0:
             if block:
-                rc = mpi.MPI_Waitall(op.nreqs, op.reqs, mpi.MPI_STATUSES_IGNORE)
+                rc = mpi.MPI_Waitall(op.nreqs, op.reqs, op.stats)
                 flag = 1
             else:
-                rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, mpi.MPI_STATUSES_IGNORE)
+                rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
             if rc != mpi.MPI_SUCCESS:
-                set_mpi_error(op, rc, "MPI_Testall")
+                set_mpi_error(op, status_error(op, rc), "MPI_Waitall" if block else "MPI_Testall")
                 return op_finish(op)
             if not flag:
                 return 0
@@ -365,13 +381,13 @@ cdef int op_step(al_op* op, int block) noexcept nogil:
         return sched_advance(op, block)
     if op.nreqs > 0:
         if block:
-            rc = mpi.MPI_Waitall(op.nreqs, op.reqs, mpi.MPI_STATUSES_IGNORE)
+            rc = mpi.MPI_Waitall(op.nreqs, op.reqs, op.stats)
             flag = 1
         else:
-            rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, mpi.MPI_STATUSES_IGNORE)
+            rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
         if rc != mpi.MPI_SUCCESS:
+            set_mpi_error(op, status_error(op, rc), "MPI_Waitall" if block else "MPI_Testall")
             op.nreqs = 0
-            set_mpi_error(op, rc, "MPI_Testall")
             return op_finish(op)
         if not flag:
             return 0
@@ -406,6 +422,13 @@ cdef int g_stop = 0
 cdef int g_waiters = 0
 cdef double g_exit_grace = 2.0
 cdef long g_loops = 0            # engine loop iterations (diagnostics)
+cdef int g_yield_every = 0       # polls without progress between sched_yield calls (0: never)
+
+def set_poll_yield(int every):
+    """While ops are active the engine polls continuously; every `every` polls without
+    progress it calls sched_yield() (0: never). See AL_ENGINE_YIELD."""
+    global g_yield_every
+    g_yield_every = every
 
 cdef inline void notify_done(al_op* op) noexcept nogil:
     if op.counted:
@@ -425,6 +448,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
     cdef al_op* prev
     cdef al_op* nxt
     cdef int stopping = 0, progress
+    cdef long idle = 0
     cdef double deadline = 0.0
     while True:
         pthread_mutex_lock(&g_lock)
@@ -473,8 +497,12 @@ cdef void* engine_main(void* arg) noexcept nogil:
             op = nxt
         if stopping and (active == NULL or al_now() > deadline):
             break
-        if not progress:
-            sched_yield()
+        if progress:
+            idle = 0
+        else:
+            idle += 1
+            if g_yield_every > 0 and idle % g_yield_every == 0:
+                sched_yield()
     # shutdown: abandon what is left
     while active != NULL:
         op = active
@@ -833,15 +861,15 @@ cdef class NativeOp:
         if _orphans:
             _sweep_orphans()
         if not thread_multiple():
-            raise RuntimeError("nonblocking operations need MPI_THREAD_MULTIPLE; "
-                               "do not lower mpi4py.rc.thread_level")
+            _hooks.fail("nonblocking operations need MPI_THREAD_MULTIPLE; "
+                        "do not lower mpi4py.rc.thread_level")
         if not adopt:
             self.op.phase = PH_NEW
         with nogil:
             rc = engine_submit(self.op)
         if rc != 0:
-            raise RuntimeError("the progress engine is stopped (interpreter exit)" if rc < 0
-                               else f"could not start the progress engine thread (errno {rc})")
+            _hooks.fail("the progress engine is stopped (interpreter exit)" if rc < 0
+                        else f"could not start the progress engine thread (errno {rc})")
 
     def wait(self, double timeout=-1.0):
         """Wait for completion (timeout < 0: forever). Returns True when done."""
@@ -1050,10 +1078,10 @@ cdef class Launcher:
         o.op.rop = opcode
         o.op.mtype = g_types[code]
         o.op.mop = mpi_op_for(code, opcode)
+        o.op.avg_buf = <char*>rp
+        o.op.avg_cnt = count
         if opcode == _avg_code:
             o.op.avg_div = <double>self.state.c.size
-            o.op.avg_buf = <char*>rp
-            o.op.avg_cnt = count
         if alg == "mpi":
             o.op.kind = K_ALLREDUCE
             o.op.sbuf = NULL if inplace else <char*>sp

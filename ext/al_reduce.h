@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 enum al_dtype {
   AL_INT8 = 0, AL_INT16, AL_INT32, AL_INT64,
@@ -73,6 +74,17 @@ static inline uint16_t al_f32_to_f16(float f) {
     for (size_t i = 0; i < n; i++) { T u = x[i], v = y[i]; o[i] = (EXPR); } \
     return 0; }
 
+/* Floating MIN/MAX are symmetric, so `a op b` and `b op a` are the same bits on every rank:
+ * NaN propagates (as np.minimum / np.maximum do) and min(+0, -0) is -0, max(+0, -0) is +0. */
+#define AL_FMIN(u, v, LT, GT) ((LT) ? (u) : (GT) ? (v) : ((u) != (u)) ? (u) : ((v) != (v)) ? (v) \
+                               : (signbit(u) ? (u) : (v)))
+#define AL_FMAX(u, v, GT, LT) ((GT) ? (u) : (LT) ? (v) : ((u) != (u)) ? (u) : ((v) != (v)) ? (v) \
+                               : (signbit(u) ? (v) : (u)))
+#define AL_HMIN(u, v, fu, fv) ((fu) < (fv) ? (u) : (fv) < (fu) ? (v) : ((fu) != (fu)) ? (u)      \
+                               : ((fv) != (fv)) ? (v) : (((u) & 0x8000u) ? (u) : (v)))
+#define AL_HMAX(u, v, fu, fv) ((fu) > (fv) ? (u) : (fv) > (fu) ? (v) : ((fu) != (fu)) ? (u)      \
+                               : ((fv) != (fv)) ? (v) : (((u) & 0x8000u) ? (v) : (u)))
+
 #define AL_INT_KERNEL(NAME, T, UT)                                          \
 static int NAME(int op, void *out, const void *a, const void *b, size_t n) { \
   switch (op) {                                                             \
@@ -93,8 +105,8 @@ static int NAME(int op, void *out, const void *a, const void *b, size_t n) { \
   switch (op) {                                                             \
   case AL_SUM: case AL_AVG: AL_LOOP(T, u + v)                               \
   case AL_PROD: AL_LOOP(T, u * v)                                           \
-  case AL_MIN: AL_LOOP(T, u < v ? u : v)                                    \
-  case AL_MAX: AL_LOOP(T, u > v ? u : v)                                    \
+  case AL_MIN: AL_LOOP(T, AL_FMIN(u, v, u < v, v < u))                      \
+  case AL_MAX: AL_LOOP(T, AL_FMAX(u, v, u > v, v > u))                      \
   default: return -1; } }
 
 /* 16-bit floats: compute in float32, round once (what numpy does). */
@@ -103,8 +115,8 @@ static int NAME(int op, void *out, const void *a, const void *b, size_t n) { \
   switch (op) {                                                             \
   case AL_SUM: case AL_AVG: AL_LOOP(uint16_t, FROM32(TO32(u) + TO32(v)))    \
   case AL_PROD: AL_LOOP(uint16_t, FROM32(TO32(u) * TO32(v)))                \
-  case AL_MIN: AL_LOOP(uint16_t, TO32(u) < TO32(v) ? u : v)                 \
-  case AL_MAX: AL_LOOP(uint16_t, TO32(u) > TO32(v) ? u : v)                 \
+  case AL_MIN: AL_LOOP(uint16_t, AL_HMIN(u, v, TO32(u), TO32(v)))          \
+  case AL_MAX: AL_LOOP(uint16_t, AL_HMAX(u, v, TO32(u), TO32(v)))          \
   default: return -1; } }
 
 #define AL_COMPLEX_KERNEL(NAME, R)                                          \

@@ -77,3 +77,23 @@ def test_capability_table_rejects():
             else:
                 with pytest.raises(TypeError, match="op"):
                     check_op(op, code, dt)
+
+
+@pytest.mark.parametrize("dtype,code", [("float16", 8), ("float32", 10), ("float64", 11)])
+def test_min_max_symmetric_with_nan_and_signed_zero(dtype, code):
+    """a op b and b op a are the same bits (ranks must agree); NaN propagates like numpy."""
+    a = np.array([np.nan, 1.0, 0.0, -0.0, np.nan, -np.inf], dtype=dtype)
+    b = np.array([1.0, np.nan, -0.0, 0.0, np.nan, np.inf], dtype=dtype)
+    for opc, ref in ((2, np.minimum), (3, np.maximum)):
+        ab, ba = np.empty_like(a), np.empty_like(a)
+        _core.reduce_into(code, opc, ab, a, b)
+        _core.reduce_into(code, opc, ba, b, a)
+        assert ab.tobytes() == ba.tobytes()
+        assert np.array_equal(np.isnan(ab), np.isnan(ref(a, b)))
+        assert np.array_equal(ab[~np.isnan(ab)], ref(a, b)[~np.isnan(ab)])
+    mn = np.empty_like(a)
+    _core.reduce_into(code, 2, mn, a, b)
+    assert np.signbit(mn[2]) and np.signbit(mn[3])          # min(+0, -0) = -0
+    mx = np.empty_like(a)
+    _core.reduce_into(code, 3, mx, a, b)
+    assert not np.signbit(mx[2]) and not np.signbit(mx[3])  # max(+0, -0) = +0

@@ -154,3 +154,19 @@ def test_allreduce_hypothesis_values(comm, values, algorithm, op):
     same = gather_all(got)
     ok = np.allclose(got, expected, rtol=1e-12, atol=1e-6) and all(np.array_equal(same[0], s) for s in same)
     assert all_ranks_ok(ok)
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner", "ring"])
+@pytest.mark.parametrize("op", [al.MIN, al.MAX], ids=["MIN", "MAX"])
+def test_min_max_nan_and_signed_zero(comm, algorithm, op):
+    """NaN propagates, and every rank holds the same bits even for NaN and +-0 inputs."""
+    vals = [np.nan, 1.0, 0.0, -0.0, -1.0]
+    x = np.array([vals[(i + comm.rank) % 5] for i in range(50)], dtype=np.float64)
+    stack_in = gather_all(x)
+    comm.Allreduce(x, op=op, algorithm=algorithm)
+    stack = gather_all(x)
+    assert all(s.tobytes() == stack[0].tobytes() for s in stack)
+    assert np.array_equal(np.isnan(x), np.isnan(stack_in).any(axis=0))
+    ref = (np.nanmin if op is al.MIN else np.nanmax)(stack_in, axis=0)
+    finite = ~np.isnan(x)
+    assert np.array_equal(x[finite], ref[finite])
