@@ -68,4 +68,8 @@ ext = Extension(
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-unused-function"],
 )
 
-setup(ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))
+# The `mpich` wheel is the default MPI; a build against the cluster's MPI (MPICC set) must not
+# pull it in, or mpi4py could load the wrong libmpi at run time.
+install_requires = ["mpi4py>=4", "numpy"] + ([] if os.environ.get("MPICC") else ["mpich"])
+
+setup(install_requires=install_requires, ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))

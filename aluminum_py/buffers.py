@@ -89,3 +89,11 @@ def no_partial_overlap(a: np.ndarray, b: np.ndarray, aname: str, bname: str) -> 
     if np.may_share_memory(a, b):
         raise ValueError(f"{aname} and {bname} overlap; pass recvbuf=None for an in-place operation")
     return False
+
+
+def no_overlap(a: np.ndarray, b: np.ndarray, aname: str, bname: str,
+               hint: str = "pass recvbuf=None for an in-place operation") -> None:
+    """Raise if a and b share any memory, the same start included: for ops (gather-like,
+    Sendrecv) where MPI forbids aliased buffers and in place is only ever recvbuf=None."""
+    if a.size and b.size and np.may_share_memory(a, b):
+        raise ValueError(f"{aname} and {bname} overlap; {hint}")

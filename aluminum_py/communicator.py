@@ -10,7 +10,7 @@ import operator
 
 from . import _core, config, schedules
 from .algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, Selector
-from .buffers import addr, as_array, at_least, no_partial_overlap, same_dtype
+from .buffers import addr, as_array, at_least, no_overlap, no_partial_overlap, same_dtype
 from .errors import Error, TimeoutError, UnavailableError
 from .ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, SUM, Op, as_op, check_op
 from .request import Request, _check
@@ -28,6 +28,10 @@ class _Hooks:
     no_partial_overlap = staticmethod(no_partial_overlap)
 
     @staticmethod
+    def fail(message):
+        raise Error(message)
+
+    @staticmethod
     def request(op, algorithm):
         return Request(op, algorithm)
 
@@ -37,11 +41,13 @@ class _Hooks:
 
     @staticmethod
     def raise_timeout(op, timeout):
-        raise TimeoutError(f"{op.describe()}: not complete after {timeout} s "
+        raise TimeoutError(f"{op.describe()}: not complete after {timeout:g} s "
                            f"(AL_HANG_TIMEOUT; a peer that never joined?)")
 
     @staticmethod
     def bad_algorithm(algorithm):
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
         if algorithm in GPU_ALLREDUCE:
             raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
                              f"{', '.join(HOST_ALLREDUCE)}")
@@ -113,9 +119,13 @@ class Communicator:
         return self._coll
 
     def Free(self) -> None:
-        """Free the duplicated MPI communicators (collective). Pending ops are an error."""
+        """Free the duplicated MPI communicators (collective; a second call does nothing).
+        Pending ops are an error; any later op on this communicator raises aluminum_py.Error."""
+        if self._state.freed:
+            return
         if self._state.pending:
             raise Error(f"Free: {self._state.pending} operations are still pending")
+        self._state.freed = True
         self._coll.Free()
         self._p2p.Free()
 
@@ -130,7 +140,10 @@ class Communicator:
         return v
 
     def _tag_arg(self, tag, allow_any: bool) -> int:
-        t = operator.index(tag)
+        try:
+            t = operator.index(tag)
+        except TypeError:
+            raise TypeError(f"tag: expected an int, got {type(tag).__name__}") from None
         if allow_any and t == self._any_tag:
             return t
         if not 0 <= t <= 32767:
@@ -264,7 +277,7 @@ class Communicator:
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         at_least(r, self.size * s.size, "recvbuf", "size * len(sendbuf)")
-        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        no_overlap(s, r, "sendbuf", "recvbuf")
         return self._move("allgather", "allgather", s, r, s.size, blocking)
 
     def Allgather(self, sendbuf, recvbuf=None) -> None:
@@ -300,7 +313,7 @@ class Communicator:
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         at_least(r, s.size, "recvbuf", "len(sendbuf)")
-        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        no_overlap(s, r, "sendbuf", "recvbuf")
         return self._move("alltoall", "alltoall", s, r, s.size // self.size, blocking)
 
     def Alltoall(self, sendbuf, recvbuf=None) -> None:
@@ -322,7 +335,7 @@ class Communicator:
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         at_least(r, self.size * s.size, "recvbuf", "size * len(sendbuf)")
-        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        no_overlap(s, r, "sendbuf", "recvbuf")
         return self._move("gather", "gather", s, r, s.size, blocking, root)
 
     def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
@@ -351,7 +364,7 @@ class Communicator:
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         at_least(r, n, "recvbuf", "len(sendbuf) // size")
-        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        no_overlap(s, r, "sendbuf", "recvbuf")
         return self._move("scatter", "scatter", s, r, n, blocking, root)
 
     def Scatter(self, sendbuf, recvbuf=None, root: int = 0) -> None:
@@ -389,9 +402,14 @@ class Communicator:
         return self._send(buf, dest, tag, False)
 
     def _source(self, source):
-        if operator.index(source) == self._any_source:
-            return int(source)
-        return self._rank_arg(source, "source")
+        try:
+            v = operator.index(source)
+        except TypeError:
+            raise TypeError(f"source: expected an int rank or MPI.ANY_SOURCE, got "
+                            f"{type(source).__name__}") from None
+        if v == self._any_source:
+            return v
+        return self._rank_arg(v, "source")
 
     def _recv(self, buf, source, tag, blocking):
         source = self._source(source)
@@ -414,7 +432,7 @@ class Communicator:
         s = as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
-        no_partial_overlap(s, r, "sendbuf", "recvbuf")
+        no_overlap(s, r, "sendbuf", "recvbuf", "Sendrecv needs separate send and receive buffers")
         nop = _core.make_op(self._state, K["sendrecv"], "sendrecv", addr(s), addr(r),
                             self._count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize, 0,
                             root=dest, count2=self._count(r.size, "recvbuf"), peer2=source,

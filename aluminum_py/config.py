@@ -42,6 +42,12 @@ def exit_grace() -> float:
     return _float("AL_EXIT_GRACE", 2.0)
 
 
+def engine_yield() -> int:
+    """AL_ENGINE_YIELD: polls without progress between sched_yield() calls of the progress
+    engine while ops are active (0: never yield; default 0, see docs/performance.md)."""
+    return int(_float("AL_ENGINE_YIELD", 0))
+
+
 def model_params() -> tuple[float, float, float]:
     """AL_ALPHA (s per message), AL_BETA (s per byte), AL_GAMMA (s per byte reduced).
 

@@ -40,7 +40,7 @@ class Request:
 
     def _wait(self, timeout: float | None) -> None:
         if not self._op.wait(-1.0 if timeout is None else timeout):
-            raise TimeoutError(f"{self._op.describe()}: not complete after {timeout} s "
+            raise TimeoutError(f"{self._op.describe()}: not complete after {timeout:.3g} s "
                                f"(a peer that never joined?)")
         _check(self._op)
 

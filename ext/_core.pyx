@@ -740,6 +740,7 @@ cdef class CommState:
     cdef al_comm* c
     cdef readonly object coll_comm, p2p_comm
     cdef readonly unsigned int seq
+    cdef public bint freed
 
     def __cinit__(self, coll_comm, p2p_comm):
         mpi_tables_init()
@@ -987,6 +988,8 @@ cdef class Launcher:
     cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
         cdef int ok
+        if self.state.freed:
+            _hooks.fail(f"{o.name}: the communicator has been freed")
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)
