@@ -65,10 +65,10 @@ class Selector:
 
     __slots__ = ("size", "_cache", "_params")
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, params: tuple[float, float, float] | None = None):
         self.size = size
         self._cache: dict[int, str] = {}
-        self._params = config.model_params()
+        self._params = params or config.model_params()
 
     def choose(self, nbytes: int) -> str:
         alg = self._cache.get(nbytes)

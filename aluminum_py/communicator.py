@@ -104,7 +104,8 @@ class Communicator:
         self.local_rank: int = node.Get_rank()
         self.local_size: int = node.Get_size()
         node.Free()
-        self._selector = Selector(self.size)
+        # rank 0's model parameters, so that auto's choice is the same on every rank
+        self._selector = Selector(self.size, base.bcast(config.model_params(), root=0))
         self._launcher = _core.Launcher(self._state, self._selector.choose, self._build_schedule,
                                         HOST_ALLREDUCE)
         self._any_source = MPI.ANY_SOURCE
