@@ -14,5 +14,4 @@ def _shutdown() -> None:
 
 
 def install() -> None:
-    _core.set_poll_yield(config.engine_yield())
     atexit.register(_shutdown)

@@ -67,6 +67,18 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
                 [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
 
 
+_largest_local_size = 0
+
+
+def _set_engine_yield(local_size: int) -> None:
+    """The engine's polling policy: AL_ENGINE_YIELD, else by whether ranks outnumber cores
+    (judged from the largest communicator created so far on this node)."""
+    global _largest_local_size
+    _largest_local_size = max(_largest_local_size, local_size)
+    every = config.engine_yield()
+    _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
+
+
 class Communicator:
     """An MPI-style communicator for host (numpy / buffer-protocol) arrays.
 
@@ -104,6 +116,7 @@ class Communicator:
         self.local_rank: int = node.Get_rank()
         self.local_size: int = node.Get_size()
         node.Free()
+        _set_engine_yield(self.local_size)
         # rank 0's model parameters, so that auto's choice is the same on every rank
         self._selector = Selector(self.size, base.bcast(config.model_params(), root=0))
         self._launcher = _core.Launcher(self._state, self._selector.choose, self._build_schedule,

@@ -42,10 +42,24 @@ def exit_grace() -> float:
     return _float("AL_EXIT_GRACE", 2.0)
 
 
-def engine_yield() -> int:
+def engine_yield() -> int | None:
     """AL_ENGINE_YIELD: polls without progress between sched_yield() calls of the progress
-    engine while ops are active (0: never yield; default 0, see docs/performance.md)."""
-    return int(_float("AL_ENGINE_YIELD", 0))
+    engine while ops are active (0: never yield).  Unset: chosen per node, see
+    :func:`default_engine_yield`."""
+    v = _float("AL_ENGINE_YIELD", None)
+    return None if v is None else int(v)
+
+
+def default_engine_yield(local_size: int) -> int:
+    """Never yield while every rank on the node has a core of its own (a GIL-holding caller
+    would otherwise starve the engine); yield after every idle poll when ranks outnumber cores
+    (a spinning engine would otherwise take the core from the peer it waits for).  Measured in
+    docs/performance.md."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 1 if local_size > cores else 0
 
 
 def model_params() -> tuple[float, float, float]:

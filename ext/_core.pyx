@@ -125,7 +125,7 @@ ctypedef struct al_comm:
 ctypedef struct al_op:
     int kind
     int phase
-    int blocking         # start() may use the blocking MPI call
+    int blocking         # MPI pass-through: use the blocking MPI call (see Launcher.launch)
     int counted          # counted in comm.pending
     al_comm* comm
     int tag
@@ -357,8 +357,9 @@ cdef int mpi_start(al_op* op) noexcept nogil:
         return op_finish(op)
     return 0
 
-cdef int op_start(al_op* op) noexcept nogil:
-    """Begin an op without blocking (unless op.blocking). Returns 1 if already complete."""
+cdef int op_start(al_op* op, int block) noexcept nogil:
+    """Begin an op. Schedules wait for their first step only with `block`; MPI pass-through
+    ops make the blocking MPI call when op.blocking. Returns 1 if already complete."""
     op.phase = PH_RUNNING
     if op.kind == K_SCHEDULE:
         op.cur = 0
@@ -369,7 +370,7 @@ cdef int op_start(al_op* op) noexcept nogil:
                 op.err = -1
                 snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch", op.tmpbytes)
                 return op_finish(op)
-        return sched_advance(op, op.blocking)
+        return sched_advance(op, block)
     return mpi_start(op)
 
 cdef int op_step(al_op* op, int block) noexcept nogil:
@@ -469,7 +470,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             take = take.next
             op.next = NULL
             progress = 1
-            if op.phase == PH_NEW and op_start(op):
+            if op.phase == PH_NEW and op_start(op, 0):
                 notify_done(op)
                 continue
             if tail == NULL:
@@ -587,15 +588,13 @@ cdef int run_inline(al_op* op, double timeout) noexcept nogil:
     cdef double deadline
     cdef int n = 0
     if timeout < 0:
-        op.blocking = 1
-        if not op_start(op):
+        if not op_start(op, 1):
             while not op_step(op, 1):
                 pass
         al_store_release(&op.done, 1)
         return 1
     deadline = al_now() + timeout
-    op.blocking = 0
-    if not op_start(op):
+    if not op_start(op, 0):
         while not op_step(op, 0):
             n += 1
             if (n & 255) == 0 and al_now() > deadline:
@@ -990,6 +989,12 @@ cdef class Launcher:
         cdef int ok
         if self.state.freed:
             _hooks.fail(f"{o.name}: the communicator has been freed")
+        # MPI matches blocking collectives only with blocking ones and nonblocking only with
+        # nonblocking ones, so the variant must not depend on per-rank state (whether this
+        # rank still has ops pending): blocking calls use the blocking MPI call, wherever they
+        # run (here or, behind pending ops, in the engine), unless a hang timeout is set (the
+        # same on every rank), which needs the pollable MPI_I* call.
+        o.op.blocking = blocking and timeout < 0
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)

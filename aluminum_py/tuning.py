@@ -1,0 +1,285 @@
+"""The tuning table: what the crossover benchmark measured, and how ``algorithm="auto"`` uses it.
+
+File format (JSON, versioned)::
+
+    {"format": "aluminum_py.tuning", "version": 1,
+     "entries": {"<key>": {
+         "comm_size": 2, "local_size": 2, "buffer": "host", "dtype_size": 4,
+         "mpi": "MPICH Version: 5.0.2", "created": "2026-11-22T00:10:00Z",
+         "sizes": [4, 8, ...],                       # message sizes measured (bytes)
+         "times": {"ring": [s, s, ...], ...},        # median seconds per size and algorithm
+         "ranges": [{"algorithm": "recursive_doubling", "min_bytes": 4, "max_bytes": 4096}, ...],
+         "fit": {"ring": {"alpha": s, "beta": s_per_byte}, ...}}}}
+
+The key is ``"<comm_size>/<local_size>/<buffer>/<dtype_size>/<mpi>"``.  Writing merges into the
+existing file: entries for other keys are kept, the entry for the same key is replaced.
+
+Lookup (:class:`Choice`): for a measured configuration, sizes between measured points are
+decided by interpolating every algorithm's time log-linearly between its neighbours; sizes
+beyond the largest measured size use each algorithm's fitted alpha + beta n; sizes below the
+smallest use the smallest size's winner.  For an unmeasured rank count, the machine parameters
+(alpha, beta, gamma) are fitted by least squares to the nearest measured entry's times through
+the cost model of :mod:`aluminum_py.algorithms`, and the model decides for the real rank count.
+With nothing tuned, the model decides with AL_ALPHA / AL_BETA / AL_GAMMA.
+
+Rank 0 reads the file and broadcasts what it found when a Communicator is created, so every rank
+decides from the same data: a rank-divergent choice (which would deadlock) cannot happen.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import config
+from .algorithms import MODELLED, model_choice, model_time
+
+FORMAT = "aluminum_py.tuning"
+VERSION = 1
+log = logging.getLogger("aluminum_py")
+
+
+class TuningWarning(UserWarning):
+    """The tuning file could not be used (missing pieces, corrupt, other version)."""
+
+
+def default_path() -> str:
+    """AL_TUNING_FILE if set, else a per-user cache file."""
+    path = os.environ.get("AL_TUNING_FILE")
+    if path:
+        return path
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "aluminum_py", "tuning.json")
+
+
+def make_key(comm_size: int, local_size: int, buffer: str, dtype_size: int, mpi: str) -> str:
+    return f"{comm_size}/{local_size}/{buffer}/{dtype_size}/{mpi}"
+
+
+def mpi_version() -> str:
+    from mpi4py import MPI
+    return MPI.Get_library_version().splitlines()[0].strip()
+
+
+def empty_table() -> dict:
+    return {"format": FORMAT, "version": VERSION, "entries": {}}
+
+
+def load(path: str | None = None, *, warn: bool = True) -> dict:
+    """Read a tuning file. A missing file is an empty table; a corrupt file or another version
+    gives a TuningWarning and an empty table (never an exception)."""
+    path = path or default_path()
+    if not os.path.exists(path):
+        return empty_table()
+    try:
+        with open(path) as f:
+            table = json.load(f)
+        if not isinstance(table, dict) or table.get("format") != FORMAT:
+            raise ValueError("not an aluminum_py tuning file")
+        if table.get("version") != VERSION:
+            raise ValueError(f"version {table.get('version')!r}, this library reads version {VERSION}")
+        entries = table.get("entries")
+        if not isinstance(entries, dict):
+            raise ValueError("no 'entries' object")
+        good = {}
+        for key, entry in entries.items():
+            try:
+                good[key] = validate_entry(entry)
+            except (KeyError, TypeError, ValueError) as e:
+                if warn:
+                    warnings.warn(f"tuning file {path}: entry {key!r} ignored ({e})", TuningWarning,
+                                  stacklevel=2)
+        table["entries"] = good
+        return table
+    except (OSError, ValueError) as e:
+        if warn:
+            warnings.warn(f"tuning file {path} ignored, auto uses the cost model ({e})",
+                          TuningWarning, stacklevel=2)
+        return empty_table()
+
+
+def validate_entry(entry: dict) -> dict:
+    sizes = [int(s) for s in entry["sizes"]]
+    if not sizes or sizes != sorted(set(sizes)):
+        raise ValueError("sizes must be increasing")
+    times = {str(a): [float(t) for t in ts] for a, ts in entry["times"].items()}
+    if not times or any(len(ts) != len(sizes) for ts in times.values()):
+        raise ValueError("times do not match sizes")
+    for k in ("comm_size", "local_size", "dtype_size"):
+        entry[k] = int(entry[k])
+    entry["sizes"], entry["times"] = sizes, times
+    entry.setdefault("fit", fit_all(sizes, times))
+    entry.setdefault("ranges", win_ranges(sizes, times))
+    return entry
+
+
+def save(table: dict, path: str | None = None) -> str:
+    """Write atomically (temp file + rename); returns the path."""
+    path = path or default_path()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(table, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def merge(table: dict, entry: dict) -> dict:
+    """Add or replace `entry` (keyed by its configuration); other entries are kept."""
+    key = make_key(entry["comm_size"], entry["local_size"], entry["buffer"], entry["dtype_size"],
+                   entry["mpi"])
+    table.setdefault("entries", {})[key] = entry
+    table["format"], table["version"] = FORMAT, VERSION
+    return table
+
+
+def fit_alpha_beta(sizes, times) -> dict:
+    """Least-squares t = alpha + beta * n over the measured sizes (seconds, seconds per byte)."""
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    if len(n) == 1:
+        return {"alpha": float(t[0]), "beta": 0.0}
+    # weight by 1/t so small sizes count as much as large ones (relative error)
+    w = 1.0 / np.maximum(t, 1e-12)
+    A = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(A, t * w, rcond=None)
+    return {"alpha": float(max(alpha, 0.0)), "beta": float(max(beta, 0.0))}
+
+
+def fit_all(sizes, times: dict) -> dict:
+    return {alg: fit_alpha_beta(sizes, ts) for alg, ts in times.items()}
+
+
+def win_ranges(sizes, times: dict) -> list[dict]:
+    """Consecutive measured sizes where the same algorithm is fastest."""
+    algs = list(times)
+    ranges: list[dict] = []
+    for i, n in enumerate(sizes):
+        best = min(algs, key=lambda a: times[a][i])
+        if ranges and ranges[-1]["algorithm"] == best:
+            ranges[-1]["max_bytes"] = n
+        else:
+            ranges.append({"algorithm": best, "min_bytes": n, "max_bytes": n})
+    return ranges
+
+
+def make_entry(comm_size, local_size, buffer, dtype_size, mpi, sizes, times) -> dict:
+    return {"comm_size": comm_size, "local_size": local_size, "buffer": buffer,
+            "dtype_size": dtype_size, "mpi": mpi,
+            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "sizes": list(sizes), "times": {a: list(map(float, t)) for a, t in times.items()},
+            "ranges": win_ranges(sizes, times), "fit": fit_all(sizes, times)}
+
+
+def fit_machine(entry: dict) -> tuple[float, float, float] | None:
+    """(alpha, beta, gamma) of the cost model fitted to an entry's measured times of the
+    modelled algorithms (least squares on relative error; the model is linear in them)."""
+    p = entry["comm_size"]
+    rows, rhs = [], []
+    for alg in MODELLED:
+        for n, t in zip(entry["sizes"], entry["times"].get(alg, [])):
+            coeffs = [model_time(alg, p, n, unit) for unit in ((1, 0, 0), (0, 1, 0), (0, 0, 1))]
+            rows.append([c / t for c in coeffs])
+            rhs.append(1.0)
+    if len(rows) < 3 or p < 2:
+        return None
+    sol, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
+    a, b, g = (float(max(x, 0.0)) for x in sol)
+    if a == b == g == 0.0:
+        return None
+    return a, b, g
+
+
+@dataclass
+class Choice:
+    """auto's decision for one message: the algorithm and why."""
+
+    algorithm: str
+    source: str                 # "table", "table-extrapolated", "model-fitted", "model"
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.algorithm} ({self.source}: {self.detail})"
+
+
+class Decider:
+    """Decides auto's algorithm for one communicator from the data rank 0 found."""
+
+    def __init__(self, comm_size: int, entries: dict, fitted: dict, default_params, usable):
+        self.comm_size = comm_size
+        self.entries = entries          # dtype_size -> entry (exact configuration)
+        self.fitted = fitted            # dtype_size -> ((alpha, beta, gamma), source key)
+        self.default_params = default_params
+        self.usable = tuple(usable)     # algorithms auto may pick
+
+    def decide(self, nbytes: int, dtype_size: int) -> Choice:
+        entry = self.entries.get(dtype_size)
+        if entry is not None:
+            return self._from_table(entry, nbytes)
+        fitted = self.fitted.get(dtype_size)
+        if fitted is not None:
+            params, key = fitted
+            alg = model_choice(self.comm_size, nbytes, params)
+            return Choice(alg, "model-fitted", f"cost model with alpha={params[0]:.3g} s, "
+                          f"beta={params[1]:.3g} s/B, gamma={params[2]:.3g} s/B fitted to "
+                          f"the table entry {key!r}")
+        alg = model_choice(self.comm_size, nbytes, self.default_params)
+        a, b, g = self.default_params
+        return Choice(alg, "model", f"no tuning entry for {self.comm_size} ranks; cost model "
+                      f"with alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B")
+
+    def _from_table(self, entry: dict, nbytes: int) -> Choice:
+        sizes = entry["sizes"]
+        algs = [a for a in entry["times"] if a in self.usable]
+        if not algs:
+            alg = model_choice(self.comm_size, nbytes, self.default_params)
+            return Choice(alg, "model", "the table entry has no usable algorithm")
+        if nbytes <= sizes[0]:
+            i = 0
+            best = min(algs, key=lambda a: entry["times"][a][i])
+            return Choice(best, "table", f"fastest at {sizes[0]} B, the smallest size measured")
+        if nbytes > sizes[-1]:
+            fit = entry["fit"]
+            est = {a: fit[a]["alpha"] + fit[a]["beta"] * nbytes for a in algs if a in fit}
+            best = min(est, key=est.get)
+            return Choice(best, "table-extrapolated", f"fitted alpha + beta n predicts "
+                          f"{est[best] * 1e6:.1f} us at {nbytes} B (beyond {sizes[-1]} B measured)")
+        j = int(np.searchsorted(sizes, nbytes))
+        if sizes[j] == nbytes:
+            best = min(algs, key=lambda a: entry["times"][a][j])
+            return Choice(best, "table", f"measured fastest at {nbytes} B "
+                          f"({entry['times'][best][j] * 1e6:.1f} us)")
+        lo, hi = sizes[j - 1], sizes[j]
+        f = (math.log(nbytes) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        est = {a: math.exp((1 - f) * math.log(entry["times"][a][j - 1]) +
+                           f * math.log(entry["times"][a][j])) for a in algs}
+        best = min(est, key=est.get)
+        return Choice(best, "table", f"interpolated between {lo} B and {hi} B: "
+                      f"{est[best] * 1e6:.1f} us")
+
+
+def find_data(table: dict, comm_size: int, local_size: int, buffer: str, mpi: str):
+    """What rank 0 broadcasts: exact entries by dtype size, and fitted machine parameters from
+    the nearest rank count's entry for the other dtype sizes."""
+    exact, fitted = {}, {}
+    candidates = [e for e in table.get("entries", {}).values()
+                  if e.get("buffer") == buffer and e.get("mpi") == mpi]
+    for e in candidates:
+        if e["comm_size"] == comm_size and e["local_size"] == local_size:
+            exact[e["dtype_size"]] = e
+    for e in sorted(candidates, key=lambda e: (abs(math.log(e["comm_size"] / comm_size)),
+                                                e["local_size"] != local_size)):
+        ds = e["dtype_size"]
+        if ds in exact or ds in fitted:
+            continue
+        params = fit_machine(e)
+        if params is not None:
+            fitted[ds] = (params, make_key(e["comm_size"], e["local_size"], buffer, ds, mpi))
+    return exact, fitted
