@@ -14,10 +14,19 @@ from .communicator import Communicator
 from .errors import Error, MPIError, TimeoutError, UnavailableError
 from .ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM, Op
 from .request import Request, Waitall
+from .tuning import Choice, TuningWarning
+
+
+def explain(comm: Communicator, nbytes: int, dtype="float32") -> Choice:
+    """Which algorithm ``algorithm="auto"`` picks on `comm` for an Allreduce of `nbytes` bytes
+    of `dtype`, and why. Example: ``print(al.explain(comm, 1 << 20))``."""
+    return comm.explain(nbytes, dtype)
+
 from ._shutdown import install as _install_shutdown
 
 __version__ = "0.1.0"
-__all__ = ["Communicator", "Request", "Waitall", "algorithms", "Error", "MPIError",
+__all__ = ["Communicator", "Request", "Waitall", "algorithms", "explain", "Choice",
+           "TuningWarning", "Error", "MPIError",
            "TimeoutError", "UnavailableError", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
            "LXOR", "BAND", "BOR", "BXOR", "AVG", "OPS"]
 

@@ -57,24 +57,20 @@ def model_choice(p: int, nbytes: int, params=None) -> str:
 
 
 class Selector:
-    """Per-communicator cache of auto's choice, keyed by message size (bytes).
+    """auto's choice for one communicator, from a :class:`aluminum_py.tuning.Decider`.
 
-    The choice depends only on (size, nbytes, parameters), identical on every rank, so every
-    rank picks the same algorithm.
+    The decider is built from data rank 0 read and broadcast, so every rank makes the same
+    choice for the same message.  The native call path caches choices per (bytes, itemsize).
     """
 
-    __slots__ = ("size", "_cache", "_params")
+    __slots__ = ("size", "decider")
 
-    def __init__(self, size: int, params: tuple[float, float, float] | None = None):
+    def __init__(self, size: int, decider):
         self.size = size
-        self._cache: dict[int, str] = {}
-        self._params = params or config.model_params()
+        self.decider = decider
 
-    def choose(self, nbytes: int) -> str:
-        alg = self._cache.get(nbytes)
-        if alg is None:
-            alg = model_choice(self.size, nbytes, self._params)
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            self._cache[nbytes] = alg
-        return alg
+    def explain(self, nbytes: int, itemsize: int):
+        return self.decider.decide(nbytes, itemsize)
+
+    def choose(self, nbytes: int, itemsize: int) -> str:
+        return self.decider.decide(nbytes, itemsize).algorithm

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 
-from . import _core, config, schedules
+from . import _core, config, schedules, tuning
 from .algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, Selector
 from .buffers import addr, as_array, at_least, no_overlap, no_partial_overlap, same_dtype
 from .errors import Error, TimeoutError, UnavailableError
@@ -79,6 +79,18 @@ def _set_engine_yield(local_size: int) -> None:
     _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
 
 
+def _decider(base, size: int, local_size: int):
+    """auto's data: rank 0 reads the tuning table and the model parameters and broadcasts
+    them, so that every rank decides alike (collective)."""
+    data = None
+    if base.Get_rank() == 0:
+        table = tuning.load()
+        exact, fitted = tuning.find_data(table, size, local_size, "host", tuning.mpi_version())
+        data = (exact, fitted, config.model_params())
+    exact, fitted, params = base.bcast(data, root=0)
+    return tuning.Decider(size, exact, fitted, params, HOST_ALLREDUCE[1:])
+
+
 class Communicator:
     """An MPI-style communicator for host (numpy / buffer-protocol) arrays.
 
@@ -117,8 +129,7 @@ class Communicator:
         self.local_size: int = node.Get_size()
         node.Free()
         _set_engine_yield(self.local_size)
-        # rank 0's model parameters, so that auto's choice is the same on every rank
-        self._selector = Selector(self.size, base.bcast(config.model_params(), root=0))
+        self._selector = Selector(self.size, _decider(base, self.size, self.local_size))
         self._launcher = _core.Launcher(self._state, self._selector.choose, self._build_schedule,
                                         HOST_ALLREDUCE)
         self._any_source = MPI.ANY_SOURCE
@@ -169,6 +180,13 @@ class Communicator:
         if n > _MAX_COUNT:
             raise ValueError(f"{name}: {n} elements exceeds the limit of 2**31-1 per operation")
         return n
+
+    def explain(self, nbytes: int, dtype="float32") -> "tuning.Choice":
+        """Which algorithm ``algorithm="auto"`` picks for an Allreduce of `nbytes` bytes of
+        `dtype`, and why (a tuning-table entry, an extrapolation, or the cost model).
+        Local: no communication."""
+        import numpy as np
+        return self._selector.explain(int(nbytes), np.dtype(dtype).itemsize)
 
     def _build_schedule(self, alg: str, count: int, inplace: bool):
         steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)

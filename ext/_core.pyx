@@ -972,9 +972,13 @@ cdef class Launcher:
     cdef readonly CommState state
     cdef dict auto_cache
     cdef dict sched_cache
-    cdef object selector          # nbytes -> algorithm name (Python, cached here)
+    cdef object selector          # (nbytes, itemsize) -> algorithm name (Python, cached here)
     cdef object builder           # (alg, count, inplace) -> Schedule
     cdef frozenset host_algs
+
+    def choose(self, Py_ssize_t nbytes, int itemsize):
+        """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
+        return self.resolve("auto", nbytes, itemsize)
 
     def __cinit__(self, CommState state, selector, builder, host_algs):
         self.state = state
@@ -1014,15 +1018,17 @@ cdef class Launcher:
         check_error(o)
         return None
 
-    cdef str resolve(self, str algorithm, Py_ssize_t nbytes):
+    cdef str resolve(self, str algorithm, Py_ssize_t nbytes, int itemsize):
         cdef object alg
+        cdef Py_ssize_t key
         if algorithm == "auto":
-            alg = self.auto_cache.get(nbytes)
+            key = (nbytes << 5) | itemsize
+            alg = self.auto_cache.get(key)
             if alg is None:
-                alg = self.selector(nbytes)
+                alg = self.selector(nbytes, itemsize)
                 if len(self.auto_cache) > 4096:
                     self.auto_cache.clear()
-                self.auto_cache[nbytes] = alg
+                self.auto_cache[key] = alg
             return <str>alg
         if algorithm in self.host_algs:
             return algorithm
@@ -1073,7 +1079,7 @@ cdef class Launcher:
             _hooks.check_op(opcode, code, s.dtype)                        # raises
         if count > 2147483647:
             _hooks.too_many(count, "sendbuf")
-        alg = self.resolve(algorithm, cnp.PyArray_NBYTES(s))
+        alg = self.resolve(algorithm, cnp.PyArray_NBYTES(s), <int>cnp.PyArray_ITEMSIZE(s))
         rp = <intptr_t>cnp.PyArray_DATA(r)
         sp = rp if inplace else <intptr_t>cnp.PyArray_DATA(s)
         o = NativeOp.__new__(NativeOp)

@@ -2,7 +2,7 @@
 import pytest
 
 import aluminum_py as al
-from aluminum_py.algorithms import Selector, model_choice, model_time
+from aluminum_py.algorithms import MODELLED, Selector, model_choice, model_time
 
 
 def test_names():
@@ -35,8 +35,12 @@ def test_model_choice_small_and_large():
     assert model_choice(2, 64 << 20, params) in ("rabenseifner", "ring")
 
 
-def test_selector_caches_and_is_deterministic():
-    s1, s2 = Selector(4), Selector(4)
+def test_selector_without_table_uses_the_model():
+    from aluminum_py.tuning import Decider
+    params = (2e-6, 1.6e-10, 1e-10)
+    s1 = Selector(4, Decider(4, {}, {}, params, ("mpi",) + MODELLED))
+    s2 = Selector(4, Decider(4, {}, {}, params, ("mpi",) + MODELLED))
     sizes = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 26]
-    assert [s1.choose(n) for n in sizes] == [s2.choose(n) for n in sizes]
-    assert s1.choose(4) is s1.choose(4)
+    assert [s1.choose(n, 4) for n in sizes] == [model_choice(4, n, params) for n in sizes]
+    assert [s1.choose(n, 4) for n in sizes] == [s2.choose(n, 4) for n in sizes]
+    assert s1.explain(4, 4).source == "model"

@@ -1,0 +1,23 @@
+"""``python -m aluminum_py bench crossover ...`` (under mpiexec) and ``bench map ...``."""
+import sys
+
+USAGE = """usage: python -m aluminum_py bench crossover [options]   (run under mpiexec)
+       python -m aluminum_py bench map RUN.json [RUN.json ...] [--plot FILE.png]
+Run a command with --help for its options."""
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "bench":
+        if argv[1] == "crossover":
+            from .bench.crossover import main as crossover
+            return crossover(argv[2:])
+        if argv[1] == "map":
+            from .bench.plots import map_main
+            return map_main(argv[2:])
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``python -m aluminum_py bench ...`` (run under mpiexec)."""

@@ -1,0 +1,163 @@
+"""``mpiexec -n N python -m aluminum_py bench crossover``: time every allreduce algorithm over a
+size sweep, report the fastest per size, and optionally write the tuning table (``--tune``)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+
+import numpy as np
+
+from .timing import (Progress, bus_bandwidth, human, iterations, parse_bytes, size_sweep,
+                     time_interleaved)
+
+DEFAULT_ALGORITHMS = "mpi,recursive_doubling,rabenseifner,ring"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m aluminum_py bench crossover",
+                                 description="Allreduce crossover benchmark (run under mpiexec).")
+    ap.add_argument("--min-bytes", default="4", help="smallest message (default 4)")
+    ap.add_argument("--max-bytes", default="64MiB", help="largest message (default 64MiB)")
+    ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
+                    help=f"comma-separated (default {DEFAULT_ALGORITHMS}; 'auto' allowed)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--odd", action="store_true", help="add 1.5 * 2^k sizes between the powers of two")
+    ap.add_argument("--nonblocking", action="store_true", help="time Iallreduce + Wait")
+    ap.add_argument("--iters", type=int, default=0, help="iterations per size (0: adapt to size)")
+    ap.add_argument("--budget", type=float, default=2.0,
+                    help="seconds per size when adapting iterations (default 2)")
+    ap.add_argument("--csv", default=None, help="write per (size, algorithm) rows")
+    ap.add_argument("--json", default=None, help="write the whole run (input of `bench map`)")
+    ap.add_argument("--plot", default=None, help="PNG: time vs size per algorithm")
+    ap.add_argument("--tune", action="store_true",
+                    help="write the tuning table (AL_TUNING_FILE or the per-user cache file)")
+    ap.add_argument("--tuning-file", default=None, help="tuning table path (overrides AL_TUNING_FILE)")
+    ap.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    return ap
+
+
+def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
+          show_progress=False) -> dict:
+    """Time every algorithm at every size; returns the run (see module docs for the layout)."""
+    from mpi4py import MPI
+    dt = np.dtype(dtype)
+    run = {"ranks": comm.size, "local_size": world.bcast(comm.local_size, root=0),
+           "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": "host",
+           "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+           "nonblocking": bool(nonblocking), "sizes": [], "algorithms": list(algorithms),
+           "iters": [], "median": {a: [] for a in algorithms}, "min": {a: [] for a in algorithms},
+           "max": {a: [] for a in algorithms}, "busbw": {a: [] for a in algorithms}, "fastest": []}
+    bar = Progress(len(sizes), show_progress and comm.rank == 0, "crossover")
+    for nbytes in sizes:
+        count = nbytes // dt.itemsize
+        send = np.ones(count, dtype=dt)
+        recv = np.empty_like(send)
+
+        def contender(alg):
+            if nonblocking:
+                return lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()
+            return lambda: comm.Allreduce(send, recv, algorithm=alg)
+
+        contenders = {a: contender(a) for a in algorithms}
+        n_it = iters or iterations(world, contenders, budget)
+        samples = time_interleaved(world, contenders, n_it)
+        run["sizes"].append(nbytes)
+        run["iters"].append(n_it)
+        for a in algorithms:
+            med = float(np.median(samples[a]))
+            run["median"][a].append(med)
+            run["min"][a].append(float(samples[a].min()))
+            run["max"][a].append(float(samples[a].max()))
+            run["busbw"][a].append(bus_bandwidth(nbytes, med, comm.size))
+        best = min(algorithms, key=lambda a: run["median"][a][-1])
+        run["fastest"].append(best)
+        bar.update(f"{human(nbytes)}: {best}")
+    bar.close()
+    return run
+
+
+def format_table(run: dict) -> str:
+    algs = run["algorithms"]
+    width = max(12, *(len(a) + 2 for a in algs))
+    lines = [f"# aluminum_py crossover: allreduce {run['dtype']} SUM"
+             f"{' (Iallreduce+Wait)' if run['nonblocking'] else ''}, {run['ranks']} ranks "
+             f"({run['local_size']} per node), {run['mpi']}",
+             "# median over iterations of the max over ranks (us); busbw of the fastest (GB/s)",
+             f"{'# Size(B)':>12}" + "".join(f"{a:>{width}}" for a in algs) + f"{'fastest':>{width}}"
+             + f"{'busbw':>10}"]
+    for i, n in enumerate(run["sizes"]):
+        best = run["fastest"][i]
+        cells = "".join(f"{run['median'][a][i] * 1e6:>{width}.2f}" for a in algs)
+        lines.append(f"{n:>12}{cells}{best:>{width}}{run['busbw'][best][i] / 1e9:>10.2f}")
+    return "\n".join(lines)
+
+
+def write_csv(run: dict, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ranks", "bytes", "algorithm", "median_us", "min_us", "max_us", "busbw_GBps",
+                    "iters", "fastest"])
+        for i, n in enumerate(run["sizes"]):
+            for a in run["algorithms"]:
+                w.writerow([run["ranks"], n, a, run["median"][a][i] * 1e6, run["min"][a][i] * 1e6,
+                            run["max"][a][i] * 1e6, run["busbw"][a][i] / 1e9, run["iters"][i],
+                            int(run["fastest"][i] == a)])
+
+
+def tune(run: dict, path: str | None = None):
+    """Merge this run into the tuning table; returns (path, entry)."""
+    from .. import tuning
+    algs = [a for a in run["algorithms"] if a != "auto"]
+    entry = tuning.make_entry(run["ranks"], run["local_size"], run["buffer"], run["dtype_size"],
+                              run["mpi"], run["sizes"], {a: run["median"][a] for a in algs})
+    table = tuning.load(path)
+    tuning.merge(table, entry)
+    return tuning.save(table, path), entry
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+
+    import aluminum_py as al
+    world = MPI.COMM_WORLD
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    host = al.algorithms("allreduce", "host")
+    bad = [a for a in algorithms if a not in host]
+    if bad:
+        if world.rank == 0:
+            print(f"--algorithms: unknown {', '.join(bad)}; choose from {', '.join(host)}",
+                  file=sys.stderr)
+        return 2
+    if args.tune and "auto" in algorithms:
+        algorithms.remove("auto")
+    comm = al.Communicator()
+    dt = np.dtype(args.dtype)
+    sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dt.itemsize,
+                       odd=args.odd)
+    run = sweep(comm, world, sizes, algorithms, dt, args.nonblocking, args.iters, args.budget,
+                show_progress=not args.quiet)
+    if comm.rank == 0:
+        if not args.quiet:
+            print(format_table(run), flush=True)
+        if args.csv:
+            write_csv(run, args.csv)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(run, f, indent=1)
+        if args.plot:
+            from .plots import plot_run
+            plot_run(run, args.plot)
+        if args.tune:
+            path, entry = tune(run, args.tuning_file)
+            ranges = ", ".join(f"{r['algorithm']} {human(r['min_bytes'])}..{human(r['max_bytes'])}"
+                               for r in entry["ranges"])
+            print(f"# tuning table written to {path}: {ranges}", flush=True)
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

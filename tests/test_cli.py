@@ -1,0 +1,54 @@
+"""`python -m aluminum_py bench crossover` and `bench map`, end to end under mpiexec."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+from test_mpi_suite import mpiexec
+
+
+def test_crossover_tune_json_csv_plot_and_map(tmp_path):
+    env = dict(os.environ, AL_TUNING_FILE=str(tmp_path / "tuning.json"))
+    runs = []
+    for n in (2, 3):
+        out = tmp_path / f"run{n}.json"
+        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "aluminum_py", "bench", "crossover",
+               "--max-bytes", "64KiB", "--odd", "--iters", "3", "--tune", "--json", str(out),
+               "--csv", str(tmp_path / f"run{n}.csv"), "--plot", str(tmp_path / f"run{n}.png")]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "tuning table written" in proc.stdout and "fastest" in proc.stdout
+        run = json.loads(out.read_text())
+        assert run["ranks"] == n and run["sizes"][0] == 4 and run["sizes"][-1] == 65536
+        assert 12 in run["sizes"]                                   # --odd
+        assert set(run["median"]) == {"mpi", "recursive_doubling", "rabenseifner", "ring"}
+        for i in range(len(run["sizes"])):
+            assert run["fastest"][i] == min(run["median"], key=lambda a: run["median"][a][i])
+            for a in run["median"]:
+                assert run["min"][a][i] <= run["median"][a][i] <= run["max"][a][i]
+        rows = list(csv.DictReader(open(tmp_path / f"run{n}.csv")))
+        assert len(rows) == 4 * len(run["sizes"])
+        assert (tmp_path / f"run{n}.png").stat().st_size > 1000
+        runs.append(str(out))
+    table = json.loads((tmp_path / "tuning.json").read_text())
+    assert {e["comm_size"] for e in table["entries"].values()} == {2, 3}    # merged
+    proc = subprocess.run([sys.executable, "-m", "aluminum_py", "bench", "map", *runs,
+                           "--plot", str(tmp_path / "map.png")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 ranks" in proc.stdout and "3 ranks" in proc.stdout
+    assert (tmp_path / "map.png").stat().st_size > 1000
+
+
+def test_bad_algorithm_is_reported():
+    proc = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "aluminum_py", "bench",
+                           "crossover", "--algorithms", "ring,bogus"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "bogus" in proc.stderr
+
+
+def test_usage():
+    proc = subprocess.run([sys.executable, "-m", "aluminum_py"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "bench crossover" in proc.stderr

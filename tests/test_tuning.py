@@ -1,0 +1,169 @@
+"""The tuning table: round trips, merging, lookups, bad files (single process)."""
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from aluminum_py import tuning
+from aluminum_py.algorithms import MODELLED, model_choice, model_time
+from aluminum_py.bench.plots import crossover_map, format_map
+from aluminum_py.bench.timing import parse_bytes, size_sweep
+from aluminum_py.tuning import Decider, TuningWarning
+
+MPI_NAME = "MPICH Version: 5.0.2"
+USABLE = ("mpi",) + MODELLED
+PARAMS = (2e-6, 1.6e-10, 1e-10)
+
+
+def synthetic_entry(p=2, local=2, dtype_size=4, sizes=None, params=(3e-6, 2e-10, 1e-10)):
+    """Times from the cost model (so the truth is known) plus an 'mpi' that is 10% slower
+    than the best modelled algorithm."""
+    sizes = sizes or [4 << k for k in range(0, 25, 2)]
+    times = {a: [model_time(a, p, n, params) for n in sizes] for a in MODELLED}
+    times["mpi"] = [1.1 * min(times[a][i] for a in MODELLED) for i in range(len(sizes))]
+    return tuning.make_entry(p, local, "host", dtype_size, MPI_NAME, sizes, times)
+
+
+def test_round_trip_and_merge(tmp_path):
+    path = str(tmp_path / "t.json")
+    table = tuning.load(path)                         # missing file: empty, no warning
+    assert table["entries"] == {}
+    e2, e4 = synthetic_entry(p=2), synthetic_entry(p=4, local=4)
+    tuning.save(tuning.merge(table, e2), path)
+    table = tuning.load(path)
+    tuning.save(tuning.merge(table, e4), path)        # a second rank count: both kept
+    loaded = tuning.load(path)
+    assert len(loaded["entries"]) == 2
+    assert loaded["version"] == tuning.VERSION
+    key = tuning.make_key(2, 2, "host", 4, MPI_NAME)
+    assert loaded["entries"][key]["times"] == e2["times"]
+    again = synthetic_entry(p=2, sizes=[4, 8])        # same configuration: replaced
+    tuning.save(tuning.merge(loaded, again), path)
+    final = tuning.load(path)
+    assert len(final["entries"]) == 2 and final["entries"][key]["sizes"] == [4, 8]
+
+
+def test_default_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("AL_TUNING_FILE", str(tmp_path / "x.json"))
+    assert tuning.default_path() == str(tmp_path / "x.json")
+    monkeypatch.delenv("AL_TUNING_FILE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning.default_path() == str(tmp_path / "aluminum_py" / "tuning.json")
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "other"}),
+                                     json.dumps({"format": tuning.FORMAT, "version": 0, "entries": {}}),
+                                     json.dumps({"format": tuning.FORMAT, "version": 1}),
+                                     json.dumps([1, 2, 3])])
+def test_corrupt_or_old_files_warn_and_fall_back(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.warns(TuningWarning):
+        table = tuning.load(str(path))
+    assert table["entries"] == {}
+    exact, fitted = tuning.find_data(table, 2, 2, "host", MPI_NAME)
+    choice = Decider(2, exact, fitted, PARAMS, USABLE).decide(1024, 4)
+    assert choice.source == "model" and choice.algorithm == model_choice(2, 1024, PARAMS)
+
+
+def test_bad_entry_is_dropped_others_kept(tmp_path):
+    good = synthetic_entry()
+    table = {"format": tuning.FORMAT, "version": 1,
+             "entries": {"good": good, "bad": {"sizes": [8, 4], "times": {"ring": [1, 2]}}}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    with pytest.warns(TuningWarning, match="bad"):
+        loaded = tuning.load(str(path))
+    assert list(loaded["entries"]) == ["good"]
+
+
+def decider_for(entries, p=2, local=2):
+    table = tuning.empty_table()
+    for e in entries:
+        tuning.merge(table, e)
+    exact, fitted = tuning.find_data(table, p, local, "host", MPI_NAME)
+    return Decider(p, exact, fitted, PARAMS, USABLE)
+
+
+def test_lookup_measured_sizes_pick_the_fastest():
+    e = synthetic_entry()
+    d = decider_for([e])
+    for i, n in enumerate(e["sizes"]):
+        best = min(e["times"], key=lambda a: e["times"][a][i])
+        c = d.decide(n, 4)
+        assert c.algorithm == best and c.source == "table"
+
+
+def test_lookup_interpolates_between_sizes():
+    sizes = [1024, 4096]
+    times = {"ring": [10e-6, 20e-6], "rabenseifner": [5e-6, 40e-6]}
+    e = tuning.make_entry(2, 2, "host", 4, MPI_NAME, sizes, times)
+    d = decider_for([e])
+    # log-linear: rabenseifner 5->40 us, ring 10->20 us; they cross at the geometric midpoint
+    assert d.decide(1200, 4).algorithm == "rabenseifner"
+    assert d.decide(3800, 4).algorithm == "ring"
+    assert "interpolated" in d.decide(2000, 4).detail
+
+
+def test_lookup_beyond_the_table():
+    e = synthetic_entry(sizes=[4, 64, 1024, 16384])
+    d = decider_for([e])
+    below = d.decide(1, 4)
+    assert below.algorithm == d.decide(4, 4).algorithm
+    above = d.decide(1 << 30, 4)
+    assert above.source == "table-extrapolated"
+    assert above.algorithm in e["times"]
+
+
+def test_unknown_rank_count_uses_fitted_model():
+    truth = (3e-6, 2e-10, 1e-10)
+    d = decider_for([synthetic_entry(p=2, params=truth), synthetic_entry(p=8, local=8, params=truth)],
+                    p=4, local=4)
+    for n in [4, 1 << 12, 1 << 20, 1 << 26]:
+        c = d.decide(n, 4)
+        assert c.source == "model-fitted"
+        assert c.algorithm == model_choice(4, n, truth)
+
+
+def test_fit_machine_recovers_parameters():
+    truth = (3e-6, 2e-10, 1e-10)
+    a, b, g = tuning.fit_machine(synthetic_entry(p=4, local=4, params=truth))
+    assert a == pytest.approx(truth[0], rel=1e-3)
+    assert b == pytest.approx(truth[1], rel=1e-3)
+    assert g == pytest.approx(truth[2], rel=1e-3)
+
+
+def test_other_dtype_size_and_mpi_are_separate():
+    d = decider_for([synthetic_entry(dtype_size=8)])
+    assert d.decide(1024, 4).source in ("model-fitted", "model")
+    assert d.decide(1024, 8).source == "table"
+    table = tuning.merge(tuning.empty_table(), synthetic_entry())
+    exact, fitted = tuning.find_data(table, 2, 2, "host", "Open MPI v5")
+    assert not exact and not fitted
+
+
+def test_fit_alpha_beta_and_ranges():
+    sizes = [4, 1024, 1 << 20]
+    fit = tuning.fit_alpha_beta(sizes, [5e-6 + 1e-10 * n for n in sizes])
+    assert fit["alpha"] == pytest.approx(5e-6, rel=1e-6)
+    assert fit["beta"] == pytest.approx(1e-10, rel=1e-6)
+    ranges = tuning.win_ranges([4, 8, 16, 32], {"a": [1, 1, 5, 5], "b": [2, 2, 1, 1]})
+    assert ranges == [{"algorithm": "a", "min_bytes": 4, "max_bytes": 8},
+                      {"algorithm": "b", "min_bytes": 16, "max_bytes": 32}]
+
+
+def test_size_sweep_and_parse():
+    assert parse_bytes("64MiB") == 64 << 20 and parse_bytes("4") == 4 and parse_bytes("2k") == 2048
+    assert size_sweep(4, 64, 4) == [4, 8, 16, 32, 64]
+    assert size_sweep(4, 64, 4, odd=True) == [4, 8, 12, 16, 24, 32, 48, 64]
+    assert size_sweep(1, 16, 8) == [8, 16]
+
+
+def test_crossover_map_merges_runs():
+    r2 = {"ranks": 2, "sizes": [4, 8], "fastest": ["recursive_doubling", "ring"]}
+    r4 = {"ranks": 4, "sizes": [4, 16], "fastest": ["mpi", "rabenseifner"]}
+    ranks, sizes, cells = crossover_map([r2, r4])
+    assert ranks == [2, 4] and sizes == [4, 8, 16]
+    assert cells[(4, 16)] == "rabenseifner" and (2, 16) not in cells
+    assert "ring" in format_map([r2, r4])
