@@ -64,8 +64,9 @@ def make_key(comm_size: int, local_size: int, buffer: str, dtype_size: int, mpi:
 
 
 def mpi_version() -> str:
+    """The MPI library's name and version, whitespace normalised ("MPICH Version: 5.0.2")."""
     from mpi4py import MPI
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return " ".join(MPI.Get_library_version().splitlines()[0].split())
 
 
 def empty_table() -> dict:

@@ -13,28 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
-
-
-def parse_bytes(text: str) -> int:
-    t = text.strip().lower()
-    for suf, mul in (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10),
-                     ("m", 1 << 20), ("g", 1 << 30), ("b", 1)):
-        if t.endswith(suf):
-            return int(float(t[: -len(suf)]) * mul)
-    return int(t)
-
-
-def human(n: int) -> str:
-    for unit, mul in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= mul:
-            return f"{n // mul} {unit}"
-    return f"{n} B"
+from aluminum_py.bench.timing import parse_bytes, size_sweep, time_interleaved
 
 
 def default_iters(nbytes: int) -> int:
@@ -58,11 +42,7 @@ def main(argv=None) -> int:
     dtype = np.dtype(args.dtype)
     algs = [a for a in args.algorithms.split(",") if a]
     lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
-    sizes = []
-    n = max(lo, dtype.itemsize)
-    while n <= hi:
-        sizes.append(n)
-        n *= 2
+    sizes = size_sweep(lo, hi, dtype.itemsize)
     contenders = ["mpi4py"] + algs
     rows = []
     if comm.rank == 0:
@@ -76,26 +56,19 @@ def main(argv=None) -> int:
         send = np.ones(count, dtype=dtype)
         recv = np.empty_like(send)
         iters = args.iters or default_iters(nbytes)
-        times = np.zeros((len(contenders), iters))
 
         def run(name):
             if name == "mpi4py":
-                native.Allreduce(send, recv, op=MPI.SUM)
-            elif args.nonblocking:
-                comm.Iallreduce(send, recv, algorithm=name).Wait()
-            else:
-                comm.Allreduce(send, recv, algorithm=name)
+                return lambda: native.Allreduce(send, recv, op=MPI.SUM)
+            if args.nonblocking:
+                return lambda: comm.Iallreduce(send, recv, algorithm=name).Wait()
+            return lambda: comm.Allreduce(send, recv, algorithm=name)
 
-        for name in contenders:          # warm-up
-            run(name)
-        for it in range(iters):
-            order = contenders[it % len(contenders):] + contenders[:it % len(contenders)]
-            for name in order:
-                world.Barrier()
-                t0 = time.perf_counter()
-                run(name)
-                times[contenders.index(name), it] = time.perf_counter() - t0
-        world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+        fns = {name: run(name) for name in contenders}
+        for f in fns.values():          # warm-up
+            f()
+        samples = time_interleaved(world, fns, iters)
+        times = np.stack([samples[name] for name in contenders])
         med = np.median(times, axis=1) * 1e6
         row = {"bytes": nbytes, "iters": iters,
                **{name: float(med[i]) for i, name in enumerate(contenders)},

@@ -41,11 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
           show_progress=False) -> dict:
     """Time every algorithm at every size; returns the run (see module docs for the layout)."""
-    from mpi4py import MPI
+    from ..tuning import mpi_version
     dt = np.dtype(dtype)
     run = {"ranks": comm.size, "local_size": world.bcast(comm.local_size, root=0),
            "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": "host",
-           "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+           "mpi": mpi_version(),
            "nonblocking": bool(nonblocking), "sizes": [], "algorithms": list(algorithms),
            "iters": [], "median": {a: [] for a in algorithms}, "min": {a: [] for a in algorithms},
            "max": {a: [] for a in algorithms}, "busbw": {a: [] for a in algorithms}, "fastest": []}
