@@ -68,8 +68,34 @@ ext = Extension(
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-unused-function"],
 )
 
+def nccl_header_dir():
+    """The nvidia-nccl-cu12 wheel's include folder if the wheel is installed at build time; else
+    None (ext/nccl_fallback.h declares the part of nccl.h we use). NCCL itself is dlopen'ed."""
+    if os.environ.get("AL_NCCL_FALLBACK_HEADER"):
+        return None
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return None
+    for base in nvidia.nccl.__path__:
+        inc = os.path.join(base, "include")
+        if os.path.exists(os.path.join(inc, "nccl.h")):
+            return inc
+    return None
+
+
+nccl_inc = nccl_header_dir()
+nccl_ext = Extension(
+    "aluminum_py._nccl",
+    sources=["ext/_nccl.pyx"],
+    include_dirs=["ext", "ext/cuda_stubs"] + ([nccl_inc] if nccl_inc else []),
+    define_macros=[("AL_HAVE_NCCL_H", "1")] if nccl_inc else [],
+    libraries=["dl"],
+    extra_compile_args=["-O2", "-Wno-unused-function"],
+)
+
 # The `mpich` wheel is the default MPI; a build against the cluster's MPI (MPICC set) must not
 # pull it in, or mpi4py could load the wrong libmpi at run time.
 install_requires = ["mpi4py>=4", "numpy"] + ([] if os.environ.get("MPICC") else ["mpich"])
 
-setup(install_requires=install_requires, ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))
+setup(install_requires=install_requires, ext_modules=cythonize([ext, nccl_ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))

@@ -11,7 +11,7 @@ from mpi4py import MPI as _MPI  # noqa: F401  (initialises MPI and loads libmpi 
 from . import _core
 from .algorithms import algorithms
 from .communicator import Communicator
-from .errors import Error, MPIError, TimeoutError, UnavailableError
+from .errors import Error, MPIError, NcclError, TimeoutError, UnavailableError
 from .ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM, Op
 from .request import Request, Waitall
 from .tuning import Choice, TuningWarning
@@ -26,7 +26,7 @@ from ._shutdown import install as _install_shutdown
 
 __version__ = "0.1.0"
 __all__ = ["Communicator", "Request", "Waitall", "algorithms", "explain", "Choice",
-           "TuningWarning", "Error", "MPIError",
+           "TuningWarning", "Error", "MPIError", "NcclError",
            "TimeoutError", "UnavailableError", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
            "LXOR", "BAND", "BOR", "BXOR", "AVG", "OPS"]
 

@@ -32,3 +32,15 @@ class TimeoutError(Error, builtins.TimeoutError):
 
 class UnavailableError(Error):
     """A backend or device needed for the call is not available (e.g. no CUDA device)."""
+
+
+class NcclError(Error):
+    """An NCCL call failed. ``code`` is the ncclResult_t; the message carries NCCL's error
+    string and, where NCCL has one, its last-error text (e.g. the CUDA error behind it)."""
+
+    def __init__(self, message: str, code: int = -1):
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.code))

@@ -174,17 +174,17 @@ static int al_scale_div(int dtype, void *buf, size_t n, double divisor) {
   size_t i;
   switch (dtype) {
   case AL_FLOAT16: { uint16_t *p = (uint16_t *)buf; float d = (float)divisor;
-    for (i = 0; i < n; i++) p[i] = al_f32_to_f16(al_f16_to_f32(p[i]) / d); return 0; }
+    for (i = 0; i < n; i++) { p[i] = al_f32_to_f16(al_f16_to_f32(p[i]) / d); } return 0; }
   case AL_BFLOAT16: { uint16_t *p = (uint16_t *)buf; float d = (float)divisor;
-    for (i = 0; i < n; i++) p[i] = al_f32_to_bf16(al_bf16_to_f32(p[i]) / d); return 0; }
+    for (i = 0; i < n; i++) { p[i] = al_f32_to_bf16(al_bf16_to_f32(p[i]) / d); } return 0; }
   case AL_FLOAT32: { float *p = (float *)buf; float d = (float)divisor;
-    for (i = 0; i < n; i++) p[i] /= d; return 0; }
+    for (i = 0; i < n; i++) { p[i] /= d; } return 0; }
   case AL_FLOAT64: { double *p = (double *)buf;
-    for (i = 0; i < n; i++) p[i] /= divisor; return 0; }
+    for (i = 0; i < n; i++) { p[i] /= divisor; } return 0; }
   case AL_COMPLEX64: { float *p = (float *)buf; float d = (float)divisor;
-    for (i = 0; i < 2 * n; i++) p[i] /= d; return 0; }
+    for (i = 0; i < 2 * n; i++) { p[i] /= d; } return 0; }
   case AL_COMPLEX128: { double *p = (double *)buf;
-    for (i = 0; i < 2 * n; i++) p[i] /= divisor; return 0; }
+    for (i = 0; i < 2 * n; i++) { p[i] /= divisor; } return 0; }
   default: return -1;
   }
 }

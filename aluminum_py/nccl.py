@@ -1,0 +1,277 @@
+"""NCCL for aluminum_py: library discovery, the Python layer over the thin binding (`_nccl`).
+
+The library is loaded at run time with dlopen, from (first found):
+
+1. ``AL_NCCL_LIBRARY`` (a path to libnccl.so.2),
+2. the ``nvidia-nccl-cu12`` wheel's ``lib`` folder (found through ``nvidia.nccl.__path__``),
+3. the system loader (``libnccl.so.2`` on the library path).
+
+Without a GPU, :func:`get_version` and :func:`get_unique_id` work; creating a communicator fails
+with :class:`aluminum_py.NcclError` carrying NCCL's own error text.  Without the library at all,
+:func:`available` is False and every call raises :class:`aluminum_py.UnavailableError` saying
+where it looked.
+
+Example (two processes, one GPU each)::
+
+    uid = nccl.get_unique_id() if rank == 0 else None
+    uid = mpi_comm.bcast(uid, root=0)
+    comm = nccl.NcclComm(size, uid, rank, max_ctas=4)
+    comm.allreduce(x.data.ptr, x.data.ptr, x.size, "float32", "sum", stream.ptr)
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from .errors import NcclError, UnavailableError
+
+try:
+    from . import _nccl
+except ImportError:     # pragma: no cover - the extension is always built
+    _nccl = None
+
+# NCCL enums (nccl.h)
+DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+          "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError",
+           3: "ncclInternalError", 4: "ncclInvalidArgument", 5: "ncclInvalidUsage",
+           6: "ncclRemoteError", 7: "ncclInProgress"}
+SUCCESS, UNHANDLED_CUDA_ERROR, INVALID_ARGUMENT, INVALID_USAGE, IN_PROGRESS = 0, 1, 4, 5, 7
+
+_state = {"path": None, "error": None, "tried": False}
+
+
+def candidates() -> list[str]:
+    """Where the library is looked for, in order."""
+    paths = []
+    env = os.environ.get("AL_NCCL_LIBRARY")
+    if env:
+        paths.append(env)
+    try:
+        import nvidia.nccl
+        for base in nvidia.nccl.__path__:
+            paths.append(os.path.join(base, "lib", "libnccl.so.2"))
+    except ImportError:
+        pass
+    paths.append("libnccl.so.2")
+    return paths
+
+
+def _check(code: int, comm: int, what: str) -> None:
+    """Raise NcclError for a failed call (called by the binding)."""
+    text = _nccl.error_string(code)
+    last = _nccl.last_error(comm)
+    name = RESULTS.get(code, f"ncclResult {code}")
+    msg = f"{what} failed: {name}: {text}"
+    if last:
+        msg += f" ({last})"
+    raise NcclError(msg, code)
+
+
+def _load() -> None:
+    if _state["tried"]:
+        return
+    _state["tried"] = True
+    errors = []
+    env = os.environ.get("AL_NCCL_LIBRARY")
+    for path in candidates():
+        if path != "libnccl.so.2" and not os.path.exists(path):
+            errors.append(f"{path}: not found")
+            if path == env:
+                break       # an explicit path that does not exist is an error, not a hint
+            continue
+        err = _nccl.load(path, _check)
+        if err is None:
+            _state["path"] = path
+            return
+        errors.append(f"{path}: {err}")
+        if path == env:
+            break
+    _state["error"] = "; ".join(errors)
+
+
+def available() -> bool:
+    """True if libnccl.so.2 could be loaded (a GPU is not needed for this)."""
+    _load()
+    return _state["path"] is not None
+
+
+def library_path() -> str | None:
+    _load()
+    return _state["path"]
+
+
+def _need() -> None:
+    if not available():
+        raise UnavailableError(f"NCCL is not available: could not load libnccl.so.2 "
+                               f"({_state['error']}); pip install nvidia-nccl-cu12 or set "
+                               f"AL_NCCL_LIBRARY")
+
+
+def get_version() -> tuple[int, int, int]:
+    """(major, minor, patch) of the loaded NCCL."""
+    _need()
+    code = _nccl.get_version()
+    if code >= 10000:
+        return code // 10000, code // 100 % 100, code % 100
+    return code // 1000, code // 100 % 10, code % 100
+
+
+def get_unique_id() -> bytes:
+    """A new 128-byte unique id (on one rank; broadcast it to the others)."""
+    _need()
+    return _nccl.get_unique_id()
+
+
+def _dtype(dtype) -> int:
+    import numpy as np
+    name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
+    if name not in DTYPES:
+        raise TypeError(f"dtype: {name} is not an NCCL datatype (NCCL has {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def _op(op) -> int:
+    name = getattr(op, "name", op)
+    key = str(name).lower()
+    if key not in OPS:
+        raise TypeError(f"op: {name} is not an NCCL reduction (NCCL has {', '.join(OPS)})")
+    return OPS[key]
+
+
+def _config(min_ctas, max_ctas, cga_cluster_size, blocking) -> dict:
+    for name, v in (("min_ctas", min_ctas), ("max_ctas", max_ctas)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    if min_ctas is not None and max_ctas is not None and min_ctas > max_ctas:
+        raise ValueError(f"min_ctas ({min_ctas}) is larger than max_ctas ({max_ctas})")
+    return {"min_ctas": min_ctas, "max_ctas": max_ctas, "cga_cluster_size": cga_cluster_size,
+            "blocking": blocking}
+
+
+class NcclComm:
+    """An NCCL communicator (ncclCommInitRankConfig). Collective over the `nranks` processes.
+
+    Args:
+        nranks, unique_id, rank: as ncclCommInitRank (unique_id: 128 bytes from get_unique_id).
+        min_ctas, max_ctas: ncclConfig_t.minCTAs / maxCTAs (NCCL >= 2.17): bounds on the
+            thread blocks (CTAs) each collective uses; threads = CTAs * NCCL_NTHREADS.
+        cga_cluster_size, blocking: ncclConfig_t.cgaClusterSize / blocking.
+    Raises:
+        NcclError: NCCL failed (without a GPU: ncclUnhandledCudaError with NCCL's CUDA text).
+    """
+
+    def __init__(self, nranks: int, unique_id: bytes, rank: int, *, min_ctas=None, max_ctas=None,
+                 cga_cluster_size=None, blocking=None):
+        _need()
+        if not isinstance(unique_id, (bytes, bytearray)):
+            raise TypeError(f"unique_id: expected 128 bytes, got {type(unique_id).__name__}")
+        if not 0 <= rank < nranks:
+            raise ValueError(f"rank: {rank} is out of range for {nranks} ranks")
+        self.config = _config(min_ctas, max_ctas, cga_cluster_size, blocking)
+        self.handle = 0
+        self.handle = _nccl.comm_init_rank(nranks, bytes(unique_id), rank, **_native(self.config))
+
+    @classmethod
+    def _from_handle(cls, handle: int, config: dict | None = None) -> "NcclComm":
+        self = cls.__new__(cls)
+        self.handle = handle
+        self.config = config or _config(None, None, None, None)
+        return self
+
+    def __repr__(self) -> str:
+        return f"<aluminum_py.nccl.NcclComm handle=0x{self.handle:x} config={self.config}>"
+
+    def _h(self) -> int:
+        if self.handle == 0 and not getattr(self, "_allow_null", False):
+            raise NcclError("the NCCL communicator has been destroyed", INVALID_USAGE)
+        return self.handle
+
+    def split(self, color: int, key: int, *, min_ctas=None, max_ctas=None, cga_cluster_size=None,
+              blocking=None) -> "NcclComm":
+        """ncclCommSplit with its own config (e.g. another max_ctas). Collective."""
+        cfg = _config(min_ctas, max_ctas, cga_cluster_size, blocking)
+        return NcclComm._from_handle(_nccl.comm_split(self._h(), color, key, **_native(cfg)), cfg)
+
+    @property
+    def count(self) -> int:
+        return _nccl.comm_count(self._h())
+
+    @property
+    def user_rank(self) -> int:
+        return _nccl.comm_user_rank(self._h())
+
+    @property
+    def device(self) -> int:
+        return _nccl.comm_cu_device(self._h())
+
+    def async_error(self) -> int:
+        """ncclCommGetAsyncError: 0, ncclInProgress (7), or an error code."""
+        return _nccl.comm_async_error(self._h())
+
+    def check_async_error(self) -> None:
+        code = self.async_error()
+        if code not in (SUCCESS, IN_PROGRESS):
+            _check(code, self.handle, "asynchronous NCCL operation")
+
+    # collectives: device pointers and stream handles as ints; counts in elements
+    def allreduce(self, send: int, recv: int, count: int, dtype, op, stream: int) -> None:
+        _nccl.allreduce(send, recv, count, _dtype(dtype), _op(op), self._h(), stream)
+
+    def broadcast(self, send: int, recv: int, count: int, dtype, root: int, stream: int) -> None:
+        _nccl.broadcast(send, recv, count, _dtype(dtype), root, self._h(), stream)
+
+    def reduce(self, send: int, recv: int, count: int, dtype, op, root: int, stream: int) -> None:
+        _nccl.reduce(send, recv, count, _dtype(dtype), _op(op), root, self._h(), stream)
+
+    def allgather(self, send: int, recv: int, sendcount: int, dtype, stream: int) -> None:
+        _nccl.allgather(send, recv, sendcount, _dtype(dtype), self._h(), stream)
+
+    def reduce_scatter(self, send: int, recv: int, recvcount: int, dtype, op, stream: int) -> None:
+        _nccl.reduce_scatter(send, recv, recvcount, _dtype(dtype), _op(op), self._h(), stream)
+
+    def send(self, buf: int, count: int, dtype, peer: int, stream: int) -> None:
+        _nccl.send(buf, count, _dtype(dtype), peer, self._h(), stream)
+
+    def recv(self, buf: int, count: int, dtype, peer: int, stream: int) -> None:
+        _nccl.recv(buf, count, _dtype(dtype), peer, self._h(), stream)
+
+    def finalize(self) -> None:
+        _nccl.comm_finalize(self._h())
+
+    def destroy(self) -> None:
+        """ncclCommDestroy (after finalize, or to free an idle communicator). Idempotent."""
+        if self.handle:
+            h, self.handle = self.handle, 0
+            _nccl.comm_destroy(h)
+
+    def abort(self) -> None:
+        """ncclCommAbort: stop outstanding operations and free the communicator. Idempotent."""
+        if self.handle:
+            h, self.handle = self.handle, 0
+            _nccl.comm_abort(h)
+
+
+def _native(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items()}
+
+
+def group_start() -> None:
+    _need()
+    _nccl.group_start()
+
+
+def group_end() -> None:
+    _need()
+    _nccl.group_end()
+
+
+@contextlib.contextmanager
+def group():
+    """``with nccl.group(): ...`` fuses the NCCL calls inside (ncclGroupStart / ncclGroupEnd)."""
+    group_start()
+    try:
+        yield
+    finally:
+        group_end()

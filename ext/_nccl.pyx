@@ -1,0 +1,270 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin NCCL binding: raw device pointers (ints), stream handles (ints), status checks.
+
+NCCL is loaded at run time with dlopen (see ``load``); nothing is linked.  Every call releases
+the GIL and is followed by one status check that raises through the Python layer
+(``aluminum_py.nccl``), which also owns library discovery, dtype/op mapping and errors.
+"""
+from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
+
+cdef extern from "al_nccl.h" nogil:
+    ctypedef int ncclResult_t
+    ctypedef int ncclDataType_t
+    ctypedef int ncclRedOp_t
+    ctypedef struct ncclComm:
+        pass
+    ctypedef ncclComm* ncclComm_t
+    ctypedef void* cudaStream_t
+    ctypedef struct ncclUniqueId:
+        char internal[128]
+    ctypedef struct ncclConfig_t:
+        size_t size
+        unsigned int magic
+        unsigned int version
+        int blocking
+        int cgaClusterSize
+        int minCTAs
+        int maxCTAs
+    ctypedef struct al_nccl_api:
+        void* handle
+        ncclResult_t (*GetVersion)(int*) noexcept nogil
+        ncclResult_t (*GetUniqueId)(ncclUniqueId*) noexcept nogil
+        ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) noexcept nogil
+        ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) noexcept nogil
+        ncclResult_t (*CommFinalize)(ncclComm_t) noexcept nogil
+        ncclResult_t (*CommDestroy)(ncclComm_t) noexcept nogil
+        ncclResult_t (*CommAbort)(ncclComm_t) noexcept nogil
+        ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*) noexcept nogil
+        ncclResult_t (*CommCount)(ncclComm_t, int*) noexcept nogil
+        ncclResult_t (*CommUserRank)(ncclComm_t, int*) noexcept nogil
+        ncclResult_t (*CommCuDevice)(ncclComm_t, int*) noexcept nogil
+        const char* (*GetErrorString)(ncclResult_t) noexcept nogil
+        const char* (*GetLastError)(ncclComm_t) noexcept nogil
+        ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*Reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) noexcept nogil
+        ncclResult_t (*GroupStart)() noexcept nogil
+        ncclResult_t (*GroupEnd)() noexcept nogil
+    int al_nccl_load(const char* path, al_nccl_api* api, char* err, size_t errlen)
+    ncclConfig_t al_nccl_config_init()
+    int NCCL_CONFIG_UNDEF_INT
+    int NCCL_VERSION_CODE
+
+cdef al_nccl_api api
+cdef bint loaded = False
+cdef object _check = None       # aluminum_py.nccl._check(code, comm_handle, what) -> raises
+
+HEADER_VERSION_CODE = NCCL_VERSION_CODE
+UNDEF_INT = NCCL_CONFIG_UNDEF_INT
+
+
+def load(str path, checker):
+    """dlopen `path` and resolve the symbols. Returns None or an error message."""
+    global loaded, _check
+    cdef char err[512]
+    cdef bytes p = path.encode()
+    _check = checker
+    if loaded:
+        return None
+    if al_nccl_load(p, &api, err, sizeof(err)) != 0:
+        return (<bytes>err).decode("utf-8", "replace")
+    loaded = True
+    return None
+
+
+def is_loaded():
+    return loaded
+
+
+cdef inline int check(ncclResult_t rc, ncclComm_t comm, str what) except -1:
+    if rc != 0:
+        _check(rc, <uintptr_t>comm, what)
+        return -1
+    return 0
+
+
+def error_string(int code):
+    cdef const char* s = api.GetErrorString(<ncclResult_t>code)
+    return s.decode("utf-8", "replace") if s != NULL else f"NCCL error {code}"
+
+
+def last_error(uintptr_t comm):
+    cdef const char* s
+    if api.GetLastError == NULL:
+        return ""
+    s = api.GetLastError(<ncclComm_t>comm)
+    return s.decode("utf-8", "replace") if s != NULL else ""
+
+
+def get_version():
+    cdef int v = 0
+    check(api.GetVersion(&v), NULL, "ncclGetVersion")
+    return v
+
+
+def get_unique_id():
+    cdef ncclUniqueId uid
+    with nogil:
+        rc = api.GetUniqueId(&uid)
+    check(rc, NULL, "ncclGetUniqueId")
+    return (<char*>uid.internal)[:128]
+
+
+cdef ncclConfig_t make_config(blocking, cga_cluster_size, min_ctas, max_ctas):
+    cdef ncclConfig_t c = al_nccl_config_init()
+    if blocking is not None:
+        c.blocking = 1 if blocking else 0
+    if cga_cluster_size is not None:
+        c.cgaClusterSize = cga_cluster_size
+    if min_ctas is not None:
+        c.minCTAs = min_ctas
+    if max_ctas is not None:
+        c.maxCTAs = max_ctas
+    return c
+
+
+def comm_init_rank(int nranks, bytes unique_id, int rank, blocking=None, cga_cluster_size=None,
+                   min_ctas=None, max_ctas=None):
+    """ncclCommInitRankConfig; returns the communicator handle (int)."""
+    cdef ncclUniqueId uid
+    cdef ncclComm_t comm = NULL
+    cdef ncclConfig_t cfg = make_config(blocking, cga_cluster_size, min_ctas, max_ctas)
+    cdef ncclResult_t rc
+    if len(unique_id) != 128:
+        raise ValueError(f"unique_id: expected 128 bytes, got {len(unique_id)}")
+    memcpy(uid.internal, <char*>unique_id, 128)
+    with nogil:
+        rc = api.CommInitRankConfig(&comm, nranks, uid, rank, &cfg)
+    check(rc, comm, "ncclCommInitRankConfig")
+    return <uintptr_t>comm
+
+
+def comm_split(uintptr_t comm, int color, int key, blocking=None, cga_cluster_size=None,
+               min_ctas=None, max_ctas=None):
+    cdef ncclComm_t new = NULL
+    cdef ncclConfig_t cfg = make_config(blocking, cga_cluster_size, min_ctas, max_ctas)
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.CommSplit(<ncclComm_t>comm, color, key, &new, &cfg)
+    check(rc, <ncclComm_t>comm, "ncclCommSplit")
+    return <uintptr_t>new
+
+
+def comm_finalize(uintptr_t comm):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.CommFinalize(<ncclComm_t>comm)
+    check(rc, <ncclComm_t>comm, "ncclCommFinalize")
+
+
+def comm_destroy(uintptr_t comm):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.CommDestroy(<ncclComm_t>comm)
+    check(rc, NULL, "ncclCommDestroy")
+
+
+def comm_abort(uintptr_t comm):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.CommAbort(<ncclComm_t>comm)
+    check(rc, NULL, "ncclCommAbort")
+
+
+def comm_async_error(uintptr_t comm):
+    cdef ncclResult_t err = 0
+    check(api.CommGetAsyncError(<ncclComm_t>comm, &err), <ncclComm_t>comm, "ncclCommGetAsyncError")
+    return err
+
+
+def comm_count(uintptr_t comm):
+    cdef int n = 0
+    check(api.CommCount(<ncclComm_t>comm, &n), <ncclComm_t>comm, "ncclCommCount")
+    return n
+
+
+def comm_user_rank(uintptr_t comm):
+    cdef int r = 0
+    check(api.CommUserRank(<ncclComm_t>comm, &r), <ncclComm_t>comm, "ncclCommUserRank")
+    return r
+
+
+def comm_cu_device(uintptr_t comm):
+    cdef int d = 0
+    check(api.CommCuDevice(<ncclComm_t>comm, &d), <ncclComm_t>comm, "ncclCommCuDevice")
+    return d
+
+
+def allreduce(uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, uintptr_t comm,
+              uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.AllReduce(<const void*>send, <void*>recv, count, dtype, op, <ncclComm_t>comm,
+                           <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclAllReduce")
+
+
+def broadcast(uintptr_t send, uintptr_t recv, size_t count, int dtype, int root, uintptr_t comm,
+              uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.Broadcast(<const void*>send, <void*>recv, count, dtype, root, <ncclComm_t>comm,
+                           <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclBroadcast")
+
+
+def reduce(uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+           uintptr_t comm, uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.Reduce(<const void*>send, <void*>recv, count, dtype, op, root, <ncclComm_t>comm,
+                        <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclReduce")
+
+
+def allgather(uintptr_t send, uintptr_t recv, size_t sendcount, int dtype, uintptr_t comm,
+              uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.AllGather(<const void*>send, <void*>recv, sendcount, dtype, <ncclComm_t>comm,
+                           <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclAllGather")
+
+
+def reduce_scatter(uintptr_t send, uintptr_t recv, size_t recvcount, int dtype, int op,
+                   uintptr_t comm, uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.ReduceScatter(<const void*>send, <void*>recv, recvcount, dtype, op,
+                               <ncclComm_t>comm, <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclReduceScatter")
+
+
+def send(uintptr_t buf, size_t count, int dtype, int peer, uintptr_t comm, uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.Send(<const void*>buf, count, dtype, peer, <ncclComm_t>comm, <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclSend")
+
+
+def recv(uintptr_t buf, size_t count, int dtype, int peer, uintptr_t comm, uintptr_t stream):
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.Recv(<void*>buf, count, dtype, peer, <ncclComm_t>comm, <cudaStream_t>stream)
+    check(rc, <ncclComm_t>comm, "ncclRecv")
+
+
+def group_start():
+    check(api.GroupStart(), NULL, "ncclGroupStart")
+
+
+def group_end():
+    cdef ncclResult_t rc
+    with nogil:
+        rc = api.GroupEnd()
+    check(rc, NULL, "ncclGroupEnd")

@@ -1,0 +1,1 @@
+/* Stub of <cuda_bf16.h> (see cuda_runtime.h). */

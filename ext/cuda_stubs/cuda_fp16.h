@@ -1,0 +1,1 @@
+/* Stub of <cuda_fp16.h> (see cuda_runtime.h). */
