@@ -19,7 +19,7 @@ Everything below the Python-visible classes runs without the GIL:
 
 from libc.stdlib cimport malloc, free, calloc, getenv
 from libc.string cimport memcpy, memset, strncpy
-from libc.stdint cimport int64_t, intptr_t
+from libc.stdint cimport int64_t, intptr_t, uint32_t, uintptr_t
 from posix.time cimport timespec, clock_gettime, CLOCK_REALTIME
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
 cimport mpi4py.libmpi as mpi
@@ -55,6 +55,32 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_wait(pthread_cond_t*, pthread_mutex_t*)
     int pthread_cond_timedwait(pthread_cond_t*, pthread_mutex_t*, const timespec*)
 
+cdef extern from "al_device.h" nogil:
+    ctypedef struct al_device:
+        void* ctx
+        int (*memcpy_async)(void*, void*, const void*, size_t, void*) noexcept nogil
+        int (*event_create)(void*, void**) noexcept nogil
+        int (*event_record)(void*, void*, void*) noexcept nogil
+        int (*event_query)(void*, void*) noexcept nogil
+        int (*event_destroy)(void*, void*) noexcept nogil
+        int (*wait_value32)(void*, void*, uint32_t*, uint32_t) noexcept nogil
+        int (*write_value32)(void*, void*, uint32_t*, uint32_t) noexcept nogil
+        void* (*host_alloc)(void*, size_t) noexcept nogil
+        void (*host_free)(void*, void*) noexcept nogil
+    ctypedef struct al_cpu_trace:
+        int kind
+        double t
+        const void* p
+    ctypedef struct al_cpu_ctx:
+        al_cpu_trace* trace
+        long ntrace
+    ctypedef struct al_cpu_stream:
+        long executed
+    al_device* al_cpu_device_new()
+    al_cpu_stream* al_cpu_stream_new(al_cpu_ctx*)
+    int al_cpu_stream_sync(al_cpu_stream*, double)
+    int al_cpu_memcpy_async(void*, void*, const void*, size_t, void*)
+
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
@@ -79,7 +105,8 @@ cdef enum:
     K_SEND = 10
     K_RECV = 11
     K_SENDRECV = 12
-    K_NKINDS = 13
+    K_HOST_TRANSFER = 13
+    K_NKINDS = 14
 
 # phases
 cdef enum:
@@ -97,7 +124,8 @@ cdef enum:
     FROM_RECV = 1
 
 KIND_NAMES = ("schedule", "allreduce", "reduce", "reduce_scatter", "allgather", "bcast",
-              "alltoall", "gather", "scatter", "barrier", "send", "recv", "sendrecv")
+              "alltoall", "gather", "scatter", "barrier", "send", "recv", "sendrecv",
+              "host_transfer")
 KINDS = {name: i for i, name in enumerate(KIND_NAMES)}
 RECV_MODES = {"none": RECV_NONE, "into": RECV_INTO, "tmp_reduce": RECV_TMP_REDUCE,
               "into_reduce": RECV_INTO_REDUCE}
@@ -157,6 +185,16 @@ ctypedef struct al_op:
     int err              # 0, an MPI error code, or -1 (library error)
     char errmsg[256]
     al_op* next
+    # host transfer (K_HOST_TRANSFER): device copies around an inner host allreduce
+    al_device* dev
+    void* stream
+    char* pinned         # host staging buffer (count * esize bytes) + the stream flag
+    uint32_t* flag       # the stream waits until *flag >= 1 before copying back
+    void* ev_d2h
+    void* ev_h2d
+    al_op* inner         # the host algorithm, in place on `pinned`
+    int ht_phase         # 0 wait D2H, 1 host algorithm, 2 release stream, 3 wait H2D
+    double ht_times[4]   # when each phase ended (al_now), for ordering checks
 
 # ---------------------------------------------------------------------------
 # Scratch buffers: a small pool so that large ops don't fault fresh pages each time
@@ -357,10 +395,52 @@ cdef int mpi_start(al_op* op) noexcept nogil:
         return op_finish(op)
     return 0
 
+cdef int ht_step(al_op* op) noexcept nogil:
+    """Host-transfer state machine (paper Figs. 5-6), polled by the engine; never blocks."""
+    cdef int q
+    cdef void* ctx = op.dev.ctx
+    if op.ht_phase == 0:                          # device -> pinned copy done?
+        q = op.dev.event_query(ctx, op.ev_d2h)
+        if q == 0:
+            return 0
+        op.ht_times[0] = al_now()
+        if q < 0:
+            op.err = -1
+            snprintf(op.errmsg, 256, "device event query failed (%d)", q)
+            op.ht_phase = 2
+        else:
+            op.ht_phase = 1
+            if op_start(op.inner, 0):
+                op.ht_phase = 2
+    if op.ht_phase == 1:                          # the host algorithm on the pinned buffer
+        if not op_step(op.inner, 0):
+            return 0
+        op.ht_phase = 2
+    if op.ht_phase == 2:                          # release the stream: it copies back next
+        op.ht_times[1] = al_now()
+        if op.inner.phase == PH_DONE and op.inner.err != 0 and op.err == 0:
+            op.err = op.inner.err
+            strncpy(op.errmsg, op.inner.errmsg, 255)
+        al_store_release(<int*>op.flag, 1)
+        op.ht_times[2] = al_now()
+        op.ht_phase = 3
+    q = op.dev.event_query(ctx, op.ev_h2d)        # pinned -> device copy done?
+    if q == 0:
+        return 0
+    op.ht_times[3] = al_now()
+    op.dev.event_destroy(ctx, op.ev_d2h)
+    op.dev.event_destroy(ctx, op.ev_h2d)
+    op.dev.host_free(ctx, op.pinned)              # only after the last copy completed
+    op.pinned = NULL
+    return op_finish(op)
+
 cdef int op_start(al_op* op, int block) noexcept nogil:
     """Begin an op. Schedules wait for their first step only with `block`; MPI pass-through
     ops make the blocking MPI call when op.blocking. Returns 1 if already complete."""
     op.phase = PH_RUNNING
+    if op.kind == K_HOST_TRANSFER:
+        op.ht_phase = 0
+        return ht_step(op)
     if op.kind == K_SCHEDULE:
         op.cur = 0
         op.posted = 0
@@ -380,6 +460,8 @@ cdef int op_step(al_op* op, int block) noexcept nogil:
         return 1
     if op.kind == K_SCHEDULE:
         return sched_advance(op, block)
+    if op.kind == K_HOST_TRANSFER:
+        return ht_step(op)
     if op.nreqs > 0:
         if block:
             rc = mpi.MPI_Waitall(op.nreqs, op.reqs, op.stats)
@@ -402,6 +484,11 @@ cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
         mpi.MPI_Cancel(&op.reqs[i])
         mpi.MPI_Request_free(&op.reqs[i])
     op.nreqs = 0
+    if op.kind == K_HOST_TRANSFER and op.flag != NULL:
+        if op.inner != NULL and op.inner.phase == PH_RUNNING:
+            op_cancel(op.inner, why)
+        al_store_release(<int*>op.flag, 1)        # never leave a device stream blocked
+        # the pinned buffer is leaked: the device may still copy from it
     op.err = -1
     strncpy(op.errmsg, why, 255)
     op_finish(op)
@@ -813,6 +900,72 @@ cdef class Schedule:
         free(self.steps)
 
 
+cdef class Device:
+    """A device behind the al_device interface (ext/al_device.h)."""
+    cdef al_device* dev
+    cdef readonly str kind
+
+
+cdef class CpuDevice(Device):
+    """The CPU implementation of the device interface: streams are worker threads that run
+    queued copies, event records and value waits/writes in order; "device memory" is host
+    memory. It lets the host-transfer state machine run under real MPI ranks without a GPU.
+    Devices and their streams live until the process exits."""
+    def __cinit__(self):
+        self.dev = al_cpu_device_new()
+        if self.dev == NULL:
+            raise MemoryError()
+        self.kind = "cpu"
+
+    def stream(self):
+        cdef CpuStream st = CpuStream.__new__(CpuStream)
+        st.s = al_cpu_stream_new(<al_cpu_ctx*>self.dev.ctx)
+        if st.s == NULL:
+            raise MemoryError("could not start a CPU stream thread")
+        st.device = self
+        return st
+
+    def trace(self):
+        """Executed commands in order: (kind, time, address). Kinds: 'copy', 'record', 'wait',
+        'write', 'free' (a pinned buffer released)."""
+        cdef al_cpu_ctx* c = <al_cpu_ctx*>self.dev.ctx
+        names = {1: "copy", 2: "record", 3: "wait", 4: "write", 5: "hostfn", 100: "free"}
+        return [(names.get(c.trace[i].kind, str(c.trace[i].kind)), c.trace[i].t,
+                 <uintptr_t>c.trace[i].p) for i in range(c.ntrace)]
+
+
+cdef class CpuStream:
+    """A CPU device stream (see CpuDevice)."""
+    cdef al_cpu_stream* s
+    cdef readonly CpuDevice device
+
+    @property
+    def handle(self):
+        return <uintptr_t>self.s
+
+    def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes):
+        """Enqueue a copy (addresses) after everything already queued."""
+        if al_cpu_memcpy_async(NULL, <void*>dst, <const void*>src, nbytes, self.s) != 0:
+            raise MemoryError()
+
+    def synchronize(self, double timeout=-1.0):
+        """Wait until everything queued has run. Returns False on timeout."""
+        cdef int rc
+        with nogil:
+            rc = al_cpu_stream_sync(self.s, timeout)
+        return rc == 0
+
+    @property
+    def executed(self):
+        return self.s.executed
+
+
+def ht_times(NativeOp o):
+    """When the host-transfer phases ended: (copy-out seen, host algorithm done, flag written,
+    copy-back seen), seconds on the monotonic clock."""
+    return tuple(o.op.ht_times[i] for i in range(4))
+
+
 _orphans = []   # (NativeOp) whose Request was dropped before completion
 
 
@@ -1044,6 +1197,86 @@ cdef class Launcher:
             self.sched_cache[key] = sched
         return <Schedule>sched
 
+    cdef NativeOp build_allreduce(self, intptr_t sp, intptr_t rp, Py_ssize_t count, int code,
+                                  int esize, int opcode, str alg, bint inplace, keep):
+        """One allreduce op on checked buffers (addresses; sp == rp in place)."""
+        cdef NativeOp o = NativeOp.__new__(NativeOp)
+        cdef Schedule sched
+        o.op.comm = self.state.c
+        o.op.phase = PH_NEW
+        o.op.rbuf = <char*>rp
+        o.op.count = count
+        o.op.dtype = code
+        o.op.esize = esize
+        o.op.rop = opcode
+        o.op.mtype = g_types[code]
+        o.op.mop = mpi_op_for(code, opcode)
+        o.op.avg_buf = <char*>rp
+        o.op.avg_cnt = count
+        if opcode == _avg_code:
+            o.op.avg_div = <double>self.state.c.size
+        if alg == "mpi":
+            o.op.kind = K_ALLREDUCE
+            o.op.sbuf = NULL if inplace else <char*>sp
+            o.name = "allreduce/mpi"
+            o.keep = (self.state, None, keep)
+        else:
+            sched = self.schedule(alg, count, inplace)
+            o.op.kind = K_SCHEDULE
+            o.op.sbuf = <char*>sp
+            o.op.tag = self.state.next_tag()
+            o.op.steps = sched.steps
+            o.op.nsteps = sched.nsteps
+            o.op.tmpbytes = <size_t>(sched.tmp_elems * esize)
+            o.name = "allreduce/" + alg
+            o.keep = (self.state, sched, keep)
+        return o
+
+    def host_transfer_allreduce(self, Device dev, uintptr_t stream, uintptr_t dsend,
+                                uintptr_t drecv, Py_ssize_t count, int code, int esize,
+                                int opcode, str algorithm, keep):
+        """Enqueue a host-transfer allreduce on `stream` and hand it to the engine.
+
+        On the stream: copy dsend -> pinned, record an event, wait until the host writes the
+        flag, copy pinned -> drecv, record an event.  The engine polls the first event, runs the
+        host algorithm (`algorithm`, in place on the pinned buffer), writes the flag, polls the
+        second event, then frees the pinned buffer.  The host never waits for the device.
+        Returns the NativeOp (submitted).
+        """
+        cdef size_t nbytes = <size_t>count * esize
+        cdef al_device* d = dev.dev
+        cdef NativeOp outer, inner
+        cdef char* pinned
+        if self.state.freed:
+            _hooks.fail("host-transfer allreduce: the communicator has been freed")
+        alg = self.resolve(algorithm, nbytes, esize)
+        pinned = <char*>d.host_alloc(d.ctx, nbytes + 64)
+        if pinned == NULL:
+            raise MemoryError(f"could not allocate {nbytes} bytes of pinned memory")
+        inner = self.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
+                                     opcode, alg, True, None)
+        outer = NativeOp.__new__(NativeOp)
+        outer.op.kind = K_HOST_TRANSFER
+        outer.op.phase = PH_NEW
+        outer.op.comm = self.state.c
+        outer.op.dev = d
+        outer.op.stream = <void*>stream
+        outer.op.pinned = pinned
+        outer.op.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
+        outer.op.flag[0] = 0
+        outer.op.inner = inner.op
+        outer.name = "allreduce/ht_" + alg
+        outer.keep = (self.state, inner, (dev, keep))
+        if (d.event_create(d.ctx, &outer.op.ev_d2h) != 0 or d.event_create(d.ctx, &outer.op.ev_h2d) != 0
+                or d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.stream) != 0
+                or d.event_record(d.ctx, outer.op.ev_d2h, outer.op.stream) != 0
+                or d.wait_value32(d.ctx, outer.op.stream, outer.op.flag, 1) != 0
+                or d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.stream) != 0
+                or d.event_record(d.ctx, outer.op.ev_h2d, outer.op.stream) != 0):
+            _hooks.fail("host-transfer allreduce: enqueueing on the device stream failed")
+        outer.submit()
+        return outer
+
     def allreduce(self, sendbuf, recvbuf, int opcode, str algorithm, bint blocking, double timeout):
         cdef cnp.ndarray s, r
         cdef bint inplace
@@ -1082,33 +1315,6 @@ cdef class Launcher:
         alg = self.resolve(algorithm, cnp.PyArray_NBYTES(s), <int>cnp.PyArray_ITEMSIZE(s))
         rp = <intptr_t>cnp.PyArray_DATA(r)
         sp = rp if inplace else <intptr_t>cnp.PyArray_DATA(s)
-        o = NativeOp.__new__(NativeOp)
-        o.op.comm = self.state.c
-        o.op.phase = PH_NEW
-        o.op.rbuf = <char*>rp
-        o.op.count = count
-        o.op.dtype = code
-        o.op.esize = <int>cnp.PyArray_ITEMSIZE(s)
-        o.op.rop = opcode
-        o.op.mtype = g_types[code]
-        o.op.mop = mpi_op_for(code, opcode)
-        o.op.avg_buf = <char*>rp
-        o.op.avg_cnt = count
-        if opcode == _avg_code:
-            o.op.avg_div = <double>self.state.c.size
-        if alg == "mpi":
-            o.op.kind = K_ALLREDUCE
-            o.op.sbuf = NULL if inplace else <char*>sp
-            o.name = "allreduce/mpi"
-            o.keep = (self.state, None, (s, r))
-        else:
-            sched = self.schedule(alg, count, inplace)
-            o.op.kind = K_SCHEDULE
-            o.op.sbuf = <char*>sp
-            o.op.tag = self.state.next_tag()
-            o.op.steps = sched.steps
-            o.op.nsteps = sched.nsteps
-            o.op.tmpbytes = <size_t>(sched.tmp_elems * o.op.esize)
-            o.name = "allreduce/" + alg
-            o.keep = (self.state, sched, (s, r))
+        o = self.build_allreduce(sp, rp, count, code, <int>cnp.PyArray_ITEMSIZE(s), opcode, alg,
+                                 inplace, (s, r))
         return self.launch(o, blocking, timeout, alg)

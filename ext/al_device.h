@@ -1,0 +1,203 @@
+/* The small device interface the host-transfer state machine is written against, and its CPU
+ * implementation (streams are worker threads executing queued commands in order), used to test
+ * the state machine's ordering under real MPI ranks without a GPU.  A CUDA implementation
+ * (driver API) provides the same functions.  All functions are callable without the GIL.
+ *
+ * Semantics (as CUDA's):
+ *   memcpy_async   enqueue a copy on the stream
+ *   event_record   enqueue "mark the event complete"; event_query returns 1 once it ran
+ *   wait_value32   the stream stops until *addr >= value (cuStreamWaitValue32, GEQ)
+ *   write_value32  enqueue *addr = value
+ *   host_alloc     pinned host memory (here: malloc)
+ */
+#ifndef AL_DEVICE_H
+#define AL_DEVICE_H
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct al_device {
+  void *ctx;
+  int (*memcpy_async)(void *ctx, void *dst, const void *src, size_t n, void *stream);
+  int (*event_create)(void *ctx, void **ev);
+  int (*event_record)(void *ctx, void *ev, void *stream);
+  int (*event_query)(void *ctx, void *ev);          /* 1 complete, 0 pending, < 0 error */
+  int (*event_destroy)(void *ctx, void *ev);
+  int (*wait_value32)(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value);
+  int (*write_value32)(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value);
+  void *(*host_alloc)(void *ctx, size_t n);
+  void (*host_free)(void *ctx, void *p);
+} al_device;
+
+/* ------------------------------------------------------------------ CPU implementation */
+enum { AL_CMD_MEMCPY = 1, AL_CMD_RECORD, AL_CMD_WAIT, AL_CMD_WRITE, AL_CMD_HOSTFN, AL_CMD_STOP };
+
+typedef struct al_cpu_event { volatile int done; double t_done; } al_cpu_event;
+
+typedef struct al_cmd {
+  int kind;
+  void *dst; const void *src; size_t n;
+  al_cpu_event *ev;
+  volatile uint32_t *addr; uint32_t value;
+  void (*fn)(void *); void *arg;
+  struct al_cmd *next;
+} al_cmd;
+
+typedef struct al_cpu_stream {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  al_cmd *head, *tail;
+  int busy;                       /* a command is executing */
+  long executed;
+} al_cpu_stream;
+
+typedef struct al_cpu_trace { int kind; double t; const void *p; } al_cpu_trace;
+
+typedef struct al_cpu_ctx {
+  pthread_mutex_t lock;
+  al_cpu_trace *trace; long ntrace, cap;   /* executed commands and frees, in order */
+} al_cpu_ctx;
+
+static double al_dev_now(void) {
+  struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void al_cpu_log(al_cpu_ctx *c, int kind, const void *p) {
+  pthread_mutex_lock(&c->lock);
+  if (c->ntrace == c->cap) {
+    long cap = c->cap ? 2 * c->cap : 1024;
+    al_cpu_trace *t = (al_cpu_trace *)realloc(c->trace, (size_t)cap * sizeof(*t));
+    if (t) { c->trace = t; c->cap = cap; }
+  }
+  if (c->ntrace < c->cap) {
+    c->trace[c->ntrace].kind = kind; c->trace[c->ntrace].t = al_dev_now(); c->trace[c->ntrace].p = p;
+    c->ntrace++;
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+typedef struct { al_cpu_ctx *ctx; al_cpu_stream *s; } al_cpu_worker_arg;
+
+static void *al_cpu_worker(void *arg_) {
+  al_cpu_worker_arg *arg = (al_cpu_worker_arg *)arg_;
+  al_cpu_stream *s = arg->s; al_cpu_ctx *c = arg->ctx;
+  free(arg);
+  for (;;) {
+    pthread_mutex_lock(&s->lock);
+    while (!s->head) pthread_cond_wait(&s->cond, &s->lock);
+    al_cmd *cmd = s->head;
+    s->busy = 1;
+    pthread_mutex_unlock(&s->lock);
+    switch (cmd->kind) {
+    case AL_CMD_MEMCPY: memcpy(cmd->dst, cmd->src, cmd->n); al_cpu_log(c, AL_CMD_MEMCPY, cmd->dst); break;
+    case AL_CMD_RECORD: cmd->ev->t_done = al_dev_now(); __atomic_store_n(&cmd->ev->done, 1, __ATOMIC_RELEASE);
+      al_cpu_log(c, AL_CMD_RECORD, cmd->ev); break;
+    case AL_CMD_WAIT:
+      while (__atomic_load_n(cmd->addr, __ATOMIC_ACQUIRE) < cmd->value) {
+        struct timespec ts = {0, 20000}; nanosleep(&ts, NULL);
+      }
+      al_cpu_log(c, AL_CMD_WAIT, (const void *)cmd->addr); break;
+    case AL_CMD_WRITE: __atomic_store_n(cmd->addr, cmd->value, __ATOMIC_RELEASE);
+      al_cpu_log(c, AL_CMD_WRITE, (const void *)cmd->addr); break;
+    case AL_CMD_HOSTFN: cmd->fn(cmd->arg); al_cpu_log(c, AL_CMD_HOSTFN, cmd->arg); break;
+    default: break;
+    }
+    int stop = cmd->kind == AL_CMD_STOP;
+    pthread_mutex_lock(&s->lock);
+    s->head = cmd->next;
+    if (!s->head) s->tail = NULL;
+    s->busy = 0;
+    s->executed++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    free(cmd);
+    if (stop) return NULL;
+  }
+}
+
+static int al_cpu_push(al_cpu_stream *s, al_cmd *cmd) {
+  cmd->next = NULL;
+  pthread_mutex_lock(&s->lock);
+  if (s->tail) s->tail->next = cmd; else s->head = cmd;
+  s->tail = cmd;
+  pthread_cond_broadcast(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  return 0;
+}
+
+static al_cmd *al_cpu_cmd(int kind) { al_cmd *c = (al_cmd *)calloc(1, sizeof(al_cmd)); if (c) c->kind = kind; return c; }
+
+static int al_cpu_memcpy_async(void *ctx, void *dst, const void *src, size_t n, void *stream) {
+  al_cmd *c = al_cpu_cmd(AL_CMD_MEMCPY); if (!c) return -1;
+  c->dst = dst; c->src = src; c->n = n; return al_cpu_push((al_cpu_stream *)stream, c);
+}
+static int al_cpu_event_create(void *ctx, void **ev) {
+  *ev = calloc(1, sizeof(al_cpu_event)); return *ev ? 0 : -1;
+}
+static int al_cpu_event_record(void *ctx, void *ev, void *stream) {
+  al_cmd *c = al_cpu_cmd(AL_CMD_RECORD); if (!c) return -1;
+  ((al_cpu_event *)ev)->done = 0; c->ev = (al_cpu_event *)ev;
+  return al_cpu_push((al_cpu_stream *)stream, c);
+}
+static int al_cpu_event_query(void *ctx, void *ev) {
+  return __atomic_load_n(&((al_cpu_event *)ev)->done, __ATOMIC_ACQUIRE) ? 1 : 0;
+}
+static int al_cpu_event_destroy(void *ctx, void *ev) { free(ev); return 0; }
+static int al_cpu_wait_value32(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value) {
+  al_cmd *c = al_cpu_cmd(AL_CMD_WAIT); if (!c) return -1;
+  c->addr = addr; c->value = value; return al_cpu_push((al_cpu_stream *)stream, c);
+}
+static int al_cpu_write_value32(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value) {
+  al_cmd *c = al_cpu_cmd(AL_CMD_WRITE); if (!c) return -1;
+  c->addr = addr; c->value = value; return al_cpu_push((al_cpu_stream *)stream, c);
+}
+static void *al_cpu_host_alloc(void *ctx, size_t n) { return malloc(n ? n : 1); }
+static void al_cpu_host_free(void *ctx, void *p) {
+  al_cpu_log((al_cpu_ctx *)ctx, 100, p);   /* kind 100: pinned buffer freed */
+  free(p);
+}
+
+static al_device *al_cpu_device_new(void) {
+  al_device *d = (al_device *)calloc(1, sizeof(al_device));
+  al_cpu_ctx *c = (al_cpu_ctx *)calloc(1, sizeof(al_cpu_ctx));
+  if (!d || !c) { free(d); free(c); return NULL; }
+  pthread_mutex_init(&c->lock, NULL);
+  d->ctx = c;
+  d->memcpy_async = al_cpu_memcpy_async; d->event_create = al_cpu_event_create;
+  d->event_record = al_cpu_event_record; d->event_query = al_cpu_event_query;
+  d->event_destroy = al_cpu_event_destroy; d->wait_value32 = al_cpu_wait_value32;
+  d->write_value32 = al_cpu_write_value32; d->host_alloc = al_cpu_host_alloc;
+  d->host_free = al_cpu_host_free;
+  return d;
+}
+
+static al_cpu_stream *al_cpu_stream_new(al_cpu_ctx *ctx) {
+  al_cpu_stream *s = (al_cpu_stream *)calloc(1, sizeof(al_cpu_stream));
+  al_cpu_worker_arg *arg = (al_cpu_worker_arg *)malloc(sizeof(*arg));
+  if (!s || !arg) { free(s); free(arg); return NULL; }
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->cond, NULL);
+  arg->ctx = ctx; arg->s = s;
+  if (pthread_create(&s->thread, NULL, al_cpu_worker, arg) != 0) { free(s); free(arg); return NULL; }
+  return s;
+}
+
+/* Block until every command queued so far has executed; timeout in seconds (< 0: forever).
+ * Returns 0, or 1 on timeout. */
+static int al_cpu_stream_sync(al_cpu_stream *s, double timeout) {
+  double deadline = al_dev_now() + timeout;
+  pthread_mutex_lock(&s->lock);
+  while (s->head || s->busy) {
+    if (timeout >= 0 && al_dev_now() > deadline) { pthread_mutex_unlock(&s->lock); return 1; }
+    struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000; if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+  }
+  pthread_mutex_unlock(&s->lock);
+  return 0;
+}
+#endif

@@ -1,0 +1,107 @@
+"""The host-transfer allreduce state machine on the CPU device implementation, under real MPI
+ranks: results, and the ordering the GPU version relies on."""
+import time
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from aluminum_py import host_transfer as ht
+from conftest import WORLD, gather_all, make_input, reference
+
+pytestmark = pytest.mark.mpi
+
+ALGS = ["ht_mpi", "ht_recursive_doubling", "ht_rabenseifner", "ht_ring", "ht_auto"]
+
+
+@pytest.fixture(scope="module")
+def device():
+    return ht.CpuDevice()
+
+
+@pytest.mark.parametrize("algorithm", ALGS)
+@pytest.mark.parametrize("count", [0, 1, 7, 1001, 100003])
+def test_results_and_stream_order(comm, device, algorithm, count):
+    """Work queued before the op (a copy filling sendbuf) happens before it; work queued after
+    (a copy of recvbuf) sees the result; the host never waited for the device."""
+    stream = device.stream()
+    x = make_input("float32", al.SUM, count, seed=count, rank=comm.rank)
+    expected = reference(al.SUM, gather_all(x), comm.size)
+    staged, send = x.copy(), np.zeros_like(x)
+    recv, after = np.full_like(x, -1), np.full_like(x, -2)
+    if count:
+        stream.memcpy(al._core.addr(send), al._core.addr(staged), staged.nbytes)
+    req = ht.allreduce(comm, device, stream, send, recv, algorithm=algorithm)
+    if count:
+        stream.memcpy(al._core.addr(after), al._core.addr(recv), recv.nbytes)
+    req.Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    assert np.array_equal(recv, expected)
+    if count:
+        assert np.array_equal(after, expected)
+    assert np.array_equal(send, x)                      # out of place: input untouched
+
+
+def test_phase_ordering_and_pinned_freed_last(comm, device):
+    stream = device.stream()
+    n = 1 << 16
+    send = np.full(n, comm.rank + 1.0, dtype=np.float64)
+    recv = np.zeros_like(send)
+    req = ht.allreduce(comm, device, stream, send, recv, op=al.MAX, algorithm="ht_ring")
+    req.Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    d2h_seen, host_done, flag, h2d_seen = ht.phase_times(req)
+    assert d2h_seen <= host_done <= flag <= h2d_seen
+    trace = device.trace()
+    # the stream's own record of what ran: the copy-back ran after the wait on the flag, which
+    # ended after the engine wrote it; the pinned buffer was freed after the copy-back's event
+    kinds = [k for k, _, _ in trace]
+    last_free = max(i for i, k in enumerate(kinds) if k == "free")
+    waits = [t for k, t, _ in trace if k == "wait"]
+    assert waits and waits[-1] >= flag
+    records = [i for i, k in enumerate(kinds) if k == "record"]
+    assert last_free > records[-1]
+    assert np.all(recv == comm.size)
+
+
+def test_many_in_flight_on_two_streams(comm, device):
+    streams = [device.stream(), device.stream()]
+    bufs, reqs = [], []
+    for i in range(24):
+        x = np.full(1000 + 13 * i, comm.rank + i, dtype=np.int64)
+        reqs.append(ht.allreduce(comm, device, streams[i % 2], x, algorithm=ALGS[i % 4]))
+        bufs.append(x)
+    al.Waitall(reqs, timeout=120)
+    for st in streams:
+        assert st.synchronize(timeout=60)
+    for i, x in enumerate(bufs):
+        assert np.all(x == sum(r + i for r in range(comm.size))), i
+
+
+def test_host_is_not_blocked_by_the_stream(comm, device):
+    """The call returns while the stream is still busy with earlier work (a large copy), and
+    the op completes once the stream gets to it."""
+    stream = device.stream()
+    big_src = np.ones(32 << 20, dtype=np.uint8)
+    big_dst = np.empty_like(big_src)
+    for _ in range(4):
+        stream.memcpy(al._core.addr(big_dst), al._core.addr(big_src), big_src.nbytes)
+    x = np.full(10, 1.0)
+    t0 = time.perf_counter()
+    req = ht.allreduce(comm, device, stream, x, algorithm="ht_recursive_doubling")
+    enqueue = time.perf_counter() - t0
+    req.Wait(timeout=60)
+    assert np.all(x == comm.size)
+    assert stream.synchronize(timeout=60)
+    assert enqueue < 1.0
+
+
+def test_bad_arguments(comm, device):
+    stream = device.stream()
+    x = np.ones(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="algorithm"):
+        ht.allreduce(comm, device, stream, x, algorithm="ring")
+    with pytest.raises(TypeError, match="op"):
+        ht.allreduce(comm, device, stream, x, op=al.BAND)
+    with pytest.raises(ValueError, match="recvbuf"):
+        ht.allreduce(comm, device, stream, x, np.ones(2, dtype=np.float32))
