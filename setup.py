@@ -64,7 +64,7 @@ ext = Extension(
     include_dirs=["ext", mpi4py.get_include(), numpy.get_include()] + inc,
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     library_dirs=libdirs,
-    libraries=libs,
+    libraries=libs + ["dl"],
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-unused-function"],
 )
 

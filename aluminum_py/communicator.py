@@ -32,6 +32,10 @@ class _Hooks:
         raise Error(message)
 
     @staticmethod
+    def unavailable(message):
+        raise UnavailableError(message)
+
+    @staticmethod
     def request(op, algorithm):
         return Request(op, algorithm)
 
@@ -84,10 +88,16 @@ def _decider(base, size: int, local_size: int):
     them, so that every rank decides alike (collective)."""
     data = None
     if base.Get_rank() == 0:
-        table = tuning.load()
-        exact, fitted = tuning.find_data(table, size, local_size, "host", tuning.mpi_version())
-        data = (exact, fitted, config.model_params())
-    exact, fitted, params = base.bcast(data, root=0)
+        try:
+            table = tuning.load()
+            exact, fitted = tuning.find_data(table, size, local_size, "host", tuning.mpi_version())
+            data = (exact, fitted, config.model_params())
+        except Exception as e:      # every rank must learn of it, or the others wait forever
+            data = e
+    data = base.bcast(data, root=0)
+    if isinstance(data, Exception):
+        raise data
+    exact, fitted, params = data
     return tuning.Decider(size, exact, fitted, params, HOST_ALLREDUCE[1:])
 
 

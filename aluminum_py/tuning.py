@@ -93,7 +93,7 @@ def load(path: str | None = None, *, warn: bool = True) -> dict:
         for key, entry in entries.items():
             try:
                 good[key] = validate_entry(entry)
-            except (KeyError, TypeError, ValueError) as e:
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
                 if warn:
                     warnings.warn(f"tuning file {path}: entry {key!r} ignored ({e})", TuningWarning,
                                   stacklevel=2)
@@ -107,29 +107,54 @@ def load(path: str | None = None, *, warn: bool = True) -> dict:
 
 
 def validate_entry(entry: dict) -> dict:
+    """Check an entry read from a file; the fit and the ranges are recomputed from the times
+    (the stored ones are for people reading the file)."""
     sizes = [int(s) for s in entry["sizes"]]
-    if not sizes or sizes != sorted(set(sizes)):
-        raise ValueError("sizes must be increasing")
-    times = {str(a): [float(t) for t in ts] for a, ts in entry["times"].items()}
+    if not sizes or sizes != sorted(set(sizes)) or sizes[0] <= 0:
+        raise ValueError("sizes must be positive and increasing")
+    times = {str(a): [float(t) for t in ts] for a, ts in dict(entry["times"]).items()}
     if not times or any(len(ts) != len(sizes) for ts in times.values()):
         raise ValueError("times do not match sizes")
+    if any(not (0 < t < math.inf) for ts in times.values() for t in ts):
+        raise ValueError("times must be positive and finite")
     for k in ("comm_size", "local_size", "dtype_size"):
         entry[k] = int(entry[k])
+        if entry[k] < 1:
+            raise ValueError(f"{k} must be positive")
+    for k in ("buffer", "mpi"):
+        entry[k] = str(entry[k])
     entry["sizes"], entry["times"] = sizes, times
-    entry.setdefault("fit", fit_all(sizes, times))
-    entry.setdefault("ranges", win_ranges(sizes, times))
+    entry["fit"] = fit_all(sizes, times)
+    entry["ranges"] = win_ranges(sizes, times)
     return entry
 
 
 def save(table: dict, path: str | None = None) -> str:
-    """Write atomically (temp file + rename); returns the path."""
+    """Write atomically (temp file + rename, readable as the umask allows); returns the path."""
     path = path or default_path()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
     with os.fdopen(fd, "w") as f:
         json.dump(table, f, indent=1)
     os.replace(tmp, path)
     return path
+
+
+def merge_into_file(entry: dict, path: str | None = None) -> str:
+    """Read, merge `entry`, write, holding an exclusive lock (so concurrent --tune runs on a
+    shared file do not lose each other's entries). Returns the path."""
+    import fcntl
+    path = path or default_path()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return save(merge(load(path), entry), path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def merge(table: dict, entry: dict) -> dict:
@@ -225,6 +250,9 @@ class Decider:
         if entry is not None:
             return self._from_table(entry, nbytes)
         fitted = self.fitted.get(dtype_size)
+        if fitted is None and self.fitted:
+            # machine parameters are per byte: a fit for another element size carries over
+            fitted = self.fitted[min(self.fitted, key=lambda ds: abs(ds - dtype_size))]
         if fitted is not None:
             params, key = fitted
             alg = model_choice(self.comm_size, nbytes, params)
@@ -233,8 +261,9 @@ class Decider:
                           f"the table entry {key!r}")
         alg = model_choice(self.comm_size, nbytes, self.default_params)
         a, b, g = self.default_params
-        return Choice(alg, "model", f"no tuning entry for {self.comm_size} ranks; cost model "
-                      f"with alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B")
+        why = ("no usable tuning entry" if self.entries else "no tuning entry")
+        return Choice(alg, "model", f"{why} for {self.comm_size} ranks and {dtype_size}-byte "
+                      f"elements; cost model with alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B")
 
     def _from_table(self, entry: dict, nbytes: int) -> Choice:
         sizes = entry["sizes"]
@@ -247,11 +276,12 @@ class Decider:
             best = min(algs, key=lambda a: entry["times"][a][i])
             return Choice(best, "table", f"fastest at {sizes[0]} B, the smallest size measured")
         if nbytes > sizes[-1]:
+            # anchored at the largest measured size, growing with each algorithm's fitted beta
             fit = entry["fit"]
-            est = {a: fit[a]["alpha"] + fit[a]["beta"] * nbytes for a in algs if a in fit}
+            est = {a: entry["times"][a][-1] + fit[a]["beta"] * (nbytes - sizes[-1]) for a in algs}
             best = min(est, key=est.get)
-            return Choice(best, "table-extrapolated", f"fitted alpha + beta n predicts "
-                          f"{est[best] * 1e6:.1f} us at {nbytes} B (beyond {sizes[-1]} B measured)")
+            return Choice(best, "table-extrapolated", f"measured time at {sizes[-1]} B plus the "
+                          f"fitted beta predicts {est[best] * 1e6:.1f} us at {nbytes} B")
         j = int(np.searchsorted(sizes, nbytes))
         if sizes[j] == nbytes:
             best = min(algs, key=lambda a: entry["times"][a][j])

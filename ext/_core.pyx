@@ -77,6 +77,9 @@ cdef extern from "al_device.h" nogil:
     ctypedef struct al_cpu_stream:
         long executed
     al_device* al_cpu_device_new()
+    al_device* al_cuda_device_new(int ordinal, char* err, size_t errlen)
+    int al_cuda_stream_create(al_device*, void**)
+    int al_cuda_stream_wait_event(al_device*, void*, void*)
     al_cpu_stream* al_cpu_stream_new(al_cpu_ctx*)
     int al_cpu_stream_sync(al_cpu_stream*, double)
     int al_cpu_memcpy_async(void*, void*, const void*, size_t, void*)
@@ -932,6 +935,51 @@ cdef class CpuDevice(Device):
         names = {1: "copy", 2: "record", 3: "wait", 4: "write", 5: "hostfn", 100: "free"}
         return [(names.get(c.trace[i].kind, str(c.trace[i].kind)), c.trace[i].t,
                  <uintptr_t>c.trace[i].p) for i in range(c.ntrace)]
+
+
+cdef class CudaDevice(Device):
+    """The CUDA implementation of the device interface (driver API via dlopen of
+    libcuda.so.1), for device `ordinal`. Raises UnavailableError without a driver or device."""
+    cdef readonly int ordinal
+
+    def __cinit__(self, int ordinal=0):
+        cdef char err[256]
+        err[0] = 0
+        self.dev = al_cuda_device_new(ordinal, err, sizeof(err))
+        if self.dev == NULL:
+            _hooks.unavailable((<bytes>err).decode("utf-8", "replace"))
+        self.kind = "cuda"
+        self.ordinal = ordinal
+
+    def stream_create(self):
+        """A new non-blocking stream (handle)."""
+        cdef void* st = NULL
+        if al_cuda_stream_create(self.dev, &st) != 0:
+            _hooks.fail("cuStreamCreate failed")
+        return <uintptr_t>st
+
+    def event_create(self):
+        cdef void* ev = NULL
+        if self.dev.event_create(self.dev.ctx, &ev) != 0:
+            _hooks.fail("cuEventCreate failed")
+        return <uintptr_t>ev
+
+    def event_record(self, uintptr_t ev, uintptr_t stream):
+        if self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream) != 0:
+            _hooks.fail("cuEventRecord failed")
+
+    def event_query(self, uintptr_t ev):
+        cdef int q = self.dev.event_query(self.dev.ctx, <void*>ev)
+        if q < 0:
+            _hooks.fail(f"cuEventQuery failed (CUresult {-q})")
+        return q == 1
+
+    def event_destroy(self, uintptr_t ev):
+        self.dev.event_destroy(self.dev.ctx, <void*>ev)
+
+    def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
+        if al_cuda_stream_wait_event(self.dev, <void*>stream, <void*>ev) != 0:
+            _hooks.fail("cuStreamWaitEvent failed")
 
 
 cdef class CpuStream:

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
+#include <stdio.h>
 
 typedef struct al_device {
   void *ctx;
@@ -201,3 +203,121 @@ static int al_cpu_stream_sync(al_cpu_stream *s, double timeout) {
   return 0;
 }
 #endif
+
+/* ------------------------------------------------------------------ CUDA implementation
+ * The driver API through dlopen("libcuda.so.1"): no link-time CUDA dependency. Device
+ * pointers and host-mapped pinned memory share one address space (UVA), so cuMemcpyAsync
+ * copies in either direction and the flag's host address is its device address. Every call
+ * makes the device's primary context current first (the engine thread calls in too). */
+typedef int al_CUresult;
+typedef struct {
+  void *lib;
+  void *cuctx;
+  al_CUresult (*cuInit)(unsigned int);
+  al_CUresult (*cuDeviceGet)(int *, int);
+  al_CUresult (*cuDeviceGetCount)(int *);
+  al_CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
+  al_CUresult (*cuCtxSetCurrent)(void *);
+  al_CUresult (*cuMemcpyAsync)(uintptr_t, uintptr_t, size_t, void *);
+  al_CUresult (*cuEventCreate)(void **, unsigned int);
+  al_CUresult (*cuEventRecord)(void *, void *);
+  al_CUresult (*cuEventQuery)(void *);
+  al_CUresult (*cuEventDestroy)(void *);
+  al_CUresult (*cuStreamWaitValue32)(void *, uintptr_t, uint32_t, unsigned int);
+  al_CUresult (*cuStreamWriteValue32)(void *, uintptr_t, uint32_t, unsigned int);
+  al_CUresult (*cuStreamWaitEvent)(void *, void *, unsigned int);
+  al_CUresult (*cuStreamCreate)(void **, unsigned int);
+  al_CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
+  al_CUresult (*cuMemFreeHost)(void *);
+} al_cuda_ctx;
+
+#define AL_CU_EVENT_DISABLE_TIMING 0x2
+#define AL_CU_STREAM_NON_BLOCKING 0x1
+#define AL_CU_MEMHOSTALLOC_PORTABLE 0x1
+#define AL_CU_MEMHOSTALLOC_DEVICEMAP 0x2
+#define AL_CU_ERROR_NOT_READY 600
+
+static int al_cuda_memcpy_async(void *ctx, void *dst, const void *src, size_t n, void *stream) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuMemcpyAsync((uintptr_t)dst, (uintptr_t)src, n, stream) ? -1 : 0;
+}
+static int al_cuda_event_create(void *ctx, void **ev) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuEventCreate(ev, AL_CU_EVENT_DISABLE_TIMING) ? -1 : 0;
+}
+static int al_cuda_event_record(void *ctx, void *ev, void *stream) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuEventRecord(ev, stream) ? -1 : 0;
+}
+static int al_cuda_event_query(void *ctx, void *ev) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  al_CUresult r = c->cuEventQuery(ev);
+  return r == 0 ? 1 : (r == AL_CU_ERROR_NOT_READY ? 0 : -r);
+}
+static int al_cuda_event_destroy(void *ctx, void *ev) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuEventDestroy(ev) ? -1 : 0;
+}
+static int al_cuda_wait_value32(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuStreamWaitValue32(stream, (uintptr_t)addr, value, 0 /* GEQ */) ? -1 : 0;
+}
+static int al_cuda_write_value32(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuStreamWriteValue32(stream, (uintptr_t)addr, value, 0) ? -1 : 0;
+}
+static void *al_cuda_host_alloc(void *ctx, size_t n) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; void *p = NULL; c->cuCtxSetCurrent(c->cuctx);
+  if (c->cuMemHostAlloc(&p, n ? n : 1, AL_CU_MEMHOSTALLOC_PORTABLE | AL_CU_MEMHOSTALLOC_DEVICEMAP)) return NULL;
+  return p;
+}
+static void al_cuda_host_free(void *ctx, void *p) {
+  al_cuda_ctx *c = (al_cuda_ctx *)ctx; c->cuCtxSetCurrent(c->cuctx);
+  c->cuMemFreeHost(p);
+}
+
+#define AL_CU_SYM(name)                                                              \
+  do { *(void **)(&c->name) = dlsym(c->lib, #name);                                  \
+       if (!c->name) *(void **)(&c->name) = dlsym(c->lib, #name "_v2");              \
+       if (!c->name) { snprintf(err, errlen, "libcuda.so.1 has no %s", #name); goto fail; } } while (0)
+
+/* The CUDA device for device ordinal `ordinal`; NULL with a message in err when there is no
+ * driver or no such device. */
+static al_device *al_cuda_device_new(int ordinal, char *err, size_t errlen) {
+  al_cuda_ctx *c = (al_cuda_ctx *)calloc(1, sizeof(al_cuda_ctx));
+  al_device *d = (al_device *)calloc(1, sizeof(al_device));
+  int n = 0, dev = 0;
+  if (!c || !d) { snprintf(err, errlen, "out of memory"); goto fail; }
+  c->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!c->lib) { snprintf(err, errlen, "no CUDA driver (%s)", dlerror()); goto fail; }
+  AL_CU_SYM(cuInit); AL_CU_SYM(cuDeviceGet); AL_CU_SYM(cuDeviceGetCount);
+  AL_CU_SYM(cuDevicePrimaryCtxRetain); AL_CU_SYM(cuCtxSetCurrent); AL_CU_SYM(cuMemcpyAsync);
+  AL_CU_SYM(cuEventCreate); AL_CU_SYM(cuEventRecord); AL_CU_SYM(cuEventQuery);
+  AL_CU_SYM(cuEventDestroy); AL_CU_SYM(cuStreamWaitValue32); AL_CU_SYM(cuStreamWriteValue32);
+  AL_CU_SYM(cuStreamWaitEvent); AL_CU_SYM(cuStreamCreate); AL_CU_SYM(cuMemHostAlloc);
+  AL_CU_SYM(cuMemFreeHost);
+  if (c->cuInit(0) || c->cuDeviceGetCount(&n) || n == 0) { snprintf(err, errlen, "no CUDA device is available"); goto fail; }
+  if (ordinal < 0 || ordinal >= n || c->cuDeviceGet(&dev, ordinal) || c->cuDevicePrimaryCtxRetain(&c->cuctx, dev)) {
+    snprintf(err, errlen, "CUDA device %d is not available (%d devices)", ordinal, n); goto fail; }
+  d->ctx = c;
+  d->memcpy_async = al_cuda_memcpy_async; d->event_create = al_cuda_event_create;
+  d->event_record = al_cuda_event_record; d->event_query = al_cuda_event_query;
+  d->event_destroy = al_cuda_event_destroy; d->wait_value32 = al_cuda_wait_value32;
+  d->write_value32 = al_cuda_write_value32; d->host_alloc = al_cuda_host_alloc;
+  d->host_free = al_cuda_host_free;
+  return d;
+fail:
+  if (c && c->lib) dlclose(c->lib);
+  free(c); free(d);
+  return NULL;
+}
+
+/* Stream/event helpers the GPU communicator needs beyond the interface. */
+static int al_cuda_stream_create(al_device *d, void **stream) {
+  al_cuda_ctx *c = (al_cuda_ctx *)d->ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuStreamCreate(stream, AL_CU_STREAM_NON_BLOCKING) ? -1 : 0;
+}
+static int al_cuda_stream_wait_event(al_device *d, void *stream, void *ev) {
+  al_cuda_ctx *c = (al_cuda_ctx *)d->ctx; c->cuCtxSetCurrent(c->cuctx);
+  return c->cuStreamWaitEvent(stream, ev, 0) ? -1 : 0;
+}

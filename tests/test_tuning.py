@@ -167,3 +167,47 @@ def test_crossover_map_merges_runs():
     assert ranks == [2, 4] and sizes == [4, 8, 16]
     assert cells[(4, 16)] == "rabenseifner" and (2, 16) not in cells
     assert "ring" in format_map([r2, r4])
+
+
+@pytest.mark.parametrize("bad", [{"times": [1, 2]}, {"fit": None, "sizes": [0, 4]},
+                                 {"times": {"ring": [0.0, 1e-6]}}, {"comm_size": 0},
+                                 {"times": {"ring": [float("nan"), 1e-6]}}])
+def test_malformed_entries_are_dropped_with_a_warning(tmp_path, bad):
+    entry = dict(synthetic_entry(sizes=[4, 8]), **bad)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {"k": entry}}))
+    with pytest.warns(TuningWarning):
+        assert tuning.load(str(path))["entries"] == {}
+
+
+def test_stored_fit_is_recomputed_not_trusted(tmp_path):
+    entry = dict(synthetic_entry(sizes=[4, 64, 1024]), fit={}, ranges="junk")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {"k": entry}}))
+    loaded = tuning.load(str(path))["entries"]["k"]
+    assert set(loaded["fit"]) == set(loaded["times"]) and isinstance(loaded["ranges"], list)
+    d = Decider(2, {4: loaded}, {}, PARAMS, USABLE)
+    assert d.decide(1 << 30, 4).source == "table-extrapolated"
+
+
+def test_extrapolation_is_continuous_at_the_largest_size():
+    e = synthetic_entry(sizes=[4, 1024, 1 << 20])
+    d = decider_for([e])
+    assert d.decide(1 << 20, 4).algorithm == d.decide((1 << 20) + 4, 4).algorithm
+
+
+def test_fit_for_another_element_size_is_used():
+    d = decider_for([synthetic_entry(p=4, local=4, dtype_size=4)], p=2, local=2)
+    c = d.decide(1 << 20, 8)
+    assert c.source == "model-fitted"
+
+
+def test_merge_into_file_locks_and_keeps_entries(tmp_path):
+    path = str(tmp_path / "t.json")
+    tuning.merge_into_file(synthetic_entry(p=2), path)
+    tuning.merge_into_file(synthetic_entry(p=4, local=4), path)
+    import os
+    assert len(tuning.load(path)["entries"]) == 2
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask     # not mkstemp's 0600

@@ -61,7 +61,8 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
             return lambda: comm.Allreduce(send, recv, algorithm=alg)
 
         contenders = {a: contender(a) for a in algorithms}
-        n_it = iters or iterations(world, contenders, budget)
+        n_it = iterations(world, contenders, budget)      # also the warm-up
+        n_it = iters or n_it
         samples = time_interleaved(world, contenders, n_it)
         run["sizes"].append(nbytes)
         run["iters"].append(n_it)
@@ -112,9 +113,7 @@ def tune(run: dict, path: str | None = None):
     algs = [a for a in run["algorithms"] if a != "auto"]
     entry = tuning.make_entry(run["ranks"], run["local_size"], run["buffer"], run["dtype_size"],
                               run["mpi"], run["sizes"], {a: run["median"][a] for a in algs})
-    table = tuning.load(path)
-    tuning.merge(table, entry)
-    return tuning.save(table, path), entry
+    return tuning.merge_into_file(entry, path), entry
 
 
 def main(argv=None) -> int:
@@ -133,6 +132,11 @@ def main(argv=None) -> int:
         return 2
     if args.tune and "auto" in algorithms:
         algorithms.remove("auto")
+    if not algorithms:
+        if world.rank == 0:
+            print("--algorithms: nothing to time" + (" (--tune ignores auto)" if args.tune else ""),
+                  file=sys.stderr)
+        return 2
     comm = al.Communicator()
     dt = np.dtype(args.dtype)
     sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dt.itemsize,
@@ -142,6 +146,11 @@ def main(argv=None) -> int:
     if comm.rank == 0:
         if not args.quiet:
             print(format_table(run), flush=True)
+        if args.tune:       # first: a failing --csv/--json/--plot must not lose the table
+            path, entry = tune(run, args.tuning_file)
+            ranges = ", ".join(f"{r['algorithm']} {human(r['min_bytes'])}..{human(r['max_bytes'])}"
+                               for r in entry["ranges"])
+            print(f"# tuning table written to {path}: {ranges}", flush=True)
         if args.csv:
             write_csv(run, args.csv)
         if args.json:
@@ -150,11 +159,6 @@ def main(argv=None) -> int:
         if args.plot:
             from .plots import plot_run
             plot_run(run, args.plot)
-        if args.tune:
-            path, entry = tune(run, args.tuning_file)
-            ranges = ", ".join(f"{r['algorithm']} {human(r['min_bytes'])}..{human(r['max_bytes'])}"
-                               for r in entry["ranges"])
-            print(f"# tuning table written to {path}: {ranges}", flush=True)
     comm.Free()
     return 0
 

@@ -41,3 +41,10 @@ def test_auto_choices_agree_without_table(comm):
     sizes = [4, 100, 8192, 1 << 16, 1 << 20, 1 << 26]
     mine = [al.explain(comm, n).algorithm for n in sizes]
     assert all(m == mine for m in WORLD.allgather(mine))
+
+
+def test_bad_model_parameter_raises_on_every_rank(monkeypatch):
+    """An error while rank 0 reads the tuning data reaches every rank (no rank waits forever)."""
+    monkeypatch.setenv("AL_ALPHA", "abc")
+    with pytest.raises(ValueError, match="AL_ALPHA"):
+        al.Communicator()
