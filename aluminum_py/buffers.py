@@ -36,8 +36,11 @@ def as_array(obj, name: str, writable: bool = False) -> np.ndarray:
         if obj is None:
             raise TypeError(f"{name}: expected a numpy array or buffer, got None")
         if is_gpu_buffer(obj):
-            raise UnavailableError(f"{name} is a GPU buffer, but no CUDA device / GPU backend is "
-                                   f"available in this build")
+            from .gpu import cuda_device_count
+            if cuda_device_count() == 0:
+                raise UnavailableError(f"{name} is a GPU buffer: no CUDA device is available")
+            raise TypeError(f"{name} is a GPU buffer but the other buffer is a host buffer; "
+                            f"pass GPU buffers for both")
         if isinstance(obj, _ndarray):
             arr = obj
         else:

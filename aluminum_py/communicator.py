@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
+
 from . import _core, config, schedules, tuning
 from .algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, Selector
 from .buffers import addr, as_array, at_least, no_overlap, no_partial_overlap, same_dtype
 from .errors import Error, TimeoutError, UnavailableError
 from .ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, SUM, Op, as_op, check_op
 from .request import Request, _check
+from .buffers import is_gpu_buffer
+from .gpu import GpuBackend, cuda_device_count, require_cuda
 
 K = _core.KINDS
+_ndarray = np.ndarray
 _MAX_COUNT = 2**31 - 1
 
 
@@ -52,6 +57,9 @@ class _Hooks:
     def bad_algorithm(algorithm):
         if not isinstance(algorithm, str):
             raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        if algorithm in GPU_ALLREDUCE and cuda_device_count() == 0:
+            raise UnavailableError(f"algorithm: {algorithm!r} is for GPU buffers and no CUDA "
+                                   f"device is available")
         if algorithm in GPU_ALLREDUCE:
             raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
                              f"{', '.join(HOST_ALLREDUCE)}")
@@ -120,8 +128,7 @@ class Communicator:
     def __init__(self, comm=None, *, stream=None):
         from mpi4py import MPI
         if stream is not None:
-            raise UnavailableError("stream=: GPU communicators need a CUDA device and the GPU "
-                                   "backend; no CUDA device is available")
+            require_cuda("stream=: a GPU communicator")
         if isinstance(comm, Communicator):
             comm = comm._coll
         base = MPI.COMM_WORLD if comm is None else comm
@@ -144,6 +151,21 @@ class Communicator:
                                         HOST_ALLREDUCE)
         self._any_source = MPI.ANY_SOURCE
         self._any_tag = MPI.ANY_TAG
+        self._gpu = None if stream is None else GpuBackend(self, stream)
+
+    def _gpu_for(self, buf, name: str):
+        """The GPU backend if `buf` is a GPU buffer (created on first use), else None."""
+        if buf is None or type(buf) is _ndarray or not is_gpu_buffer(buf):
+            return None
+        if self._gpu is None:
+            require_cuda(f"{name} is a GPU buffer")
+            self._gpu = GpuBackend(self, None)       # the default stream
+        return self._gpu
+
+    @property
+    def stream(self):
+        """The bound stream's handle (GPU communicators), else None."""
+        return None if self._gpu is None else self._gpu.stream
 
     def __repr__(self) -> str:
         return f"<aluminum_py.Communicator rank {self.rank} of {self.size}>"
@@ -212,23 +234,42 @@ class Communicator:
         return op, code
 
     # ------------------------------------------------------------------ allreduce
-    def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> None:
+    def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
+                  max_ctas: int | None = None, min_ctas: int | None = None) -> None:
         """Reduce `sendbuf` over all ranks into `recvbuf` on every rank (None: in place).
 
         Args:
             sendbuf: numpy array or C-contiguous buffer.
             recvbuf: output with at least sendbuf's element count and the same dtype, or None.
             op: al.SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR or AVG.
-            algorithm: "auto", "mpi", "recursive_doubling", "rabenseifner" or "ring".
+            algorithm: "auto", "mpi", "recursive_doubling", "rabenseifner" or "ring"; for GPU
+                buffers "auto", "nccl" or "ht_*" (aluminum_py.gpu).
+            max_ctas, min_ctas: GPU buffers with NCCL only: limits on the thread blocks NCCL
+                uses (default AL_NCCL_MAX_CTAS / AL_NCCL_MIN_CTAS).
         Raises:
             TypeError / ValueError: bad arguments (before any communication).
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
+        if type(sendbuf) is not _ndarray:
+            gpu = self._gpu_for(sendbuf, "sendbuf")
+            if gpu is not None:
+                gpu.allreduce(sendbuf, recvbuf, op, algorithm, True, min_ctas, max_ctas)
+                return
+        if max_ctas is not None or min_ctas is not None:
+            raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
         self._launcher.allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
                                  algorithm, True, config.hang_timeout_native())
 
-    def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
-        """Nonblocking Allreduce: returns a Request at once; the engine progresses it."""
+    def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
+                   max_ctas: int | None = None, min_ctas: int | None = None) -> Request:
+        """Nonblocking Allreduce: returns a Request at once; the engine progresses it (GPU
+        buffers: a GpuRequest whose Wait makes the bound stream wait)."""
+        if type(sendbuf) is not _ndarray:
+            gpu = self._gpu_for(sendbuf, "sendbuf")
+            if gpu is not None:
+                return gpu.allreduce(sendbuf, recvbuf, op, algorithm, False, min_ctas, max_ctas)
+        if max_ctas is not None or min_ctas is not None:
+            raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
         return self._launcher.allreduce(sendbuf, recvbuf,
                                         op.code if type(op) is Op else as_op(op).code,
                                         algorithm, False, config.hang_timeout_native())
@@ -236,6 +277,9 @@ class Communicator:
     # ------------------------------------------------------------------ reduce
     def _reduce(self, sendbuf, recvbuf, op, root, blocking):
         root = self._rank_arg(root, "root")
+        gpu = self._gpu_for(sendbuf, "sendbuf")
+        if gpu is not None:
+            return gpu.reduce(sendbuf, recvbuf, op, root, blocking)
         at_root = self.rank == root
         s = as_array(sendbuf, "sendbuf", writable=at_root and recvbuf is None)
         op, code = self._reduction(op, s)
@@ -266,6 +310,9 @@ class Communicator:
 
     # ------------------------------------------------------------------ reduce_scatter
     def _reduce_scatter(self, sendbuf, recvbuf, op, blocking):
+        gpu = self._gpu_for(sendbuf, "sendbuf")
+        if gpu is not None:
+            return gpu.reduce_scatter(sendbuf, recvbuf, op, blocking)
         s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
         if s.size % self.size:
             raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
@@ -312,6 +359,9 @@ class Communicator:
         return self._launch(nop, blocking, "mpi")
 
     def _allgather(self, sendbuf, recvbuf, blocking):
+        gpu = self._gpu_for(sendbuf, "sendbuf")
+        if gpu is not None:
+            return gpu.allgather(sendbuf, recvbuf, blocking)
         if recvbuf is None:
             r, n = self._blocks_in_place(sendbuf, "sendbuf")
             return self._move("allgather", "allgather", None, r, n, blocking)
@@ -332,6 +382,9 @@ class Communicator:
 
     def _bcast(self, buf, root, blocking):
         root = self._rank_arg(root, "root")
+        gpu = self._gpu_for(buf, "buf")
+        if gpu is not None:
+            return gpu.bcast(buf, root, blocking)
         b = as_array(buf, "buf", writable=self.rank != root)
         nop = _core.make_op(self._state, K["bcast"], "bcast", 0, addr(b), self._count(b.size, "buf"),
                             DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
@@ -345,6 +398,9 @@ class Communicator:
         return self._bcast(buf, root, False)
 
     def _alltoall(self, sendbuf, recvbuf, blocking):
+        gpu = self._gpu_for(sendbuf, "sendbuf")
+        if gpu is not None:
+            return gpu.alltoall(sendbuf, recvbuf, blocking)
         if recvbuf is None:
             r, n = self._blocks_in_place(sendbuf, "sendbuf")
             return self._move("alltoall", "alltoall", None, r, n, blocking)
@@ -367,6 +423,9 @@ class Communicator:
 
     def _gather(self, sendbuf, recvbuf, root, blocking):
         root = self._rank_arg(root, "root")
+        gpu = self._gpu_for(sendbuf, "sendbuf")
+        if gpu is not None:
+            return gpu.gather(sendbuf, recvbuf, root, blocking)
         if self.rank != root:
             s = as_array(sendbuf, "sendbuf")
             return self._move("gather", "gather", s, None, s.size, blocking, root)
@@ -390,6 +449,9 @@ class Communicator:
 
     def _scatter(self, sendbuf, recvbuf, root, blocking):
         root = self._rank_arg(root, "root")
+        gpu = self._gpu_for(recvbuf, "recvbuf")
+        if gpu is not None:
+            return gpu.scatter(sendbuf, recvbuf, root, blocking)
         if self.rank != root:
             if recvbuf is None:
                 raise TypeError("recvbuf: required on non-root ranks")
@@ -430,6 +492,9 @@ class Communicator:
     # ------------------------------------------------------------------ point to point
     def _send(self, buf, dest, tag, blocking):
         dest = self._rank_arg(dest, "dest")
+        gpu = self._gpu_for(buf, "buf")
+        if gpu is not None:
+            return gpu.send(buf, dest, blocking)
         b = as_array(buf, "buf")
         nop = _core.make_op(self._state, K["send"], "send", addr(b), 0, self._count(b.size, "buf"),
                             DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=dest,
@@ -455,6 +520,9 @@ class Communicator:
 
     def _recv(self, buf, source, tag, blocking):
         source = self._source(source)
+        gpu = self._gpu_for(buf, "buf")
+        if gpu is not None:
+            return gpu.recv(buf, source, blocking)
         b = as_array(buf, "buf", writable=True)
         nop = _core.make_op(self._state, K["recv"], "recv", 0, addr(b), self._count(b.size, "buf"),
                             DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=source,

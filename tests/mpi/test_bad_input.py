@@ -211,7 +211,7 @@ case("allreduce-algorithm-case", V, named("algorithm"), "Allreduce",
 case("allreduce-algorithm-none", T, named("algorithm"), "Allreduce",
      lambda p, r: ((f32(4),), {"algorithm": None}))
 for _alg in ("nccl", "ht_ring", "ht_mpi"):
-    case(f"allreduce-gpu-algorithm-{_alg}", V, r"^algorithm\b.*GPU", "Allreduce",
+    case(f"allreduce-gpu-algorithm-{_alg}", U, r"^algorithm\b.*no CUDA device", "Allreduce",
          lambda p, r, _alg=_alg: ((f32(4), f32(4)), {"algorithm": _alg}))
 
 # --- GPU buffers without a GPU backend
