@@ -48,6 +48,16 @@ def test_bad_algorithm_is_reported():
     assert proc.returncode == 2 and "bogus" in proc.stderr
 
 
+def test_cuda_buffers_without_a_gpu_are_reported():
+    from aluminum_py.gpu import cuda_device_count
+    if cuda_device_count():
+        return
+    proc = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "aluminum_py", "bench",
+                           "crossover", "--buffer", "cuda"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "no CUDA device is available" in proc.stderr
+
+
 def test_usage():
     proc = subprocess.run([sys.executable, "-m", "aluminum_py"], capture_output=True, text=True,
                           timeout=60)

@@ -13,6 +13,7 @@ from .timing import (Progress, bus_bandwidth, human, iterations, parse_bytes, si
                      time_interleaved)
 
 DEFAULT_ALGORITHMS = "mpi,recursive_doubling,rabenseifner,ring"
+DEFAULT_GPU_ALGORITHMS = "nccl,ht_mpi,ht_recursive_doubling,ht_rabenseifner,ht_ring"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,8 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Allreduce crossover benchmark (run under mpiexec).")
     ap.add_argument("--min-bytes", default="4", help="smallest message (default 4)")
     ap.add_argument("--max-bytes", default="64MiB", help="largest message (default 64MiB)")
-    ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
-                    help=f"comma-separated (default {DEFAULT_ALGORITHMS}; 'auto' allowed)")
+    ap.add_argument("--algorithms", default=None,
+                    help=f"comma-separated (default {DEFAULT_ALGORITHMS}, with --buffer cuda "
+                         f"{DEFAULT_GPU_ALGORITHMS}; 'auto' allowed)")
+    ap.add_argument("--buffer", choices=("host", "cuda"), default="host",
+                    help="host (numpy) or cuda (CuPy arrays on one GPU per rank) buffers")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--odd", action="store_true", help="add 1.5 * 2^k sizes between the powers of two")
     ap.add_argument("--nonblocking", action="store_true", help="time Iallreduce + Wait")
@@ -39,12 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
-          show_progress=False) -> dict:
-    """Time every algorithm at every size; returns the run (see module docs for the layout)."""
+          show_progress=False, buffer="host") -> dict:
+    """Time every algorithm at every size. Returns the run: a dict with ranks, local_size,
+    dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
+    lists (one value per size) under median / min / max (seconds) and busbw (bytes/s), plus
+    fastest (one algorithm name per size). GPU buffers: every call ends with a stream sync."""
     from ..tuning import mpi_version
     dt = np.dtype(dtype)
     run = {"ranks": comm.size, "local_size": world.bcast(comm.local_size, root=0),
-           "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": "host",
+           "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": buffer,
            "mpi": mpi_version(),
            "nonblocking": bool(nonblocking), "sizes": [], "algorithms": list(algorithms),
            "iters": [], "median": {a: [] for a in algorithms}, "min": {a: [] for a in algorithms},
@@ -52,13 +59,23 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
     bar = Progress(len(sizes), show_progress and comm.rank == 0, "crossover")
     for nbytes in sizes:
         count = nbytes // dt.itemsize
-        send = np.ones(count, dtype=dt)
-        recv = np.empty_like(send)
+        if buffer == "cuda":
+            import cupy
+            send, recv = cupy.ones(count, dtype=dt), cupy.empty(count, dtype=dt)
+            sync = cupy.cuda.ExternalStream(comm.stream).synchronize
+        else:
+            send = np.ones(count, dtype=dt)
+            recv = np.empty_like(send)
+            sync = None
 
         def contender(alg):
             if nonblocking:
-                return lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()
-            return lambda: comm.Allreduce(send, recv, algorithm=alg)
+                call = lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()   # noqa: E731
+            else:
+                call = lambda: comm.Allreduce(send, recv, algorithm=alg)           # noqa: E731
+            if sync is None:
+                return call
+            return lambda: (call(), sync())
 
         contenders = {a: contender(a) for a in algorithms}
         n_it = iterations(world, contenders, budget)      # also the warm-up
@@ -122,14 +139,21 @@ def main(argv=None) -> int:
 
     import aluminum_py as al
     world = MPI.COMM_WORLD
-    algorithms = [a for a in args.algorithms.split(",") if a]
-    host = al.algorithms("allreduce", "host")
-    bad = [a for a in algorithms if a not in host]
+    default = DEFAULT_GPU_ALGORITHMS if args.buffer == "cuda" else DEFAULT_ALGORITHMS
+    algorithms = [a for a in (args.algorithms or default).split(",") if a]
+    known = al.algorithms("allreduce", args.buffer)
+    bad = [a for a in algorithms if a not in known]
     if bad:
         if world.rank == 0:
-            print(f"--algorithms: unknown {', '.join(bad)}; choose from {', '.join(host)}",
+            print(f"--algorithms: unknown {', '.join(bad)}; choose from {', '.join(known)}",
                   file=sys.stderr)
         return 2
+    if args.buffer == "cuda":
+        from ..gpu import cuda_device_count
+        if cuda_device_count() == 0:
+            if world.rank == 0:
+                print("--buffer cuda: no CUDA device is available", file=sys.stderr)
+            return 2
     if args.tune and "auto" in algorithms:
         algorithms.remove("auto")
     if not algorithms:
@@ -137,12 +161,18 @@ def main(argv=None) -> int:
             print("--algorithms: nothing to time" + (" (--tune ignores auto)" if args.tune else ""),
                   file=sys.stderr)
         return 2
-    comm = al.Communicator()
+    if args.buffer == "cuda":
+        import cupy
+        local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+        cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
+        comm = al.Communicator(stream=cupy.cuda.Stream(non_blocking=True))
+    else:
+        comm = al.Communicator()
     dt = np.dtype(args.dtype)
     sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dt.itemsize,
                        odd=args.odd)
     run = sweep(comm, world, sizes, algorithms, dt, args.nonblocking, args.iters, args.budget,
-                show_progress=not args.quiet)
+                show_progress=not args.quiet, buffer=args.buffer)
     if comm.rank == 0:
         if not args.quiet:
             print(format_table(run), flush=True)
