@@ -539,6 +539,9 @@ class Communicator:
     def _sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking):
         dest = self._rank_arg(dest, "dest")
         source = self._source(source)
+        gpu = self._gpu_for(sendbuf, "sendbuf")
+        if gpu is not None:
+            return gpu.sendrecv(sendbuf, dest, recvbuf, source, blocking)
         s = as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")

@@ -351,3 +351,8 @@ class GpuBackend:
     def recv(self, buf, source: int, blocking: bool):
         b = as_gpu_array(buf, "buf", writable=True)
         return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, blocking: bool):
+        s, r = self._pair(sendbuf, recvbuf)
+        return self.exchange([(dest, s.ptr, s.count, str(s.dtype))],
+                             [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))

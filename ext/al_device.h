@@ -276,9 +276,10 @@ static void al_cuda_host_free(void *ctx, void *p) {
   c->cuMemFreeHost(p);
 }
 
+/* prefer the _v2 entry points (cuStreamWaitValue32_v2, cuEventDestroy_v2, ...) */
 #define AL_CU_SYM(name)                                                              \
-  do { *(void **)(&c->name) = dlsym(c->lib, #name);                                  \
-       if (!c->name) *(void **)(&c->name) = dlsym(c->lib, #name "_v2");              \
+  do { *(void **)(&c->name) = dlsym(c->lib, #name "_v2");                            \
+       if (!c->name) *(void **)(&c->name) = dlsym(c->lib, #name);                    \
        if (!c->name) { snprintf(err, errlen, "libcuda.so.1 has no %s", #name); goto fail; } } while (0)
 
 /* The CUDA device for device ordinal `ordinal`; NULL with a message in err when there is no
