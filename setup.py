@@ -99,6 +99,6 @@ planning_ext = Extension("aluminum_py._planning", sources=["ext/_planning.pyx"],
 
 # The `mpich` wheel is the default MPI; a build against the cluster's MPI (MPICC set) must not
 # pull it in, or mpi4py could load the wrong libmpi at run time.
-install_requires = ["mpi4py>=4", "numpy"] + ([] if os.environ.get("MPICC") else ["mpich"])
+install_requires = ["mpi4py>=4", "numpy", "scipy"] + ([] if os.environ.get("MPICC") else ["mpich"])
 
 setup(install_requires=install_requires, ext_modules=cythonize([ext, nccl_ext, planning_ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))

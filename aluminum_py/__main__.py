@@ -3,6 +3,7 @@ import sys
 
 USAGE = """usage: python -m aluminum_py bench crossover [options]   (run under mpiexec)
        python -m aluminum_py bench map RUN.json [RUN.json ...] [--plot FILE.png]
+       python -m aluminum_py plan libra --model NAME [options]
 Run a command with --help for its options."""
 
 
@@ -15,6 +16,9 @@ def main(argv=None) -> int:
         if argv[1] == "map":
             from .bench.plots import map_main
             return map_main(argv[2:])
+    if len(argv) >= 2 and argv[0] == "plan" and argv[1] == "libra":
+        from .planning.cli import main as plan_libra
+        return plan_libra(argv[2:])
     print(USAGE, file=sys.stderr)
     return 2
 

@@ -62,3 +62,23 @@ def test_usage():
     proc = subprocess.run([sys.executable, "-m", "aluminum_py"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "bench crossover" in proc.stderr
+
+
+def test_plan_libra_cli(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "aluminum_py", "plan", "libra", "--model",
+                           "resnet50", "--nodes", "8", "--groups", "6", "--chunks", "60",
+                           "--threads", "128,512,2048", "--scaling", "16..64",
+                           "--plot", str(tmp_path / "s.png"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "max_ctas" in proc.stdout and "libra-m" in proc.stdout
+    data = json.loads(out.read_text())
+    plans = data["plans"]
+    assert set(plans) == {"se", "horovod", "mgwfbp", "libra-m", "libra"}
+    assert len(plans["libra"]["groups"]) <= 6
+    assert all(t in (128, 512, 2048) for t in plans["libra"]["threads"])
+    assert plans["libra"]["predicted_time"] <= plans["se"]["predicted_time"]
+    assert data["scaling"]["nodes"] == [16, 32, 64]
+    assert all(0 < v <= 1 for v in data["scaling"]["libra"])
+    assert (tmp_path / "s.png").stat().st_size > 1000

@@ -102,7 +102,8 @@ def backward_time(comm_bytes, compute, model: ContentionModel, groups, threads,
 def _fusion_dp(c, b, model, threads, Z, K, boundaries=None):
     """T[i][l][z] of eq. 23 (Algorithm 1), vectorised over z and the previous boundary l'.
 
-    boundaries: allowed group ends (None: any layer). Returns (groups, threads).
+    boundaries: the only allowed group ends (None: any layer); then exactly len(boundaries)
+    groups are formed (the fixed plan of section IV-A). Returns (groups, threads).
     """
     L = len(c)
     R = np.asarray(threads, dtype=float)
@@ -151,7 +152,7 @@ def _fusion_dp(c, b, model, threads, Z, K, boundaries=None):
             best[Z] = min(best[Z], cand.min()) if cand.size else best[Z]
             T[i, l, :] = best
     # best number of groups, then walk back
-    i_best = int(np.argmin(T[1:, L, Z])) + 1
+    i_best = K if boundaries is not None else int(np.argmin(T[1:, L, Z])) + 1
     if not np.isfinite(T[i_best, L, Z]):
         raise RuntimeError("no feasible plan (check the model parameters)")
     groups, thr = [], []
