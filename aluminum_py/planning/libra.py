@@ -234,27 +234,31 @@ def threshold_plan(comm_bytes, compute, model, threshold: float = 64 << 20,
                 {"threshold": threshold})
 
 
-def mgwfbp_plan(comm_bytes, compute, model, nthreads=NCCL_DEFAULT_THREADS) -> Plan:
-    """MG-WFBP (Shi et al., paper ref. [10]) with NCCL-default threads: walking the layers in
-    backward order, a layer's gradient is merged into the pending group when that group's
-    all-reduce could not start before the layer's gradient is ready plus one startup a (merging
-    then saves a startup without delaying anything); timings from the contention-free costs
-    p(c, r) + a and the layers' computation times."""
-    c, b = _check_layers(comm_bytes, compute)
-    a = model.startup
-    ready = np.cumsum(b)                     # when each layer's gradient exists
+def mgwfbp_groups(compute, comm_time, startup: float) -> list[tuple[int, int]]:
+    """MG-WFBP's merge rule (Shi et al., paper ref. [10]) for layers in backward order: a
+    layer's gradient joins the pending group when that group's all-reduce could not start
+    before the layer's gradient is ready plus one startup (merging then saves a startup without
+    delaying anything). comm_time(bytes_index_range) -> seconds of the pending group's
+    all-reduce; compute: backward seconds per layer."""
+    ready = np.cumsum(np.asarray(compute, dtype=float))     # when each layer's gradient exists
     groups = [[0, 0]]
-    comm_free = 0.0                          # when the previous group's all-reduce ends
-    for i in range(1, len(c)):
+    comm_free = 0.0                                          # when the previous all-reduce ends
+    for i in range(1, len(ready)):
         f, l = groups[-1]
         start = max(ready[l], comm_free)     # when the pending group's all-reduce would start
-        if start >= ready[i] - a:            # it could not start before layer i is ready: merge
+        if start >= ready[i] - startup:      # it could not start before layer i is ready: merge
             groups[-1][1] = i
         else:
-            dur = float(model.p(c[f:l + 1].sum(), nthreads)) + a
-            comm_free = start + dur
+            comm_free = start + comm_time(f, l)
             groups.append([i, i])
-    groups = [tuple(g) for g in groups]
+    return [tuple(g) for g in groups]
+
+
+def mgwfbp_plan(comm_bytes, compute, model, nthreads=NCCL_DEFAULT_THREADS) -> Plan:
+    """MG-WFBP with NCCL-default threads, timed with the contention-free p(c, r) + a."""
+    c, b = _check_layers(comm_bytes, compute)
+    a = model.startup
+    groups = mgwfbp_groups(b, lambda f, l: float(model.p(c[f:l + 1].sum(), nthreads)) + a, a)
     thr = [nthreads] * len(groups)
     return Plan(groups, thr, backward_time(c, b, model, groups, thr), "mgwfbp")
 

@@ -1,0 +1,288 @@
+"""Overlap for frameworks: start each gradient bucket's allreduce as soon as its gradients exist
+(Aluminum section III-A), with a fusion policy deciding the buckets.
+
+    sync = GradientSynchronizer(comm, grads, policy="adafusion")
+    for step in range(n):
+        ... forward ...
+        for i in reversed(range(len(grads))):     # backward: gradient i is final
+            ... compute grads[i] ...
+            sync.grad_ready(i)
+        info = sync.wait()                        # every gradient holds the average over ranks
+        ... optimizer step ...
+
+Buckets are groups of consecutive gradients in backward order (the order they become ready).
+A single-gradient bucket is reduced in place; larger buckets are packed into a persistent flat
+buffer (allocated once), reduced, and unpacked at ``wait()``. Buckets are launched in bucket
+order (a bucket that completes early waits for the ones before it), so every rank issues the same
+collectives in the same order even if ``grad_ready`` calls arrive in a different order.
+
+Policies:
+
+* ``"none"``: one nonblocking allreduce per gradient (WFBP).
+* ``"fixed"``: Horovod-like: consecutive gradients fused up to ``threshold`` bytes (default
+  64 MiB); with ``cycle_time`` (seconds) and ``compute_times`` a bucket also closes once the
+  predicted time since its first gradient reaches the cycle time. (Horovod's cycle is a wall-clock
+  timer coordinated across ranks; a per-rank timer here would let ranks disagree on the buckets,
+  so the prediction from the profile stands in for it.)
+* ``"mgwfbp"``: MG-WFBP's merge rule on ``compute_times`` and the allreduce ``cost``.
+* ``"adafusion"``: OSF's adaptive fusion (eq. 17) on the profile and ``cost`` (default: the
+  tuning table's entry for this communicator, else the cost model).
+* ``"libra"``: a :class:`aluminum_py.planning.libra.Plan`: its groups, and for GPU gradients its
+  per-group ``max_ctas`` (NCCL thread-block limits; host gradients have no thread limits, so only
+  the groups apply and ``sync.max_ctas`` is None).
+* ``"deft"``: DeFT's knapsack scheduling with delayed updates (aluminum_py.planning.deft): some
+  buckets are synchronised during the next forward pass; ``wait()`` reports which iteration's
+  gradients each bucket holds.
+
+Profile options (seconds, gradient order of ``grads``): ``compute_times`` (backward time of each
+gradient's layer) and ``forward_times``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import Error
+from .ops import AVG, SUM
+
+POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "libra", "deft")
+
+
+@dataclass
+class SyncInfo:
+    """What ``wait()`` returns: the iteration that was completed and, per bucket, the iteration
+    whose gradients it now holds (equal to ``iteration`` except for DeFT's delayed buckets)."""
+
+    iteration: int
+    applied: list = field(default_factory=list)
+    buckets: list = field(default_factory=list)
+
+
+def _array_module(a):
+    if hasattr(a, "__cuda_array_interface__"):
+        import cupy
+        return cupy
+    return np
+
+
+def _threshold_groups(nbytes, threshold, ready_times=None, cycle_time=None):
+    groups, start, acc = [], 0, 0
+    for i, n in enumerate(nbytes):
+        acc += n
+        timed_out = (cycle_time is not None and ready_times is not None
+                     and ready_times[i] - ready_times[start] >= cycle_time)
+        if acc >= threshold or timed_out:
+            groups.append((start, i))
+            start, acc = i + 1, 0
+    if start < len(nbytes):
+        groups.append((start, len(nbytes) - 1))
+    return groups
+
+
+class GradientSynchronizer:
+    """Averages (or sums) gradients over the ranks of `comm`, overlapping with backward.
+
+    Args:
+        comm: an aluminum_py.Communicator.
+        grads: arrays (numpy, or GPU arrays for a GPU communicator) in model (forward) order;
+            each must stay the same object across steps (they are reduced in place).
+        policy: one of POLICIES.
+        average: divide by the number of ranks (floating gradients) instead of summing.
+        algorithm: allreduce algorithm for every bucket (default "auto").
+        threshold, cycle_time: policy "fixed".
+        compute_times, forward_times: per-gradient profile (seconds), for the planned policies.
+        cost: allreduce time as a function of bytes (callable), for "mgwfbp" / "adafusion".
+        plan: a LIBRA Plan (policy "libra"); groups index layers in backward order.
+        groups: explicit buckets (inclusive ranges over backward order) for any policy but
+            "none" (overrides the policy's own grouping; used by benchmarks and tests).
+    """
+
+    def __init__(self, comm, grads, policy: str = "adafusion", average: bool = True, *,
+                 algorithm: str = "auto", threshold: int = 64 << 20, cycle_time=None,
+                 compute_times=None, forward_times=None, cost=None, plan=None, groups=None,
+                 scheduler=None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+        self.comm = comm
+        self.grads = list(grads)
+        if not self.grads:
+            raise ValueError("grads: empty list")
+        self.policy = policy
+        self.algorithm = algorithm
+        n = len(self.grads)
+        for i, g in enumerate(self.grads):
+            if not g.flags.c_contiguous:
+                raise ValueError(f"grads[{i}] is not C-contiguous (it is reduced in place)")
+        self._flat = [g.reshape(-1) for g in self.grads]      # views
+        kinds = {np.dtype(g.dtype).kind for g in self.grads}
+        if average and not kinds <= {"f", "c"}:
+            raise ValueError("average=True needs floating-point gradients; pass average=False")
+        self.op = AVG if average else SUM
+        self.nbytes_bw = [self._flat[n - 1 - k].nbytes for k in range(n)]   # backward order
+        self.compute_times = None if compute_times is None else list(compute_times)
+        self.forward_times = None if forward_times is None else list(forward_times)
+        for name, v in (("compute_times", self.compute_times), ("forward_times", self.forward_times)):
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name}: {len(v)} values for {n} gradients")
+        self.max_ctas = None
+        self._scheduler = scheduler
+        self._cost = cost
+        if groups is not None:
+            bw_groups = [tuple(g) for g in groups]
+        else:
+            bw_groups = self._plan_groups(policy, threshold, cycle_time, plan)
+        self._check_groups(bw_groups, n)
+        bw_groups = self._split_by_dtype(bw_groups)
+        # buckets: lists of gradient indices (model order), in launch order
+        self.buckets = [[n - 1 - k for k in range(f, l + 1)] for f, l in bw_groups]
+        self._bucket_of = {}
+        for b, members in enumerate(self.buckets):
+            for i in members:
+                self._bucket_of[i] = b
+        # persistent fusion buffers (allocated once)
+        self._buffers = []
+        for members in self.buckets:
+            if len(members) == 1:
+                self._buffers.append(None)
+            else:
+                xp = _array_module(self.grads[members[0]])
+                total = sum(self._flat[i].size for i in members)
+                self._buffers.append(xp.empty(total, dtype=self.grads[members[0]].dtype))
+        if policy == "libra" and plan is not None and _array_module(self.grads[0]) is not np:
+            self.max_ctas = plan.max_ctas()
+        self.iteration = 0
+        self._reset()
+
+    # ------------------------------------------------------------------ planning
+    def _need_profile(self, policy):
+        if self.compute_times is None:
+            raise ValueError(f"policy {policy!r} needs compute_times (backward seconds per gradient)")
+
+    def _cost_fn(self):
+        if self._cost is not None:
+            return self._cost
+        from .algorithms import model_time
+        p = self.comm.size
+
+        def cost(nbytes):
+            if nbytes <= 0:
+                return 0.0
+            return min(model_time(a, p, nbytes) for a in ("recursive_doubling", "rabenseifner", "ring"))
+        return cost
+
+    def _plan_groups(self, policy, threshold, cycle_time, plan):
+        n = len(self.grads)
+        if policy == "none":
+            return [(k, k) for k in range(n)]
+        if policy == "fixed":
+            ready = None
+            if cycle_time is not None:
+                if self.compute_times is None:
+                    raise ValueError("cycle_time: needs compute_times to predict ready times")
+                ready = np.cumsum(self.compute_times[::-1])
+            return _threshold_groups(self.nbytes_bw, threshold, ready, cycle_time)
+        if policy == "mgwfbp":
+            from .planning.libra import mgwfbp_groups
+            self._need_profile(policy)
+            cost = self._cost_fn()
+            startup = float(cost(1))
+            nb = self.nbytes_bw
+            return mgwfbp_groups(self.compute_times[::-1],
+                                 lambda f, l: float(cost(sum(nb[f:l + 1]))), startup)
+        if policy == "adafusion":
+            from .planning import osf
+            self._need_profile(policy)
+            fwd = self.forward_times if self.forward_times is not None else [0.0] * n
+            return [tuple(g) for g in osf.adaptive_fusion(fwd, self.compute_times,
+                                                          [f.nbytes for f in self._flat],
+                                                          self._cost_fn())]
+        if policy == "libra":
+            if plan is None:
+                raise ValueError("policy 'libra' needs plan= (aluminum_py.planning.libra.Plan)")
+            return [tuple(g) for g in plan.groups]
+        if policy == "deft":
+            return [(k, k) for k in range(n)] if self._scheduler is None else \
+                [tuple(g) for g in self._scheduler.groups]
+        raise AssertionError(policy)
+
+    def _split_by_dtype(self, groups):
+        """Buckets hold one dtype: a group whose gradients differ in dtype is split there."""
+        n = len(self.grads)
+        out = []
+        for f, l in groups:
+            start = f
+            for k in range(f + 1, l + 1):
+                if self.grads[n - 1 - k].dtype != self.grads[n - k].dtype:
+                    out.append((start, k - 1))
+                    start = k
+            out.append((start, l))
+        return out
+
+    @staticmethod
+    def _check_groups(groups, n):
+        expect = 0
+        for f, l in groups:
+            if f != expect or l < f:
+                raise ValueError(f"groups: {groups} do not cover gradients 0..{n - 1} "
+                                 f"(backward order) in order")
+            expect = l + 1
+        if expect != n:
+            raise ValueError(f"groups: {groups} do not cover gradients 0..{n - 1} in order")
+
+    # ------------------------------------------------------------------ one step
+    def _reset(self):
+        self._ready = [False] * len(self.grads)
+        self._pending = [len(m) for m in self.buckets]
+        self._next = 0
+        self._requests = [None] * len(self.buckets)
+
+    def grad_ready(self, i: int) -> None:
+        """Gradient i (model order) is final for this step; launches every bucket that is now
+        complete, in bucket order."""
+        if not 0 <= i < len(self.grads):
+            raise ValueError(f"i: {i} is not a gradient index (0..{len(self.grads) - 1})")
+        if self._ready[i]:
+            raise Error(f"grad_ready({i}) called twice in one step")
+        self._ready[i] = True
+        b = self._bucket_of[i]
+        self._pending[b] -= 1
+        while self._next < len(self.buckets) and self._pending[self._next] == 0:
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, b):
+        members = self.buckets[b]
+        kw = {}
+        if self.max_ctas is not None:
+            kw["max_ctas"] = self.max_ctas[b]
+        if self._buffers[b] is None:
+            buf = self._flat[members[0]]
+        else:
+            buf = self._buffers[b]
+            off = 0
+            for i in members:
+                f = self._flat[i]
+                buf[off:off + f.size] = f
+                off += f.size
+        self._requests[b] = self.comm.Iallreduce(buf, op=self.op, algorithm=self.algorithm, **kw)
+
+    def wait(self, timeout=None) -> SyncInfo:
+        """Wait for every bucket; afterwards every gradient holds the result. Raises if some
+        gradient was never reported ready this step."""
+        missing = [i for i, r in enumerate(self._ready) if not r]
+        if missing:
+            raise Error(f"wait(): gradients {missing[:8]} were never reported with grad_ready")
+        for b, req in enumerate(self._requests):
+            req.Wait(timeout=timeout)
+            if self._buffers[b] is not None:
+                buf, off = self._buffers[b], 0
+                for i in self.buckets[b]:
+                    f = self._flat[i]
+                    f[...] = buf[off:off + f.size]
+                    off += f.size
+        info = SyncInfo(self.iteration, [self.iteration] * len(self.buckets),
+                        [list(m) for m in self.buckets])
+        self.iteration += 1
+        self._reset()
+        return info
