@@ -3,6 +3,7 @@ import sys
 
 USAGE = """usage: python -m aluminum_py bench crossover [options]   (run under mpiexec)
        python -m aluminum_py bench map RUN.json [RUN.json ...] [--plot FILE.png]
+       python -m aluminum_py bench overlap --model NAME --policy all   (run under mpiexec)
        python -m aluminum_py plan libra --model NAME [options]
 Run a command with --help for its options."""
 
@@ -13,6 +14,9 @@ def main(argv=None) -> int:
         if argv[1] == "crossover":
             from .bench.crossover import main as crossover
             return crossover(argv[2:])
+        if argv[1] == "overlap":
+            from .bench.overlap import main as overlap
+            return overlap(argv[2:])
         if argv[1] == "map":
             from .bench.plots import map_main
             return map_main(argv[2:])
