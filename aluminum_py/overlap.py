@@ -26,13 +26,13 @@ Policies:
   so the prediction from the profile stands in for it.)
 * ``"mgwfbp"``: MG-WFBP's merge rule on ``compute_times`` and the allreduce ``cost``.
 * ``"adafusion"``: OSF's adaptive fusion (eq. 17) on the profile and ``cost`` (default: the
-  tuning table's entry for this communicator, else the cost model).
+  cost model); ``channel_aware=True`` also counts the time the channel is still busy with the
+  previous bucket (see aluminum_py.planning.osf.adaptive_fusion).
 * ``"libra"``: a :class:`aluminum_py.planning.libra.Plan`: its groups, and for GPU gradients its
   per-group ``max_ctas`` (NCCL thread-block limits; host gradients have no thread limits, so only
   the groups apply and ``sync.max_ctas`` is None).
-* ``"deft"``: DeFT's knapsack scheduling with delayed updates (aluminum_py.planning.deft): some
-  buckets are synchronised during the next forward pass; ``wait()`` reports which iteration's
-  gradients each bucket holds.
+* ``"deft"``: not implemented in the synchronizer yet (raises NotImplementedError); the
+  scheduler, knapsacks and simulator are in aluminum_py.planning.deft.
 
 Profile options (seconds, gradient order of ``grads``): ``compute_times`` (backward time of each
 gradient's layer) and ``forward_times``.
@@ -101,7 +101,7 @@ class GradientSynchronizer:
     def __init__(self, comm, grads, policy: str = "adafusion", average: bool = True, *,
                  algorithm: str = "auto", threshold: int = 64 << 20, cycle_time=None,
                  compute_times=None, forward_times=None, cost=None, plan=None, groups=None,
-                 scheduler=None):
+                 scheduler=None, channel_aware: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
         self.comm = comm
@@ -128,6 +128,7 @@ class GradientSynchronizer:
         self.max_ctas = None
         self._scheduler = scheduler
         self._cost = cost
+        self._channel_aware = channel_aware
         if groups is not None:
             bw_groups = [tuple(g) for g in groups]
         else:
@@ -196,14 +197,16 @@ class GradientSynchronizer:
             fwd = self.forward_times if self.forward_times is not None else [0.0] * n
             return [tuple(g) for g in osf.adaptive_fusion(fwd, self.compute_times,
                                                           [f.nbytes for f in self._flat],
-                                                          self._cost_fn())]
+                                                          self._cost_fn(),
+                                                          channel_aware=self._channel_aware)]
         if policy == "libra":
             if plan is None:
                 raise ValueError("policy 'libra' needs plan= (aluminum_py.planning.libra.Plan)")
             return [tuple(g) for g in plan.groups]
         if policy == "deft":
-            return [(k, k) for k in range(n)] if self._scheduler is None else \
-                [tuple(g) for g in self._scheduler.groups]
+            raise NotImplementedError(
+                "policy 'deft' in the synchronizer is not implemented yet; the DeFT scheduler, "
+                "knapsacks and simulator are in aluminum_py.planning.deft")
         raise AssertionError(policy)
 
     def _split_by_dtype(self, groups):

@@ -530,6 +530,31 @@ cdef inline void notify_done(al_op* op) noexcept nogil:
         pthread_cond_broadcast(&g_done_cond)
         pthread_mutex_unlock(&g_lock)
 
+cdef inline int starts_mpi_collective(al_op* op) noexcept nogil:
+    """Ops whose start issues an MPI collective call on the collective communicator."""
+    if K_ALLREDUCE <= op.kind <= K_BARRIER:
+        return 1
+    return op.kind == K_HOST_TRANSFER and op.inner != NULL and op.inner.kind != K_SCHEDULE
+
+cdef inline int ht_gate(al_op* active, al_comm* c) noexcept nogil:
+    """An active host-transfer op on `c` still waiting to start its inner MPI collective."""
+    cdef al_op* op = active
+    while op != NULL:
+        if (op.comm == c and op.kind == K_HOST_TRANSFER and op.ht_phase == 0
+                and op.inner != NULL and op.inner.kind != K_SCHEDULE):
+            return 1
+        op = op.next
+    return 0
+
+cdef inline int comm_blocked(al_comm** blocked, int n, al_comm* c) noexcept nogil:
+    cdef int i
+    if n > 64:
+        return 1
+    for i in range(n):
+        if blocked[i] == c:
+            return 1
+    return 0
+
 cdef void* engine_main(void* arg) noexcept nogil:
     global g_qhead, g_qtail, g_loops
     cdef al_op* active = NULL
@@ -540,6 +565,10 @@ cdef void* engine_main(void* arg) noexcept nogil:
     cdef al_op* nxt
     cdef int stopping = 0, progress
     cdef long idle = 0
+    cdef al_op* deferred = NULL       # submitted, not yet started (FIFO)
+    cdef al_op* dtail = NULL
+    cdef al_comm* blocked[64]
+    cdef int nblocked = 0
     cdef double deadline = 0.0
     while True:
         pthread_mutex_lock(&g_lock)
@@ -554,20 +583,50 @@ cdef void* engine_main(void* arg) noexcept nogil:
         pthread_mutex_unlock(&g_lock)
         g_loops += 1
         progress = 0
-        # start newly submitted ops in submission order (per communicator: call order)
-        while take != NULL:
-            op = take
-            take = take.next
+        # newly submitted ops join the start queue in submission order
+        if take != NULL:
+            progress = 1
+            if dtail == NULL:
+                deferred = take
+            else:
+                dtail.next = take
+            while take.next != NULL:
+                take = take.next
+            dtail = take
+        # start queued ops in order (per communicator: call order). An op that starts an MPI
+        # collective waits while an earlier host-transfer op on its communicator has not yet
+        # started its own MPI collective (that waits for a device copy), so MPI sees every
+        # communicator's collectives in call order on every rank.
+        nblocked = 0
+        prev = NULL
+        op = deferred
+        while op != NULL:
+            nxt = op.next
+            if op.phase == PH_NEW and starts_mpi_collective(op) and (
+                    comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)):
+                if nblocked < 64:
+                    blocked[nblocked] = op.comm
+                nblocked += 1
+                prev = op
+                op = nxt
+                continue
+            if prev == NULL:
+                deferred = nxt
+            else:
+                prev.next = nxt
+            if dtail == op:
+                dtail = prev
             op.next = NULL
             progress = 1
             if op.phase == PH_NEW and op_start(op, 0):
                 notify_done(op)
-                continue
-            if tail == NULL:
-                active = op
             else:
-                tail.next = op
-            tail = op
+                if tail == NULL:
+                    active = op
+                else:
+                    tail.next = op
+                tail = op
+            op = nxt
         # step every active op
         prev = NULL
         op = active
@@ -586,7 +645,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             else:
                 prev = op
             op = nxt
-        if stopping and (active == NULL or al_now() > deadline):
+        if stopping and ((active == NULL and deferred == NULL) or al_now() > deadline):
             break
         if progress:
             idle = 0
@@ -595,6 +654,9 @@ cdef void* engine_main(void* arg) noexcept nogil:
             if g_yield_every > 0 and idle % g_yield_every == 0:
                 sched_yield()
     # shutdown: abandon what is left
+    if dtail != NULL:                 # never-started ops are abandoned like the rest
+        dtail.next = active
+        active = deferred
     while active != NULL:
         op = active
         active = op.next

@@ -87,22 +87,21 @@ def main(argv=None) -> int:
     m = [g.nbytes for g in grads]
     probe = sorted({1 << k for k in range(8, 30) if (1 << k) <= 2 * sum(m)} | {sum(m)})
     cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe), kind="piecewise")
-    policies = ["none", "fixed", "mgwfbp", "adafusion", "libra", "deft"] if args.policy == "all" \
-        else args.policy.split(",")
+    policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "libra"] \
+        if args.policy == "all" else args.policy.split(",")
     runs = []
     for policy in policies:
         variants = [(f"fixed {human(t)}", {"threshold": t}) for t in FIXED_THRESHOLDS] \
             if policy == "fixed" else [(policy, {})]
         for label, extra in variants:
             opts = dict(extra)
+            if policy == "adafusion-ca":          # OSF eq. 17, channel-aware variant
+                policy, opts["channel_aware"] = "adafusion", True
             if policy in ("mgwfbp", "adafusion"):
                 opts.update(compute_times=t_b, forward_times=t_f, cost=cost)
             if policy == "libra":
                 cm = ContentionModel.example(comm.size)
                 opts["plan"] = libra.optimize(m[::-1], t_b[::-1], cm, max_groups=10, chunks=100)
-            if policy == "deft":
-                from ..planning import deft
-                opts["scheduler"] = deft.scheduler_for(t_f, t_b, m, cost)
             try:
                 sync = GradientSynchronizer(comm, grads, policy=policy, **opts)
             except (ImportError, AttributeError, NotImplementedError) as e:

@@ -105,3 +105,31 @@ def test_bad_arguments(comm, device):
         ht.allreduce(comm, device, stream, x, op=al.BAND)
     with pytest.raises(ValueError, match="recvbuf"):
         ht.allreduce(comm, device, stream, x, np.ones(2, dtype=np.float32))
+
+
+@pytest.mark.parametrize("after", ["Iallreduce-mpi", "Bcast", "Allreduce-mpi"])
+def test_mpi_collectives_keep_call_order_behind_ht_mpi(comm, device, after):
+    """ht_mpi starts its MPI_Iallreduce only when the device copy is done, which differs per
+    rank (here rank 0's stream is busy); a later MPI collective must still come second."""
+    stream = device.stream()
+    if comm.rank == 0:
+        big = np.ones(64 << 20, dtype=np.uint8)
+        out = np.empty_like(big)
+        for _ in range(3):
+            stream.memcpy(al._core.addr(out), al._core.addr(big), big.nbytes)
+    x = np.full(100, 1.0)
+    y = np.full(100, float(comm.rank + 1))
+    req = ht.allreduce(comm, device, stream, x, algorithm="ht_mpi")
+    if after == "Iallreduce-mpi":
+        comm.Iallreduce(y, algorithm="mpi").Wait(timeout=60)
+    elif after == "Allreduce-mpi":
+        comm.Allreduce(y, algorithm="mpi")
+    else:
+        comm.Bcast(y, root=comm.size - 1)
+    req.Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    assert np.all(x == comm.size)
+    if after == "Bcast":
+        assert np.all(y == comm.size)
+    else:
+        assert np.all(y == sum(range(1, comm.size + 1)))
