@@ -14,4 +14,5 @@ def _shutdown() -> None:
 
 
 def install() -> None:
+    _core.set_idle_spin(config.engine_spin())
     atexit.register(_shutdown)

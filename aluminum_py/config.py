@@ -50,6 +50,12 @@ def engine_yield() -> int | None:
     return None if v is None else int(v)
 
 
+def engine_spin() -> float:
+    """AL_ENGINE_SPIN: seconds the idle progress engine keeps polling for new work before it
+    sleeps (default 0.0002: a burst of per-layer allreduces then avoids a thread wake-up each)."""
+    return _float("AL_ENGINE_SPIN", 200e-6)
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

@@ -95,8 +95,11 @@ def as_gpu_array(obj, name: str, writable: bool = False) -> GpuArray:
     count = int(np.prod(shape)) if shape else 1
     strides = cai.get("strides")
     if strides is not None and count > 1:
-        expected = np.empty(shape, dtype=dtype, order="C").strides if count < 2**20 else None
-        if expected is not None and tuple(strides) != expected:
+        expected, step = [], dtype.itemsize           # C-contiguous strides for this shape
+        for dim in reversed(shape):
+            expected.append(step)
+            step *= dim
+        if any(d > 1 and st != ex for d, st, ex in zip(shape, strides, reversed(expected))):
             raise ValueError(f"{name} is not C-contiguous")
     ptr, readonly = cai["data"]
     if writable and readonly:
@@ -133,6 +136,9 @@ class GpuRequest:
             if self._host.done:
                 self._host.Wait(timeout=0)
         self._b.device.stream_wait_event(self._b.stream, self._event)
+
+    def _wait(self, timeout=None) -> None:   # al.Waitall
+        self.Wait(timeout)
 
     def Test(self) -> bool:
         return self._b.device.event_query(self._event)
@@ -233,6 +239,9 @@ class GpuBackend:
             raise ValueError(f"algorithm: {algorithm!r} is not a GPU algorithm; GPU buffers take "
                              f"{', '.join(GPU_ALGORITHMS)}")
         alg = self.choose(s.nbytes, s.dtype.itemsize) if algorithm == "auto" else algorithm
+        if alg == "nccl" and algorithm == "auto" and (op.name not in _NCCL_OPS
+                                                       or str(s.dtype) not in nccl.DTYPES):
+            alg = "ht_auto"                 # NCCL lacks this op or dtype: host transfer can
         keep = (s.obj, r.obj)
         if alg == "nccl":
             if op.name not in _NCCL_OPS:
@@ -273,6 +282,8 @@ class GpuBackend:
 
     def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool):
         s, r = self._pair(sendbuf, recvbuf)
+        if self.comm.rank == root and r.count < s.count:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
         op = op if isinstance(op, Op) else as_op(op)
         check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
         if op.name not in _NCCL_OPS:
@@ -295,12 +306,16 @@ class GpuBackend:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
                              f"size {self.comm.size}")
         n = s.count // self.comm.size
+        if r.count < n:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {n}")
         op = op if isinstance(op, Op) else as_op(op)
         check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
         if op.name not in _NCCL_OPS:
             raise TypeError(f"op: NCCL has no {op.name}")
+        # in place (recvbuf None): NCCL's in-place form writes this rank's block of sendbuf
+        dst = r.ptr if recvbuf is not None else s.ptr + self.comm.rank * n * s.dtype.itemsize
         return self._run("reduce_scatter", blocking, (s.obj, r.obj), lambda c, st: c.reduce_scatter(
-            s.ptr, r.ptr, n, str(s.dtype), _NCCL_OPS[op.name], st))
+            s.ptr, dst, n, str(s.dtype), _NCCL_OPS[op.name], st))
 
     def exchange(self, sends, recvs, blocking: bool, keep):
         """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype)."""
@@ -318,6 +333,8 @@ class GpuBackend:
         if recvbuf is None or s.count % p:
             raise ValueError("sendbuf: GPU Alltoall needs a recvbuf and a length divisible by the size")
         n = s.count // p
+        if r.count < s.count:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
         dt = str(s.dtype)
         return self.exchange([(j, s.ptr + j * n * es, n, dt) for j in range(p)],
                              [(j, r.ptr + j * n * es, n, dt) for j in range(p)], blocking, (s.obj, r.obj))
@@ -330,6 +347,8 @@ class GpuBackend:
         keep = [s.obj]
         if self.comm.rank == root:
             r = as_gpu_array(recvbuf, "recvbuf", writable=True)
+            if r.dtype != s.dtype or r.count < p * s.count:
+                raise ValueError(f"recvbuf: needs {p * s.count} elements of {s.dtype}")
             recvs = [(j, r.ptr + j * s.count * es, s.count, dt) for j in range(p)]
             keep.append(r.obj)
         return self.exchange(sends, recvs, blocking, tuple(keep))
@@ -340,6 +359,8 @@ class GpuBackend:
         sends, keep = [], [r.obj]
         if self.comm.rank == root:
             s = as_gpu_array(sendbuf, "sendbuf")
+            if s.dtype != r.dtype or s.count < p * r.count:
+                raise ValueError(f"sendbuf: needs {p * r.count} elements of {r.dtype}")
             sends = [(j, s.ptr + j * r.count * es, r.count, dt) for j in range(p)]
             keep.append(s.obj)
         return self.exchange(sends, [(root, r.ptr, r.count, dt)], blocking, tuple(keep))

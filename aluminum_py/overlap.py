@@ -141,10 +141,13 @@ class GradientSynchronizer:
         for b, members in enumerate(self.buckets):
             for i in members:
                 self._bucket_of[i] = b
-        # persistent fusion buffers (allocated once)
-        self._buffers = []
+        # per bucket: a view when its gradients are adjacent in memory (no copies: allocate
+        # them with gradient_arena), else a persistent fusion buffer (allocated once)
+        self._buffers, self._views = [], []
         for members in self.buckets:
-            if len(members) == 1:
+            view = self._adjacent_view(members)
+            self._views.append(view)
+            if len(members) == 1 or view is not None:
                 self._buffers.append(None)
             else:
                 xp = _array_module(self.grads[members[0]])
@@ -209,6 +212,28 @@ class GradientSynchronizer:
                 "knapsacks and simulator are in aluminum_py.planning.deft")
         raise AssertionError(policy)
 
+    def _adjacent_view(self, members):
+        """A flat view covering the bucket's gradients if they tile one memory range of a
+        common base array (host arrays from gradient_arena), else None."""
+        if len(members) < 2 or _array_module(self.grads[members[0]]) is not np:
+            return None
+        flats = [self._flat[i] for i in members]
+        base = flats[0].base if flats[0].base is not None else flats[0]
+        while getattr(base, "base", None) is not None:
+            base = base.base
+        spans = sorted((f.__array_interface__["data"][0], f.nbytes) for f in flats)
+        for (a, n), (b, _) in zip(spans, spans[1:]):
+            if a + n != b:
+                return None
+        start, total = spans[0][0], sum(n for _, n in spans)
+        if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
+            return None
+        b0 = base.__array_interface__["data"][0]
+        if not (b0 <= start and start + total <= b0 + base.nbytes):
+            return None
+        flat = base.reshape(-1).view(np.uint8)[start - b0:start - b0 + total]
+        return flat.view(flats[0].dtype)
+
     def _split_by_dtype(self, groups):
         """Buckets hold one dtype: a group whose gradients differ in dtype is split there."""
         n = len(self.grads)
@@ -259,7 +284,9 @@ class GradientSynchronizer:
         kw = {}
         if self.max_ctas is not None:
             kw["max_ctas"] = self.max_ctas[b]
-        if self._buffers[b] is None:
+        if self._views[b] is not None:
+            buf = self._views[b]
+        elif self._buffers[b] is None:
             buf = self._flat[members[0]]
         else:
             buf = self._buffers[b]
@@ -289,3 +316,16 @@ class GradientSynchronizer:
         self.iteration += 1
         self._reset()
         return info
+
+
+def gradient_arena(shapes, dtype=np.float32):
+    """Gradient arrays (model order) that are views into one flat array, so every bucket of
+    consecutive gradients is one contiguous range and is reduced in place without packing
+    (as PyTorch DDP's gradient_as_bucket_view). Returns (arena, grads)."""
+    sizes = [int(np.prod(s)) for s in shapes]
+    arena = np.zeros(sum(sizes), dtype=dtype)
+    grads, off = [], 0
+    for shape, n in zip(shapes, sizes):
+        grads.append(arena[off:off + n].reshape(shape))
+        off += n
+    return arena, grads

@@ -514,6 +514,13 @@ cdef int g_waiters = 0
 cdef double g_exit_grace = 2.0
 cdef long g_loops = 0            # engine loop iterations (diagnostics)
 cdef int g_yield_every = 0       # polls without progress between sched_yield calls (0: never)
+cdef double g_idle_spin = 0.0    # seconds the idle engine polls for work before sleeping
+cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll watches it)
+
+def set_idle_spin(double seconds):
+    """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
+    global g_idle_spin
+    g_idle_spin = seconds
 
 def set_poll_yield(int every):
     """While ops are active the engine polls continuously; every `every` polls without
@@ -565,15 +572,24 @@ cdef void* engine_main(void* arg) noexcept nogil:
     cdef al_op* nxt
     cdef int stopping = 0, progress
     cdef long idle = 0
+    cdef int seen = 0
+    cdef double spin_until
     cdef al_op* deferred = NULL       # submitted, not yet started (FIFO)
     cdef al_op* dtail = NULL
     cdef al_comm* blocked[64]
     cdef int nblocked = 0
     cdef double deadline = 0.0
     while True:
+        if active == NULL and deferred == NULL and g_idle_spin > 0:
+            # idle: poll for new work for a short while before sleeping, so that a burst of
+            # submissions (one allreduce per layer) does not pay a thread wake-up each time
+            spin_until = al_now() + g_idle_spin
+            while al_load_acquire(&g_nsubmitted) == seen and al_now() < spin_until:
+                sched_yield()
         pthread_mutex_lock(&g_lock)
-        while g_qhead == NULL and active == NULL and not g_stop:
+        while g_qhead == NULL and active == NULL and deferred == NULL and not g_stop:
             pthread_cond_wait(&g_submit_cond, &g_lock)
+        seen = al_load_acquire(&g_nsubmitted)
         take = g_qhead
         g_qhead = NULL
         g_qtail = NULL
@@ -702,6 +718,7 @@ cdef int engine_submit(al_op* op) noexcept nogil:
     else:
         g_qtail.next = op
     g_qtail = op
+    al_fetch_add(&g_nsubmitted, 1)
     pthread_cond_signal(&g_submit_cond)
     pthread_mutex_unlock(&g_lock)
     return 0

@@ -39,6 +39,9 @@ def build_parser():
     ap.add_argument("--compute-scale", type=float, default=1.0)
     ap.add_argument("--compute", choices=("sleep", "numpy"), default="sleep")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--layout", choices=("arena", "separate"), default="arena",
+                    help="gradients as views of one array (buckets reduced in place, default) "
+                         "or separate arrays (buckets packed into fusion buffers)")
     ap.add_argument("--json", default=None)
     return ap
 
@@ -80,7 +83,9 @@ def main(argv=None) -> int:
     model = get_model(args.model)
     layers = model.layers                                   # forward order
     sizes = [max(1, int(l.params * args.scale)) for l in layers]
-    grads = [np.zeros(n, dtype=np.float32) for n in sizes]
+    from ..overlap import gradient_arena
+    _arena, grads = gradient_arena([(n,) for n in sizes]) if args.layout == "arena" else \
+        (None, [np.zeros(n, dtype=np.float32) for n in sizes])
     per_layer = np.array([l.flops for l in layers]) * args.batch / args.throughput
     t_f = list(per_layer * args.compute_scale)              # forward seconds (forward order)
     t_b = list(2.0 * per_layer * args.compute_scale)        # backward seconds (forward order)
@@ -155,8 +160,13 @@ def main(argv=None) -> int:
 
 
 def _sleep(seconds, _scratch):
-    if seconds > 0:
-        time.sleep(seconds)
+    """Sleep precisely: time.sleep for all but the last 150 us (its wake-up overshoot), then
+    poll the clock; the emulated layer takes its modelled time, not time.sleep's."""
+    end = time.perf_counter() + seconds
+    if seconds > 300e-6:
+        time.sleep(seconds - 150e-6)
+    while time.perf_counter() < end:
+        pass
 
 
 if __name__ == "__main__":

@@ -108,3 +108,21 @@ def test_errors(comm):
         sync.wait()
     sync.grad_ready(0)
     sync.wait(timeout=60)
+
+
+@pytest.mark.parametrize("policy", ["fixed", "libra"])
+def test_gradient_arena_buckets_are_reduced_in_place(comm, policy):
+    from aluminum_py.overlap import gradient_arena
+    arena, grads = gradient_arena(SHAPES, np.float64)
+    sync = GradientSynchronizer(comm, grads, policy=policy, **POLICY_OPTIONS[policy])
+    assert all(b is None for b in sync._buffers)                 # no fusion buffers
+    assert any(v is not None for v in sync._views)
+    for step in range(2):
+        fresh = make_grads(comm.rank, step)
+        for g, v in zip(grads, fresh):
+            g[...] = v
+        for i in reversed(range(len(grads))):
+            sync.grad_ready(i)
+        sync.wait(timeout=60)
+        for g, v in zip(grads, fresh):
+            assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
