@@ -19,6 +19,15 @@ def make_grads(rank, step, dtypes=None):
     return [rng.integers(-8, 9, size=s).astype(dt) for s, dt in zip(SHAPES, dts)]
 
 
+def run_step(sync, grads, fresh, order=None):
+    """One emulated backward: load this step's gradients, report them ready, wait."""
+    for g, v in zip(grads, fresh):
+        g[...] = v
+    for i in (order if order is not None else reversed(range(len(grads)))):
+        sync.grad_ready(i)
+    return sync.wait(timeout=60)
+
+
 def profile():
     return [1e-4 * (i + 1) for i in range(len(SHAPES))]
 
@@ -39,11 +48,7 @@ def test_policies_equal_plain_allreduce(comm, policy, average):
     buffers = [b for b in sync._buffers if b is not None]
     for step in range(3):
         fresh = make_grads(comm.rank, step)
-        for g, v in zip(grads, fresh):
-            g[...] = v
-        for i in reversed(range(len(grads))):
-            sync.grad_ready(i)
-        info = sync.wait(timeout=60)
+        info = run_step(sync, grads, fresh)
         assert info.iteration == step and info.applied == [step] * len(sync.buckets)
         for g, v in zip(grads, fresh):
             stack = gather_all(v)
@@ -61,11 +66,7 @@ def test_fixed_threshold_buckets_and_mixed_dtypes(comm):
     for b in sync.buckets:
         assert len({grads[i].dtype for i in b}) == 1       # split where the dtype changes
     fresh = make_grads(comm.rank, 0, dts)
-    for g, v in zip(grads, fresh):
-        g[...] = v
-    for i in reversed(range(len(grads))):
-        sync.grad_ready(i)
-    sync.wait(timeout=60)
+    run_step(sync, grads, fresh)
     for g, v in zip(grads, fresh):
         assert np.array_equal(g, (gather_all(v).sum(axis=0) / comm.size).astype(g.dtype))
 
@@ -75,13 +76,9 @@ def test_ready_order_may_differ_between_ranks(comm):
     grads = [np.zeros(s) for s in SHAPES]
     sync = GradientSynchronizer(comm, grads, policy="fixed", threshold=2000)
     fresh = make_grads(comm.rank, 9)
-    for g, v in zip(grads, fresh):
-        g[...] = v
     order = list(range(len(grads)))
     np.random.default_rng(comm.rank).shuffle(order)
-    for i in order:
-        sync.grad_ready(i)
-    sync.wait(timeout=60)
+    run_step(sync, grads, fresh, order)
     for g, v in zip(grads, fresh):
         assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
 
@@ -119,10 +116,6 @@ def test_gradient_arena_buckets_are_reduced_in_place(comm, policy):
     assert any(v is not None for v in sync._views)
     for step in range(2):
         fresh = make_grads(comm.rank, step)
-        for g, v in zip(grads, fresh):
-            g[...] = v
-        for i in reversed(range(len(grads))):
-            sync.grad_ready(i)
-        sync.wait(timeout=60)
+        run_step(sync, grads, fresh)
         for g, v in zip(grads, fresh):
             assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
