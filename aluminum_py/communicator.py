@@ -91,6 +91,14 @@ def _set_engine_yield(local_size: int) -> None:
     _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
 
 
+def _nccl_p2p_args(tag, source, any_source) -> None:
+    """GPU point-to-point goes through NCCL, which has neither tags nor wildcard sources."""
+    if tag != 0:
+        raise ValueError("tag: GPU buffers go through NCCL, which has no tags; use tag=0")
+    if source is not None and source == any_source:
+        raise ValueError("source: NCCL cannot receive from MPI.ANY_SOURCE; name the rank")
+
+
 def _decider(base, size: int, local_size: int):
     """auto's data: rank 0 reads the tuning table and the model parameters and broadcasts
     them, so that every rank decides alike (collective)."""
@@ -183,6 +191,8 @@ class Communicator:
         if self._state.pending:
             raise Error(f"Free: {self._state.pending} operations are still pending")
         self._state.freed = True
+        if self._gpu is not None:
+            self._gpu.close()
         self._coll.Free()
         self._p2p.Free()
 
@@ -494,6 +504,7 @@ class Communicator:
         dest = self._rank_arg(dest, "dest")
         gpu = self._gpu_for(buf, "buf")
         if gpu is not None:
+            _nccl_p2p_args(tag, None, self._any_source)
             return gpu.send(buf, dest, blocking)
         b = as_array(buf, "buf")
         nop = _core.make_op(self._state, K["send"], "send", addr(b), 0, self._count(b.size, "buf"),
@@ -522,6 +533,7 @@ class Communicator:
         source = self._source(source)
         gpu = self._gpu_for(buf, "buf")
         if gpu is not None:
+            _nccl_p2p_args(tag, source, self._any_source)
             return gpu.recv(buf, source, blocking)
         b = as_array(buf, "buf", writable=True)
         nop = _core.make_op(self._state, K["recv"], "recv", 0, addr(b), self._count(b.size, "buf"),
@@ -541,6 +553,7 @@ class Communicator:
         source = self._source(source)
         gpu = self._gpu_for(sendbuf, "sendbuf")
         if gpu is not None:
+            _nccl_p2p_args(tag, source, self._any_source)
             return gpu.sendrecv(sendbuf, dest, recvbuf, source, blocking)
         s = as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)

@@ -36,18 +36,23 @@ GPU_ALGORITHMS = ("auto", "nccl", "ht_mpi", "ht_recursive_doubling", "ht_rabense
 _NCCL_OPS = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
 
 
+_device_count = None
+
+
 def cuda_device_count() -> int:
-    """CUDA devices visible to this process (0 without a driver)."""
-    try:
-        import cupy
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        pass
-    try:
-        _core.CudaDevice(0)
-        return 1
-    except Exception:
-        return 0
+    """CUDA devices visible to this process (0 without a driver); probed once."""
+    global _device_count
+    if _device_count is None:
+        try:
+            import cupy
+            _device_count = int(cupy.cuda.runtime.getDeviceCount())
+        except Exception:
+            try:
+                _core.CudaDevice(0)
+                _device_count = 1
+            except Exception:
+                _device_count = 0
+    return _device_count
 
 
 def require_cuda(what: str) -> None:
@@ -143,6 +148,12 @@ class GpuRequest:
     def Test(self) -> bool:
         return self._b.device.event_query(self._event)
 
+    def __del__(self):
+        try:
+            self._b.device.event_destroy(self._event)
+        except Exception:
+            pass
+
     @property
     def done(self) -> bool:
         return self.Test()
@@ -177,12 +188,21 @@ class GpuBackend:
         self.device.event_record(ev, self.stream)
         s = self.internal_stream()
         self.device.stream_wait_event(s, ev)
+        self.device.event_destroy(ev)       # CUDA releases it once the wait is satisfied
         return s
 
     def _join(self, stream: int, algorithm: str, keep, host_request=None) -> GpuRequest:
         ev = self.device.event_create()
         self.device.event_record(ev, stream)
         return GpuRequest(self, ev, algorithm, keep, host_request)
+
+    def close(self) -> None:
+        """Destroy the NCCL communicators (Communicator.Free)."""
+        for c in list(self._nccl_pool.values()) + [self._nccl_base]:
+            if c is not None:
+                c.destroy()
+        self._nccl_pool.clear()
+        self._nccl_base = None
 
     # -- NCCL communicators: the base one and the CTA-limited pool split from it
     def nccl_comm(self, min_ctas=None, max_ctas=None) -> nccl.NcclComm:

@@ -62,3 +62,18 @@ def test_no_cuda_device_errors():
     comm.Allreduce(x)                    # the communicator still works
     assert np.all(x == 1)
     comm.Free()
+
+
+def test_nccl_point_to_point_argument_rules():
+    from mpi4py import MPI
+    from aluminum_py.communicator import _nccl_p2p_args
+    _nccl_p2p_args(0, 1, MPI.ANY_SOURCE)
+    with pytest.raises(ValueError, match="^tag"):
+        _nccl_p2p_args(3, 1, MPI.ANY_SOURCE)
+    with pytest.raises(ValueError, match="^source"):
+        _nccl_p2p_args(0, MPI.ANY_SOURCE, MPI.ANY_SOURCE)
+
+
+def test_device_count_is_probed_once():
+    n = gpu.cuda_device_count()
+    assert gpu._device_count == n and gpu.cuda_device_count() == n
