@@ -332,10 +332,16 @@ class GpuBackend:
         check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
         if op.name not in _NCCL_OPS:
             raise TypeError(f"op: NCCL has no {op.name}")
-        # in place (recvbuf None): NCCL's in-place form writes this rank's block of sendbuf
-        dst = r.ptr if recvbuf is not None else s.ptr + self.comm.rank * n * s.dtype.itemsize
-        return self._run("reduce_scatter", blocking, (s.obj, r.obj), lambda c, st: c.reduce_scatter(
-            s.ptr, dst, n, str(s.dtype), _NCCL_OPS[op.name], st))
+        # in place (recvbuf None): NCCL's in-place form writes this rank's block of sendbuf;
+        # the host API (MPI_IN_PLACE) puts the result first, so a copy on the stream moves it
+        nb = n * s.dtype.itemsize
+        dst = r.ptr if recvbuf is not None else s.ptr + self.comm.rank * nb
+
+        def launch(c, st):
+            c.reduce_scatter(s.ptr, dst, n, str(s.dtype), _NCCL_OPS[op.name], st)
+            if recvbuf is None and self.comm.rank != 0 and nb:
+                self.device.memcpy(s.ptr, dst, nb, st)
+        return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
 
     def exchange(self, sends, recvs, blocking: bool, keep):
         """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype)."""

@@ -1056,6 +1056,11 @@ cdef class CudaDevice(Device):
     def event_destroy(self, uintptr_t ev):
         self.dev.event_destroy(self.dev.ctx, <void*>ev)
 
+    def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
+        """Enqueue a copy (device or pinned addresses) on `stream`."""
+        if self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream) != 0:
+            _hooks.fail("cuMemcpyAsync failed")
+
     def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
         if al_cuda_stream_wait_event(self.dev, <void*>stream, <void*>ev) != 0:
             _hooks.fail("cuStreamWaitEvent failed")
