@@ -155,6 +155,7 @@ class GradientSynchronizer:
                 self._buffers.append(xp.empty(total, dtype=self.grads[members[0]].dtype))
         if policy == "libra" and plan is not None and _array_module(self.grads[0]) is not np:
             self.max_ctas = plan.max_ctas()
+        self._check_same_buckets()
         self.iteration = 0
         self._reset()
 
@@ -234,6 +235,21 @@ class GradientSynchronizer:
         flat = base.reshape(-1).view(np.uint8)[start - b0:start - b0 + total]
         return flat.view(flats[0].dtype)
 
+    def _check_same_buckets(self):
+        """Every rank must form the same buckets (or the allreduces would not match): compare a
+        fingerprint of the bucket boundaries across ranks (two small allreduces, collective)."""
+        from .ops import MAX, MIN
+        h = 0
+        for b in self.buckets:
+            h = (h * 1000003 + len(b) * 7919 + b[0]) % (1 << 61)
+        mine = np.array([len(self.buckets), h], dtype=np.int64)
+        hi, lo = mine.copy(), mine.copy()
+        self.comm.Allreduce(hi, op=MAX, algorithm="mpi")
+        self.comm.Allreduce(lo, op=MIN, algorithm="mpi")
+        if not (np.array_equal(hi, mine) and np.array_equal(lo, mine)):
+            raise Error("the ranks formed different gradient buckets (different profiles, "
+                        "plans or gradient lists?); every rank must pass the same ones")
+
     def _split_by_dtype(self, groups):
         """Buckets hold one dtype: a group whose gradients differ in dtype is split there."""
         n = len(self.grads)
@@ -303,14 +319,18 @@ class GradientSynchronizer:
         missing = [i for i, r in enumerate(self._ready) if not r]
         if missing:
             raise Error(f"wait(): gradients {missing[:8]} were never reported with grad_ready")
-        for b, req in enumerate(self._requests):
-            req.Wait(timeout=timeout)
-            if self._buffers[b] is not None:
-                buf, off = self._buffers[b], 0
-                for i in self.buckets[b]:
-                    f = self._flat[i]
-                    f[...] = buf[off:off + f.size]
-                    off += f.size
+        try:
+            for b, req in enumerate(self._requests):
+                req.Wait(timeout=timeout)
+                if self._buffers[b] is not None:
+                    buf, off = self._buffers[b], 0
+                    for i in self.buckets[b]:
+                        f = self._flat[i]
+                        f[...] = buf[off:off + f.size]
+                        off += f.size
+        except BaseException:
+            self._reset()           # the next step starts clean; pending ops keep their buffers
+            raise
         info = SyncInfo(self.iteration, [self.iteration] * len(self.buckets),
                         [list(m) for m in self.buckets])
         self.iteration += 1

@@ -119,3 +119,12 @@ def test_gradient_arena_buckets_are_reduced_in_place(comm, policy):
         run_step(sync, grads, fresh)
         for g, v in zip(grads, fresh):
             assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
+
+
+def test_ranks_with_different_buckets_are_refused(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    grads = [np.zeros(4) for _ in range(4)]
+    groups = [(0, 3)] if comm.rank == 0 else [(0, 1), (2, 3)]
+    with pytest.raises(al.Error, match="different gradient buckets"):
+        GradientSynchronizer(comm, grads, policy="fixed", groups=groups)
