@@ -99,21 +99,27 @@ def _nccl_p2p_args(tag, source, any_source) -> None:
         raise ValueError("source: NCCL cannot receive from MPI.ANY_SOURCE; name the rank")
 
 
-def _decider(base, size: int, local_size: int):
-    """auto's data: rank 0 reads the tuning table and the model parameters and broadcasts
-    them, so that every rank decides alike (collective)."""
+def tuning_data(base, size: int, local_size: int, buffer: str):
+    """(exact entries, fitted parameters, model parameters) for `buffer` ("host"/"cuda"): rank
+    0 reads the tuning table and broadcasts it, so every rank decides alike (collective; an
+    error on rank 0 is raised on every rank, or the others would wait forever)."""
     data = None
     if base.Get_rank() == 0:
         try:
             table = tuning.load()
-            exact, fitted = tuning.find_data(table, size, local_size, "host", tuning.mpi_version())
+            exact, fitted = tuning.find_data(table, size, local_size, buffer, tuning.mpi_version())
             data = (exact, fitted, config.model_params())
-        except Exception as e:      # every rank must learn of it, or the others wait forever
+        except Exception as e:
             data = e
     data = base.bcast(data, root=0)
     if isinstance(data, Exception):
         raise data
-    exact, fitted, params = data
+    return data
+
+
+def _decider(base, size: int, local_size: int):
+    """auto's decider for host buffers."""
+    exact, fitted, params = tuning_data(base, size, local_size, "host")
     return tuning.Decider(size, exact, fitted, params, HOST_ALLREDUCE[1:])
 
 

@@ -173,6 +173,7 @@ class GpuBackend:
         self.stream = stream_handle(stream)
         self.device = _core.CudaDevice(ordinal)
         self._internal = None
+        self._decider = None
         self._nccl_base = None
         self._nccl_pool: dict = {}
 
@@ -227,22 +228,15 @@ class GpuBackend:
     def choose(self, nbytes: int, itemsize: int) -> str:
         """auto for GPU buffers: the tuning table's "cuda" entries (NCCL vs host transfer, the
         paper's "minimal" hybrid), else NCCL when it loads, else host transfer."""
-        d = getattr(self, "_decider", None)
-        if d is None:
-            mpi = self.comm.mpi_comm
-            data = None
-            if mpi.Get_rank() == 0:
-                exact, fitted = tuning.find_data(tuning.load(), self.comm.size, self.comm.local_size,
-                                                 "cuda", tuning.mpi_version())
-                data = exact
-            exact = mpi.bcast(data, root=0)
-            self._decider = d = exact
-        entry = d.get(itemsize)
-        if entry is not None:
-            usable = [a for a in entry["times"] if a in GPU_ALGORITHMS[1:]]
-            if usable:
-                dec = tuning.Decider(self.comm.size, {itemsize: entry}, {}, (0, 0, 0), usable)
-                return dec.decide(nbytes, itemsize).algorithm
+        if self._decider is None:         # collective, on the first GPU "auto" call
+            from .communicator import tuning_data
+            exact, _, params = tuning_data(self.comm.mpi_comm, self.comm.size,
+                                           self.comm.local_size, "cuda")
+            # only measured entries: the host cost model knows nothing of NCCL
+            self._decider = tuning.Decider(self.comm.size, exact, {}, params, GPU_ALGORITHMS[1:])
+        choice = self._decider.decide(nbytes, itemsize)
+        if choice.source.startswith("table"):
+            return choice.algorithm
         return "nccl" if nccl.available() else "ht_auto"
 
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,

@@ -167,13 +167,11 @@ class GradientSynchronizer:
     def _cost_fn(self):
         if self._cost is not None:
             return self._cost
-        from .algorithms import model_time
+        from .algorithms import model_choice, model_time
         p = self.comm.size
 
-        def cost(nbytes):
-            if nbytes <= 0:
-                return 0.0
-            return min(model_time(a, p, nbytes) for a in ("recursive_doubling", "rabenseifner", "ring"))
+        def cost(nbytes):           # the cost model's best algorithm
+            return model_time(model_choice(p, nbytes), p, nbytes) if nbytes > 0 else 0.0
         return cost
 
     def _plan_groups(self, policy, threshold, cycle_time, plan):

@@ -562,6 +562,16 @@ cdef inline int comm_blocked(al_comm** blocked, int n, al_comm* c) noexcept nogi
             return 1
     return 0
 
+cdef inline void unlink(al_op** head, al_op** tail, al_op* prev, al_op* op) noexcept nogil:
+    """Remove `op` (whose predecessor is `prev`, NULL at the head) from a tail-tracked list."""
+    if prev == NULL:
+        head[0] = op.next
+    else:
+        prev.next = op.next
+    if tail[0] == op:
+        tail[0] = prev
+    op.next = NULL
+
 cdef void* engine_main(void* arg) noexcept nogil:
     global g_qhead, g_qtail, g_loops
     cdef al_op* active = NULL
@@ -626,13 +636,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
                 prev = op
                 op = nxt
                 continue
-            if prev == NULL:
-                deferred = nxt
-            else:
-                prev.next = nxt
-            if dtail == op:
-                dtail = prev
-            op.next = NULL
+            unlink(&deferred, &dtail, prev, op)
             progress = 1
             if op.phase == PH_NEW and op_start(op, 0):
                 notify_done(op)
@@ -650,13 +654,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             nxt = op.next
             if op_step(op, 0):
                 progress = 1
-                if prev == NULL:
-                    active = nxt
-                else:
-                    prev.next = nxt
-                if tail == op:
-                    tail = prev
-                op.next = NULL
+                unlink(&active, &tail, prev, op)
                 notify_done(op)
             else:
                 prev = op
@@ -1178,6 +1176,22 @@ def _sweep_orphans():
     _orphans[:] = [o for o in _orphans if not o.done]
 
 
+cdef inline void init_op(al_op* op, al_comm* c, int kind, char* sbuf, char* rbuf, int64_t count,
+                         int dtype, int esize, int rop) noexcept:
+    """The fields every op sets; the rest stay zero (calloc)."""
+    op.kind = kind
+    op.phase = PH_NEW
+    op.comm = c
+    op.sbuf = sbuf
+    op.rbuf = rbuf
+    op.count = count
+    op.dtype = dtype
+    op.esize = esize
+    op.rop = rop
+    op.mtype = g_types[dtype]
+    op.mop = mpi_op_for(dtype, rop)
+
+
 def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t count,
             int dtype, int esize, int rop, int root=0, int64_t count2=0, int peer2=0,
             int tag=0, Schedule schedule=None, double avg_div=0.0, intptr_t avg_buf=0,
@@ -1185,19 +1199,9 @@ def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t 
     """Build a NativeOp. Pointers are addresses (0 for in place / unused); counts are elements."""
     cdef NativeOp o = NativeOp.__new__(NativeOp)
     cdef al_op* op = o.op
-    op.kind = kind
-    op.phase = PH_NEW
-    op.comm = cs.c
+    init_op(op, cs.c, kind, <char*>sbuf, <char*>rbuf, count, dtype, esize, rop)
     op.tag = tag
-    op.sbuf = <char*>sbuf
-    op.rbuf = <char*>rbuf
-    op.count = count
     op.count2 = count2
-    op.dtype = dtype
-    op.esize = esize
-    op.rop = rop
-    op.mtype = g_types[dtype]
-    op.mop = mpi_op_for(dtype, rop)
     op.root = root
     op.peer2 = peer2
     op.avg_div = avg_div
@@ -1334,15 +1338,7 @@ cdef class Launcher:
         """One allreduce op on checked buffers (addresses; sp == rp in place)."""
         cdef NativeOp o = NativeOp.__new__(NativeOp)
         cdef Schedule sched
-        o.op.comm = self.state.c
-        o.op.phase = PH_NEW
-        o.op.rbuf = <char*>rp
-        o.op.count = count
-        o.op.dtype = code
-        o.op.esize = esize
-        o.op.rop = opcode
-        o.op.mtype = g_types[code]
-        o.op.mop = mpi_op_for(code, opcode)
+        init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
         o.op.avg_buf = <char*>rp
         o.op.avg_cnt = count
         if opcode == _avg_code:
@@ -1354,8 +1350,6 @@ cdef class Launcher:
             o.keep = (self.state, None, keep)
         else:
             sched = self.schedule(alg, count, inplace)
-            o.op.kind = K_SCHEDULE
-            o.op.sbuf = <char*>sp
             o.op.tag = self.state.next_tag()
             o.op.steps = sched.steps
             o.op.nsteps = sched.nsteps
