@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 
 import aluminum_py as al  # noqa: E402
 from aluminum_py.overlap import GradientSynchronizer, gradient_arena  # noqa: E402
+from _compare import verdict  # noqa: E402  (examples/_compare.py)
 
 POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "libra")
 
@@ -203,19 +204,7 @@ def main(argv=None) -> int:
             sgd(ref, ref_grads, args.lr)
         acts, probs = forward(ref, X)
         diff = max(float(np.max(np.abs(p - r))) for p, r in zip(params, ref))
-        print(f"after {args.steps} steps: final full-batch loss {loss_of(probs, y):.6f}; "
-              f"max |data-parallel - single-process| = {diff:.3e} (tol {args.tol:.0e}); "
-              f"max difference between ranks = {spread:.3e}; "
-              f"{elapsed / max(1, args.steps) * 1e3:.2f} ms/step", flush=True)
-        if not diff <= args.tol:
-            print("FAIL: data-parallel parameters differ from single-process training",
-                  file=sys.stderr)
-            status = 1
-        elif spread != 0.0:
-            print("FAIL: parameters differ between ranks", file=sys.stderr)
-            status = 1
-        else:
-            print("OK", flush=True)
+        status = verdict(args.steps, loss_of(probs, y), diff, spread, args.tol, elapsed)
     return int(world.bcast(status, root=0))
 
 

@@ -50,6 +50,7 @@ except ImportError:
 
 import aluminum_py as al  # noqa: E402
 from aluminum_py.overlap import GradientSynchronizer, gradient_arena  # noqa: E402
+from _compare import verdict  # noqa: E402  (examples/_compare.py)
 
 POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "libra")
 
@@ -196,19 +197,7 @@ def main(argv=None) -> int:
         with torch.no_grad():
             diff = max(float((p - r).abs().max()) for p, r in zip(params, reference.parameters()))
             final = float(loss_fn(reference(X), Y))
-        print(f"after {args.steps} steps: final full-batch loss {final:.6f}; "
-              f"max |data-parallel - single-process| = {diff:.3e} (tol {args.tol:.0e}); "
-              f"max difference between ranks = {spread:.3e}; "
-              f"{elapsed / max(1, args.steps) * 1e3:.2f} ms/step", flush=True)
-        if not diff <= args.tol:
-            print("FAIL: data-parallel parameters differ from single-process training",
-                  file=sys.stderr)
-            status = 1
-        elif spread != 0.0:
-            print("FAIL: parameters differ between ranks", file=sys.stderr)
-            status = 1
-        else:
-            print("OK", flush=True)
+        status = verdict(args.steps, final, diff, spread, args.tol, elapsed)
     return int(world.bcast(status, root=0))
 
 
