@@ -31,8 +31,11 @@ Policies:
 * ``"libra"``: a :class:`aluminum_py.planning.libra.Plan`: its groups, and for GPU gradients its
   per-group ``max_ctas`` (NCCL thread-block limits; host gradients have no thread limits, so only
   the groups apply and ``sync.max_ctas`` is None).
-* ``"deft"``: not implemented in the synchronizer yet (raises NotImplementedError); the
-  scheduler, knapsacks and simulator are in aluminum_py.planning.deft.
+* ``"deft"``: DeFT's knapsack scheduling with delayed updates (buckets as ``"fixed"``; the
+  plans of aluminum_py.planning.deft.DelayedUpdateScheduler on the profile and ``cost``):
+  some buckets are synchronised during the next iteration's forward pass, and ``wait()``
+  reports in ``SyncInfo.update`` / ``applied_iterations`` which iterations' gradients the
+  arrays now hold (see aluminum_py._delayed).  Call ``flush()`` after the last step.
 
 Profile options (seconds, gradient order of ``grads``): ``compute_times`` (backward time of each
 gradient's layer) and ``forward_times``.
@@ -51,12 +54,24 @@ POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "libra", "deft")
 
 @dataclass
 class SyncInfo:
-    """What ``wait()`` returns: the iteration that was completed and, per bucket, the iteration
-    whose gradients it now holds (equal to ``iteration`` except for DeFT's delayed buckets)."""
+    """What ``wait()`` returns.
+
+    Attributes:
+        iteration: the iteration that was completed.
+        applied: per bucket, the newest iteration whose gradients it now holds (``iteration``
+            except under policy ``"deft"``; None when no update).
+        buckets: per bucket, its gradient indices (model order).
+        update: whether the gradients hold synchronised values to apply (always True except
+            under ``"deft"``, whose gradients are then zero: skip the optimizer step).
+        applied_iterations: per bucket, every iteration whose gradients it holds (``"deft"``
+            sums a group of iterations; averaging divides by ranks times their number).
+    """
 
     iteration: int
     applied: list = field(default_factory=list)
     buckets: list = field(default_factory=list)
+    update: bool = True
+    applied_iterations: list = field(default_factory=list)
 
 
 def _array_module(a):
@@ -90,18 +105,20 @@ class GradientSynchronizer:
         policy: one of POLICIES.
         average: divide by the number of ranks (floating gradients) instead of summing.
         algorithm: allreduce algorithm for every bucket (default "auto").
-        threshold, cycle_time: policy "fixed".
+        threshold, cycle_time: policy "fixed" (threshold: also "deft"'s buckets).
         compute_times, forward_times: per-gradient profile (seconds), for the planned policies.
         cost: allreduce time as a function of bytes (callable), for "mgwfbp" / "adafusion".
         plan: a LIBRA Plan (policy "libra"); groups index layers in backward order.
         groups: explicit buckets (inclusive ranges over backward order) for any policy but
             "none" (overrides the policy's own grouping; used by benchmarks and tests).
+        capacity_scale: policy "deft": multiplies DeFT's knapsack capacities (the Preserver's
+            feedback; see aluminum_py.planning.deft.tune_capacity).
     """
 
     def __init__(self, comm, grads, policy: str = "adafusion", average: bool = True, *,
                  algorithm: str = "auto", threshold: int = 64 << 20, cycle_time=None,
                  compute_times=None, forward_times=None, cost=None, plan=None, groups=None,
-                 scheduler=None, channel_aware: bool = False):
+                 channel_aware: bool = False, capacity_scale: float = 1.0):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
         self.comm = comm
@@ -118,7 +135,9 @@ class GradientSynchronizer:
         kinds = {np.dtype(g.dtype).kind for g in self.grads}
         if average and not kinds <= {"f", "c"}:
             raise ValueError("average=True needs floating-point gradients; pass average=False")
+        self.average = bool(average)
         self.op = AVG if average else SUM
+        self._sum_op = SUM
         self.nbytes_bw = [self._flat[n - 1 - k].nbytes for k in range(n)]   # backward order
         self.compute_times = None if compute_times is None else list(compute_times)
         self.forward_times = None if forward_times is None else list(forward_times)
@@ -126,7 +145,6 @@ class GradientSynchronizer:
             if v is not None and len(v) != n:
                 raise ValueError(f"{name}: {len(v)} values for {n} gradients")
         self.max_ctas = None
-        self._scheduler = scheduler
         self._cost = cost
         self._channel_aware = channel_aware
         if groups is not None:
@@ -147,7 +165,7 @@ class GradientSynchronizer:
         for members in self.buckets:
             view = self._adjacent_view(members)
             self._views.append(view)
-            if len(members) == 1 or view is not None:
+            if len(members) == 1 or view is not None or policy == "deft":
                 self._buffers.append(None)
             else:
                 xp = _array_module(self.grads[members[0]])
@@ -156,6 +174,11 @@ class GradientSynchronizer:
         if policy == "libra" and plan is not None and _array_module(self.grads[0]) is not np:
             self.max_ctas = plan.max_ctas()
         self._check_same_buckets()
+        self._deft = None
+        if policy == "deft":
+            from ._delayed import DelayedUpdates
+            self._need_profile(policy)
+            self._deft = DelayedUpdates(self, self._cost_fn(), capacity_scale)
         self.iteration = 0
         self._reset()
 
@@ -178,7 +201,7 @@ class GradientSynchronizer:
         n = len(self.grads)
         if policy == "none":
             return [(k, k) for k in range(n)]
-        if policy == "fixed":
+        if policy in ("fixed", "deft"):
             ready = None
             if cycle_time is not None:
                 if self.compute_times is None:
@@ -205,10 +228,6 @@ class GradientSynchronizer:
             if plan is None:
                 raise ValueError("policy 'libra' needs plan= (aluminum_py.planning.libra.Plan)")
             return [tuple(g) for g in plan.groups]
-        if policy == "deft":
-            raise NotImplementedError(
-                "policy 'deft' in the synchronizer is not implemented yet; the DeFT scheduler, "
-                "knapsacks and simulator are in aluminum_py.planning.deft")
         raise AssertionError(policy)
 
     def _adjacent_view(self, members):
@@ -290,8 +309,17 @@ class GradientSynchronizer:
         b = self._bucket_of[i]
         self._pending[b] -= 1
         while self._next < len(self.buckets) and self._pending[self._next] == 0:
-            self._launch(self._next)
+            if self._deft is not None:
+                self._deft.bucket_ready(self._next)
+            else:
+                self._launch(self._next)
             self._next += 1
+
+    def begin_backward(self) -> None:
+        """Optional, policy "deft": the backward pass starts now, so the older gradients this
+        backward pass sends are launched now rather than at the first ``grad_ready``."""
+        if self._deft is not None:
+            self._deft.begin_backward()
 
     def _launch(self, b):
         members = self.buckets[b]
@@ -317,6 +345,12 @@ class GradientSynchronizer:
         missing = [i for i, r in enumerate(self._ready) if not r]
         if missing:
             raise Error(f"wait(): gradients {missing[:8]} were never reported with grad_ready")
+        if self._deft is not None:
+            try:
+                update, iters = self._deft.wait(timeout)
+            finally:
+                self._reset()
+            return self._info(update, iters)
         try:
             for b, req in enumerate(self._requests):
                 req.Wait(timeout=timeout)
@@ -329,11 +363,33 @@ class GradientSynchronizer:
         except BaseException:
             self._reset()           # the next step starts clean; pending ops keep their buffers
             raise
-        info = SyncInfo(self.iteration, [self.iteration] * len(self.buckets),
-                        [list(m) for m in self.buckets])
-        self.iteration += 1
         self._reset()
+        return self._info(True, (self.iteration,))
+
+    def _info(self, update, iters, advance=True):
+        nb = len(self.buckets)
+        info = SyncInfo(self.iteration if advance else self.iteration - 1,
+                        [iters[-1] if iters else None] * nb, [list(m) for m in self.buckets],
+                        update, [tuple(iters)] * nb)
+        self.iteration += advance
         return info
+
+    def flush(self, timeout=None) -> SyncInfo:
+        """Policy "deft": synchronise every gradient still held (delayed) and write their
+        average (or sum) into the gradient arrays; call it after the last ``wait()`` of a
+        training run (collective).  ``update`` is False, with zeroed gradients, when nothing
+        was held.  Other policies hold nothing: it returns at once with ``update=False``."""
+        if any(self._ready):
+            raise Error("flush(): called in the middle of a step (after grad_ready, before wait)")
+        if self._deft is None:
+            return self._info(False, (), advance=False)
+        iters = self._deft.flush(timeout)
+        return self._info(bool(iters), iters, advance=False)
+
+    @property
+    def held_iterations(self) -> tuple:
+        """Iterations whose gradients have not been applied yet (policy "deft")."""
+        return self._deft.held_iterations if self._deft is not None else ()
 
 
 def gradient_arena(shapes, dtype=np.float32):

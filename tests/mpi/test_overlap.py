@@ -128,3 +128,84 @@ def test_ranks_with_different_buckets_are_refused(comm):
     groups = [(0, 3)] if comm.rank == 0 else [(0, 1), (2, 3)]
     with pytest.raises(al.Error, match="different gradient buckets"):
         GradientSynchronizer(comm, grads, policy="fixed", groups=groups)
+
+
+# ---------------------------------------------------------------- policy "deft" (delayed updates)
+DEFT_PROFILE = {"compute_times": profile(), "forward_times": [t / 2 for t in profile()],
+                "threshold": 1024}
+# all-reduce seconds of n bytes: "light" lets DeFT apply every gradient one iteration late
+# (Cases 3/4); "heavy" makes it hold several iterations and merge them (Case 2).
+DEFT_COSTS = {"light": lambda n: 2e-4 + n * 2e-7, "heavy": lambda n: 5e-4 + n * 4e-7}
+
+
+def expected_sum(history, iters, j, size, average):
+    """Sum over ranks and the applied iterations of gradient j (gathered from every rank)."""
+    if not iters:
+        return np.zeros(SHAPES[j])
+    total = sum(history[t][j].sum(axis=0) for t in iters)
+    return total / (size * len(iters)) if average else total
+
+
+@pytest.mark.parametrize("load", list(DEFT_COSTS))
+@pytest.mark.parametrize("average", [True, False])
+def test_deft_applies_the_iterations_it_reports(comm, load, average):
+    from aluminum_py.planning.deft import DelayedUpdateScheduler
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads, policy="deft", average=average,
+                                cost=DEFT_COSTS[load], **DEFT_PROFILE)
+    history, updates, steps = [], [], 10
+    for step in range(steps):
+        fresh = make_grads(comm.rank, step)
+        history.append([gather_all(v) for v in fresh])
+        if step % 2:
+            sync.begin_backward()                  # optional; else at the first grad_ready
+        info = run_step(sync, grads, fresh)
+        assert info.iteration == step
+        iters = info.applied_iterations[0]
+        assert info.update == bool(iters)
+        assert all(a == iters for a in info.applied_iterations)
+        assert info.applied == [iters[-1] if iters else None] * len(sync.buckets)
+        for j, g in enumerate(grads):
+            assert np.array_equal(g, expected_sum(history, iters, j, comm.size, average))
+        if iters:
+            updates.append((step, iters))
+        assert set(sync.held_iterations) == set(range(step + 1)) - {
+            t for _, it in updates for t in it}
+    # the synchronizer applied what the scheduler planned (same inputs on a fresh scheduler)
+    d = sync._deft
+    sched = DelayedUpdateScheduler(*d._sched_args[:3], capacity_scale=d._sched_args[3])
+    assert updates == sched.applied_groups(steps)
+    merged = any(len(it) > 1 for _, it in updates)
+    assert merged == (load == "heavy")              # Case 2 merges iterations
+    assert all(it[-1] < t for t, it in updates)     # delayed: applied after its iteration
+    held = sync.held_iterations
+    info = sync.flush(timeout=60)
+    assert info.applied_iterations[0] == held and info.update == bool(held)
+    for j, g in enumerate(grads):
+        assert np.array_equal(g, expected_sum(history, held, j, comm.size, average))
+    applied = sorted(t for _, it in updates for t in it) + list(held)
+    assert applied == list(range(steps))           # every iteration applied exactly once
+    # after flush the schedule starts over
+    fresh = make_grads(comm.rank, steps)
+    history.append([gather_all(v) for v in fresh])
+    info = run_step(sync, grads, fresh)
+    assert info.iteration == steps and sync.held_iterations in ((steps,), ())
+
+
+def test_deft_errors_and_flush_of_other_policies(comm):
+    grads = [np.zeros(s) for s in SHAPES]
+    with pytest.raises(ValueError, match="compute_times"):
+        GradientSynchronizer(comm, grads, policy="deft")
+    with pytest.raises(ValueError, match="exceeds"):
+        GradientSynchronizer(comm, grads, policy="deft", cost=lambda n: 1.0, **DEFT_PROFILE)
+    sync = GradientSynchronizer(comm, grads, policy="none")
+    info = sync.flush()
+    assert not info.update and info.applied_iterations[0] == () and sync.held_iterations == ()
+    sync = GradientSynchronizer(comm, grads, policy="deft", cost=DEFT_COSTS["light"], **DEFT_PROFILE)
+    sync.grad_ready(len(grads) - 1)
+    with pytest.raises(al.Error, match="middle of a step"):
+        sync.flush()
+    for i in reversed(range(len(grads) - 1)):
+        sync.grad_ready(i)
+    sync.wait(timeout=60)
+    sync.flush(timeout=60)
