@@ -28,6 +28,9 @@ Policies:
 * ``"adafusion"``: OSF's adaptive fusion (eq. 17) on the profile and ``cost`` (default: the
   cost model); ``channel_aware=True`` also counts the time the channel is still busy with the
   previous bucket (see aluminum_py.planning.osf.adaptive_fusion).
+* ``"osf"``: the grouping OSF's timeline predicts fastest for the profile and ``cost``
+  (aluminum_py.planning.osf.optimal_groups: exact dynamic programming; never predicted slower
+  than WFBP, any fixed threshold or adafusion).
 * ``"libra"``: a :class:`aluminum_py.planning.libra.Plan`: its groups, and for GPU gradients its
   per-group ``max_ctas`` (NCCL thread-block limits; host gradients have no thread limits, so only
   the groups apply and ``sync.max_ctas`` is None).
@@ -49,7 +52,7 @@ import numpy as np
 from .errors import Error
 from .ops import AVG, SUM
 
-POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "libra", "deft")
+POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "osf", "libra", "deft")
 
 
 @dataclass
@@ -216,13 +219,14 @@ class GradientSynchronizer:
             nb = self.nbytes_bw
             return mgwfbp_groups(self.compute_times[::-1],
                                  lambda f, l: float(cost(sum(nb[f:l + 1]))), startup)
-        if policy == "adafusion":
+        if policy in ("adafusion", "osf"):
             from .planning import osf
             self._need_profile(policy)
             fwd = self.forward_times if self.forward_times is not None else [0.0] * n
-            return [tuple(g) for g in osf.adaptive_fusion(fwd, self.compute_times,
-                                                          [f.nbytes for f in self._flat],
-                                                          self._cost_fn(),
+            args = (fwd, self.compute_times, [f.nbytes for f in self._flat], self._cost_fn())
+            if policy == "osf":
+                return [tuple(g) for g in osf.optimal_groups(*args)]
+            return [tuple(g) for g in osf.adaptive_fusion(*args,
                                                           channel_aware=self._channel_aware)]
         if policy == "libra":
             if plan is None:

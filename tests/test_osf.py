@@ -479,3 +479,42 @@ def test_bad_layers_rejected():
         osf.predict_iteration([1], [1], [1], FT_COST, [(0, 0)], delays=[-1])
     with pytest.raises(ValueError, match="cost"):
         osf.iteration_time_no_fusion([1], [1], [1], lambda x: -1.0)
+
+
+def _all_groupings(n):
+    """Every split of 0..n-1 (backward order) into consecutive groups."""
+    for mask in range(1 << (n - 1)):
+        groups, start = [], 0
+        for k in range(n - 1):
+            if mask >> k & 1:
+                groups.append((start, k))
+                start = k + 1
+        groups.append((start, n - 1))
+        yield groups
+
+
+@given(layers(max_n=7), any_costs())
+@settings(max_examples=150, deadline=None)
+def test_optimal_groups_is_the_exhaustive_optimum(lay, cost):
+    best = min(osf.predict_iteration(*lay, cost, g) for g in _all_groupings(len(lay[2])))
+    g = osf.optimal_groups(*lay, cost)
+    assert osf.predict_iteration(*lay, cost, g) <= best * (1 + 1e-12) + 1e-15
+    for other in (osf.adaptive_fusion(*lay, cost), osf.buffer_groups(lay[1], lay[2], 4e6)[0],
+                  [(0, len(lay[2]) - 1)]):
+        assert osf.predict_iteration(*lay, cost, g) <= \
+            osf.predict_iteration(*lay, cost, other) * (1 + 1e-12) + 1e-15
+
+
+def test_optimal_groups_by_hand():
+    # alpha 1 ms: fusing everything costs one alpha; gradients 1 ms apart, 1 byte each
+    cost = AllreduceCost.alpha_beta(1e-3, 0.0)
+    assert osf.optimal_groups(None, [1e-3] * 4, [1] * 4, cost) == [(0, 3)]    # ties: fewest
+    # alpha 2 ms, 1 us per 1000 B, ready at 1..4 ms: layer 0 alone (ends 3.001 ms, before the
+    # rest is ready) then layers 1-3 end at 6.003 ms; one group 6.004, two pairs 6.004,
+    # per layer 9.004
+    cost = AllreduceCost.alpha_beta(2e-3, 1e-9)
+    assert osf.optimal_groups(None, [1e-3] * 4, [1000] * 4, cost) == [(0, 0), (1, 3)]
+    # free communication: per layer is as good as anything; ties give the fewest groups
+    assert osf.optimal_groups(None, [1e-3] * 3, [0, 0, 0], cost) == [(0, 2)]
+    with pytest.raises(ValueError):
+        osf.optimal_groups(None, None, [1], cost)

@@ -26,7 +26,8 @@ denominator of eqs. 3 and 11) = ``sum(t_f) + t_b[n-1] + T_update``, and a scalin
 * :func:`csf` (eq. 2); :func:`terms_no_fusion`, :func:`iteration_time_no_fusion`,
   :func:`scaling_factor_no_fusion` (eqs. 3-10); :func:`terms_fusion`,
   :func:`iteration_time_fusion`, :func:`scaling_factor_fusion` (eqs. 11-16).
-* :func:`adaptive_fusion` (eq. 17), :func:`buffer_groups` (the groups eqs. 12-14 form),
+* :func:`adaptive_fusion` (eq. 17), :func:`optimal_groups` (the grouping OSF's timeline
+  predicts fastest; not in the paper), :func:`buffer_groups` (the groups eqs. 12-14 form),
   :func:`predict_iteration` / :func:`schedule` (any explicit grouping).
 
 Misprints and ambiguities in the paper, and what this module does:
@@ -536,6 +537,42 @@ def adaptive_fusion(t_f, t_b, m, cost: Cost, *,
             start, buf, t_buf = k, float(D[k]), t_sep
     groups.append((start, n - 1))
     return groups
+
+
+def optimal_groups(t_f, t_b, m, cost: Cost) -> list[tuple[int, int]]:
+    """The fusion groups that minimise :func:`predict_iteration` (not in the paper): exact
+    dynamic programming over the backward order.
+
+    With one channel in order, a group's all-reduce starts at ``max(channel free, its last
+    gradient ready)``; the rest of the timeline depends on a prefix of groups only through
+    when the channel becomes free, and later finish times never decrease when it becomes free
+    later, so the earliest free time per prefix is optimal:
+    ``E[k] = min_j max(E[j], ready[k-1]) + t_update(bytes j..k-1)``, O(n^2) cost evaluations.
+    Every other grouping -- WFBP, fixed thresholds, :func:`adaptive_fusion`, one group -- is
+    predicted no faster.  Inputs and result as :func:`adaptive_fusion`.
+    """
+    if t_f is None:
+        if t_b is None:
+            raise ValueError("optimal_groups: give t_b (or t_f, for t_b = 2 t_f)")
+        t_f = np.zeros(np.shape(t_b))
+    _, b, d = _layers(t_f, t_b, m)
+    tb, D = b[::-1], d[::-1]
+    ready = np.cumsum(tb)
+    csum = np.concatenate([[0.0], np.cumsum(D)])
+    n = len(D)
+    E = np.full(n + 1, -np.inf)
+    E[0] = 0.0
+    arg = np.zeros(n + 1, dtype=int)
+    for k in range(1, n + 1):
+        u = _update_times(cost, csum[k] - csum[:k])        # group j..k-1 for every j < k
+        ends = np.maximum(E[:k], ready[k - 1]) + u
+        j = int(np.argmin(ends))                           # ties: the fewest groups (smallest j)
+        E[k], arg[k] = ends[j], j
+    groups, k = [], n
+    while k > 0:
+        groups.append((int(arg[k]), k - 1))
+        k = int(arg[k])
+    return groups[::-1]
 
 
 # ---------------------------------------------------------------------- explicit groupings

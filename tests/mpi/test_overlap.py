@@ -36,6 +36,8 @@ POLICY_OPTIONS = {
     "none": {},
     "fixed": {"threshold": 1024},
     "mgwfbp": {"compute_times": profile()},
+    "adafusion": {"compute_times": profile(), "cost": lambda n: 2e-4 + n * 1e-9},
+    "osf": {"compute_times": profile(), "cost": lambda n: 2e-4 + n * 1e-9},
     "libra": {"plan": libra.Plan([(0, 2), (3, 3), (4, 7)], [512, 512, 512], 0.0)},
 }
 
