@@ -315,6 +315,16 @@ def _layers(t_f, t_b, m):
     return f, b, d
 
 
+def _backward_order(t_f, t_b, m, who):
+    """(t_b, m) in backward order for the fusion planners, which do not need t_f."""
+    if t_f is None:
+        if t_b is None:
+            raise ValueError(f"{who}: give t_b (or t_f, for t_b = 2 t_f)")
+        t_f = np.zeros(np.shape(t_b))
+    _, b, d = _layers(t_f, t_b, m)
+    return b[::-1], d[::-1]
+
+
 def _ready(b):
     """Paper's sum_{j=i}^{n-1} t_b(j) for each forward layer i (0 for layer n): when layer i's
     gradient exists, seconds after layer n's backward ended."""
@@ -510,12 +520,7 @@ def adaptive_fusion(t_f, t_b, m, cost: Cost, *,
     ready; it keeps the WFBP guarantee and fuses small gradients queued behind a long
     all-reduce.  It is still greedy (no optimality claim).
     """
-    if t_f is None:
-        if t_b is None:
-            raise ValueError("adaptive_fusion: give t_b (or t_f, for t_b = 2 t_f)")
-        t_f = np.zeros(np.shape(t_b))
-    _, b, d = _layers(t_f, t_b, m)
-    tb, D = b[::-1], d[::-1]
+    tb, D = _backward_order(t_f, t_b, m, "adaptive_fusion")
     r = np.cumsum(tb)                       # ready times (backward order, any origin)
     n = len(D)
     groups, start, buf = [], 0, float(D[0])
@@ -551,12 +556,7 @@ def optimal_groups(t_f, t_b, m, cost: Cost) -> list[tuple[int, int]]:
     Every other grouping -- WFBP, fixed thresholds, :func:`adaptive_fusion`, one group -- is
     predicted no faster.  Inputs and result as :func:`adaptive_fusion`.
     """
-    if t_f is None:
-        if t_b is None:
-            raise ValueError("optimal_groups: give t_b (or t_f, for t_b = 2 t_f)")
-        t_f = np.zeros(np.shape(t_b))
-    _, b, d = _layers(t_f, t_b, m)
-    tb, D = b[::-1], d[::-1]
+    tb, D = _backward_order(t_f, t_b, m, "optimal_groups")
     ready = np.cumsum(tb)
     csum = np.concatenate([[0.0], np.cumsum(D)])
     n = len(D)
