@@ -35,7 +35,7 @@ import aluminum_py as al  # noqa: E402
 from aluminum_py.overlap import GradientSynchronizer, gradient_arena  # noqa: E402
 from _compare import verdict  # noqa: E402  (examples/_compare.py)
 
-POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "libra")
+POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "osf", "libra")
 
 
 def build_parser():
@@ -139,7 +139,7 @@ def profile(args):
 def sync_options(args):
     if args.policy == "fixed":
         return {"threshold": args.threshold}
-    if args.policy in ("mgwfbp", "adafusion"):
+    if args.policy in ("mgwfbp", "adafusion", "osf"):
         return {"compute_times": profile(args)}
     if args.policy == "libra":
         from aluminum_py.planning.libra import Plan
