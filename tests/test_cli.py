@@ -82,3 +82,28 @@ def test_plan_libra_cli(tmp_path):
     assert data["scaling"]["nodes"] == [16, 32, 64]
     assert all(0 < v <= 1 for v in data["scaling"]["libra"])
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_bench_overlap_every_policy(tmp_path):
+    """`bench overlap` runs every policy (deft included) on real ranks and reports the model's
+    prediction next to each measurement."""
+    out = tmp_path / "overlap.json"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "aluminum_py", "bench", "overlap",
+           "--model", "resnet50", "--scale", "0.002", "--throughput", "1e15", "--iters", "2",
+           "--deft-threshold", "65536", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads(out.read_text())
+    rows = {r["policy"]: r for r in run["runs"]}
+    assert set(rows) == {"compute only", "none", "fixed 1 MiB", "fixed 4 MiB", "fixed 16 MiB",
+                         "fixed 64 MiB", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra",
+                         "deft"}
+    assert rows["none"]["buckets"] == 107 and rows["fixed 64 MiB"]["buckets"] == 1
+    assert rows["deft"]["model"] == "DeFT sim" and rows["osf"]["model"] == "OSF"
+    for r in rows.values():
+        assert r["measured"] > 0 and r["predicted"] > 0
+        assert abs(r["error"] - (r["predicted"] - r["measured"]) / r["measured"]) < 1e-9
+    # OSF's optimum is predicted no slower than any other grouping under the same cost
+    osf_rows = [r for r in rows.values() if r["model"] == "OSF"]
+    assert rows["osf"]["predicted"] <= min(r["predicted"] for r in osf_rows) * (1 + 1e-9)
+    assert "OSF prediction error over 10 policies" in proc.stdout

@@ -2,12 +2,14 @@
 training iterations with real gradient buffers and the GradientSynchronizer doing real fused
 nonblocking allreduces; measured iteration time per policy next to OSF's prediction.
 
-One iteration: the forward pass (sleep for the model's forward time), then the backward pass
-layer by layer in reverse (sleep for the layer's backward time, then ``grad_ready``), then
-``wait()``. Layer compute times come from the model zoo's FLOPs at an assumed throughput, scaled
-by ``--compute-scale``; gradient sizes are the model's parameter counts times ``--scale``.
-Sleeping leaves the cores to the progress engine, as a GPU leaves them to the host; ``--compute
-numpy`` does real numpy work instead (it then competes with the engine for the CPU).
+One iteration: the forward pass, then the backward pass layer by layer in reverse (the layer's
+backward time, then ``grad_ready``), then ``wait()``. Layer compute times come from the model
+zoo's FLOPs at an assumed throughput, scaled by ``--compute-scale``; gradient sizes are the
+model's parameter counts times ``--scale``.  Layers end at absolute deadlines from the start of
+the iteration (so sleep overshoot does not accumulate) and the caller sleeps until each one
+(timer slack set to 1 ns): the cores stay free for the progress engine, as a GPU leaves the host
+free.  ``--compute numpy`` does real numpy work until each deadline instead (it then competes
+with the engine for the CPU, as CPU training does).
 
 The allreduce cost OSF uses (and adafusion plans with) is fitted to per-op times of bursts of
 back-to-back ``Iallreduce`` calls measured at the start of the run, over the bucket sizes that
@@ -32,7 +34,7 @@ def build_parser():
                                  description="Overlapped gradient allreduce per fusion policy.")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--policy", default="all",
-                    help="comma-separated: none,fixed,mgwfbp,adafusion,libra,deft or all")
+                    help="comma-separated: none,fixed,mgwfbp,adafusion,adafusion-ca,osf,libra,deft or all")
     ap.add_argument("--scale", type=float, default=0.25, help="gradient size scale (default 0.25)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--throughput", type=float, default=2e12,
@@ -43,24 +45,21 @@ def build_parser():
     ap.add_argument("--layout", choices=("arena", "separate"), default="arena",
                     help="gradients as views of one array (buckets reduced in place, default) "
                          "or separate arrays (buckets packed into fusion buffers)")
+    ap.add_argument("--deft-threshold", type=int, default=4 << 20,
+                    help="bucket size for policy deft (bytes, default 4 MiB)")
     ap.add_argument("--json", default=None)
     return ap
 
 
-def busy(seconds: float, scratch) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        np.multiply(scratch, 1.0001, out=scratch)
+def measure_cost(comm, world, sizes, reps=5, burst=8, gap=0.0):
+    """Per-op time (max over ranks, median over `reps`) of float32 allreduces of `sizes` bytes
+    issued as the synchronizer issues them during a backward pass: `burst` Iallreduce calls
+    `gap` seconds apart (the caller sleeping in between), then Wait on all.
 
-
-def measure_cost(comm, world, sizes, reps=5, burst=8):
-    """Per-op time (max over ranks) of float32 allreduces of `sizes` bytes issued as the
-    synchronizer issues them: a burst of `burst` Iallreduce calls back to back, then Wait on
-    all; median over `reps` bursts. (An isolated Iallreduce + Wait underestimates the per-op
-    cost inside a stream of bucket allreduces.)"""
-    from mpi4py import MPI
-
+    Under OSF's one-channel model the burst ends at ``max((burst - 1) * gap + c, burst * c)``
+    for a per-op time ``c``, which this inverts.  (gap=0: back-to-back calls.)"""
     import aluminum_py as al
+    from mpi4py import MPI
     times = []
     for n in sizes:
         xs = [np.ones(max(1, n // 4), dtype=np.float32) for _ in range(burst)]
@@ -68,9 +67,16 @@ def measure_cost(comm, world, sizes, reps=5, burst=8):
         ts = []
         for _ in range(reps):
             world.Barrier()
-            t0 = time.perf_counter()
-            al.Waitall([comm.Iallreduce(x) for x in xs])
-            ts.append((time.perf_counter() - t0) / burst)
+            t0 = deadline = time.perf_counter()
+            reqs = []
+            for x in xs:
+                until(deadline)
+                reqs.append(comm.Iallreduce(x))
+                deadline += gap
+            al.Waitall(reqs)
+            total = time.perf_counter() - t0
+            hidden = total - (burst - 1) * gap
+            ts.append(hidden if hidden <= gap else total / burst)
         times.append(world.allreduce(float(np.median(ts)), op=MPI.MAX))
     return times
 
@@ -85,6 +91,7 @@ def main(argv=None) -> int:
     from ..planning.contention import ContentionModel
     from ..planning.models import get_model
     world = MPI.COMM_WORLD
+    fine_timer_slack()
     comm = al.Communicator()
     model = get_model(args.model)
     layers = model.layers                                   # forward order
@@ -97,10 +104,11 @@ def main(argv=None) -> int:
     t_b = list(2.0 * per_layer * args.compute_scale)        # backward seconds (forward order)
     m = [g.nbytes for g in grads]
     probe = sorted({1 << k for k in range(8, 30) if (1 << k) <= 2 * sum(m)} | {sum(m)})
-    cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe), kind="piecewise")
-    policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "libra"] \
+    gap = float(np.median(t_b))
+    cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe, gap=gap), kind="piecewise")
+    policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra", "deft"] \
         if args.policy == "all" else args.policy.split(",")
-    runs = []
+    runs = []                                 # label, synchronizer, prediction, predictor
     for policy in policies:
         variants = [(f"fixed {human(t)}", {"threshold": t}) for t in FIXED_THRESHOLDS] \
             if policy == "fixed" else [(policy, {})]
@@ -108,71 +116,132 @@ def main(argv=None) -> int:
             opts = dict(extra)
             if policy == "adafusion-ca":          # OSF eq. 17, channel-aware variant
                 policy, opts["channel_aware"] = "adafusion", True
-            if policy in ("mgwfbp", "adafusion"):
+            if policy in ("mgwfbp", "adafusion", "osf", "deft"):
                 opts.update(compute_times=t_b, forward_times=t_f, cost=cost)
+            if policy == "deft":
+                opts["threshold"] = args.deft_threshold
             if policy == "libra":
                 cm = ContentionModel.example(comm.size)
                 opts["plan"] = libra.optimize(m[::-1], t_b[::-1], cm, max_groups=10, chunks=100)
             try:
                 sync = GradientSynchronizer(comm, grads, policy=policy, **opts)
-            except (ImportError, AttributeError, NotImplementedError) as e:
+            except (ImportError, ValueError) as e:
                 if comm.rank == 0:
                     print(f"# {label}: skipped ({e})")
                 continue
-            scratch = np.ones(1 << 14)
-            measured = []
-            for it in range(args.iters + 1):
-                world.Barrier()
-                t0 = time.perf_counter()
-                for i in range(len(layers)):
-                    (busy if args.compute == "numpy" else _sleep)(t_f[i], scratch)
-                for i in reversed(range(len(layers))):
-                    (busy if args.compute == "numpy" else _sleep)(t_b[i], scratch)
-                    sync.grad_ready(i)
-                sync.wait(timeout=120)
-                dt = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-                if it:                      # the first iteration is a warm-up
-                    measured.append(dt)
-            groups = [(len(layers) - 1 - b[0], len(layers) - 1 - b[-1]) for b in sync.buckets]
-            pred = osf.predict_iteration(t_f, t_b, m, cost, groups)
-            runs.append({"policy": label, "measured": float(np.median(measured)),
-                         "predicted": float(pred), "buckets": len(sync.buckets)})
+            runs.append({"policy": label, "sync": sync, **predict(sync, t_f, t_b, m, cost)})
+    # Iterations round-robin over the policies (and a compute-only row), so that slow drifts
+    # of the machine affect every policy alike; the first round is a warm-up.
+    rows = [{"policy": "compute only", "sync": None, "predicted": sum(t_f) + sum(t_b),
+             "model": "-"}] + runs
+    times = {id(r): [] for r in rows}
+    updates = {id(r): 0 for r in rows}
+    for rnd in range(args.iters + 1):
+        for r in rows:
+            dt, info = emulate_iteration(world, t_f, t_b, r["sync"], args.compute)
+            if rnd:
+                times[id(r)].append(dt)
+                updates[id(r)] += bool(info is None or info.update)
+    for r in rows:
+        sync = r.pop("sync")
+        if sync is not None:
+            sync.flush(timeout=120)            # deft: the held gradients' allreduces
+        r["measured"] = float(np.median(times[id(r)]))
+        r["buckets"] = len(sync.buckets) if sync is not None else 0
+        r["updates_per_iteration"] = updates[id(r)] / args.iters
+        r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
     if comm.rank == 0:
-        total_c = sum(t_f) + sum(t_b)
-        print(f"# {args.model}: {len(layers)} layers, {sum(m) / 2**20:.1f} MiB of gradients "
-              f"(scale {args.scale}), compute {total_c * 1e3:.1f} ms per iteration "
-              f"({args.compute}), {comm.size} ranks, median of {args.iters} iterations")
-        print(f"{'policy':<16} {'buckets':>7} {'measured ms':>12} {'OSF ms':>9} {'error':>7}")
-        for r in runs:
-            err = (r["predicted"] - r["measured"]) / r["measured"]
-            r["error"] = err
-            print(f"{r['policy']:<16} {r['buckets']:>7} {r['measured'] * 1e3:>12.2f} "
-                  f"{r['predicted'] * 1e3:>9.2f} {err * 100:>6.1f}%")
-        by = {r["policy"]: r["measured"] for r in runs}
-        if "none" in by and "adafusion" in by:
-            print(f"# adafusion vs none: {by['none'] / by['adafusion']:.2f}x faster")
-        fixed = {k: v for k, v in by.items() if k.startswith("fixed")}
-        if fixed and "adafusion" in by:
-            best = min(fixed, key=fixed.get)
-            print(f"# adafusion vs best fixed ({best}): {fixed[best] / by['adafusion']:.2f}x")
-        errs = [abs(r["error"]) for r in runs]
-        print(f"# OSF prediction error: median {np.median(errs) * 100:.1f}%, max {max(errs) * 100:.1f}%")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"model": args.model, "ranks": comm.size, "scale": args.scale,
-                           "runs": runs}, f, indent=1)
+        report(args, rows, comm.size, len(layers), sum(m), sum(t_f) + sum(t_b))
     comm.Free()
     return 0
 
 
-def _sleep(seconds, _scratch):
-    """Sleep precisely: time.sleep for all but the last 150 us (its wake-up overshoot), then
-    poll the clock; the emulated layer takes its modelled time, not time.sleep's."""
-    end = time.perf_counter() + seconds
-    if seconds > 300e-6:
-        time.sleep(seconds - 150e-6)
-    while time.perf_counter() < end:
+def predict(sync, t_f, t_b, m, cost):
+    """The model's iteration time for a synchronizer: OSF's timeline of its buckets, or for
+    policy "deft" the DeFT simulator on its pieces (steady state)."""
+    if sync.policy == "deft":
+        from ..planning import deft
+        d = sync._deft
+        comm_t, f, b, scale = d._sched_args
+        res = deft.simulate(list(zip(f, b, comm_t)), "deft", partition_time=None,
+                            capacity_scale=scale, iterations=24, warmup=4)
+        return {"predicted": res.iteration_time, "model": "DeFT sim",
+                "predicted_updates": res.updates_per_iteration}
+    from ..planning import osf
+    n = len(m)
+    groups = [(n - 1 - b[0], n - 1 - b[-1]) for b in sync.buckets]
+    return {"predicted": osf.predict_iteration(t_f, t_b, m, cost, groups), "model": "OSF"}
+
+
+def report(args, rows, size, nlayers, nbytes, t_comp):
+    print(f"# {args.model}: {nlayers} layers, {nbytes / 2**20:.1f} MiB of gradients "
+          f"(scale {args.scale}), compute {t_comp * 1e3:.2f} ms per iteration "
+          f"({args.compute}), {size} ranks, median of {args.iters} iterations")
+    print(f"{'policy':<16} {'buckets':>7} {'measured ms':>12} {'model ms':>9} {'error':>7}  model")
+    for r in rows:
+        extra = (f", {r['updates_per_iteration']:.2f} updates/iteration "
+                 f"(simulated {r['predicted_updates']:.2f})" if "predicted_updates" in r else "")
+        print(f"{r['policy']:<16} {r['buckets']:>7} {r['measured'] * 1e3:>12.2f} "
+              f"{r['predicted'] * 1e3:>9.2f} {r['error'] * 100:>6.1f}%  {r['model']}{extra}")
+    by = {r["policy"]: r["measured"] for r in rows}
+    if "none" in by and "adafusion" in by:
+        print(f"# adafusion vs none: {by['none'] / by['adafusion']:.2f}x faster")
+    fixed = {k: v for k, v in by.items() if k.startswith("fixed")}
+    if fixed and "adafusion" in by:
+        best = min(fixed, key=fixed.get)
+        print(f"# adafusion vs best fixed ({best}): {fixed[best] / by['adafusion']:.2f}x")
+    errs = [abs(r["error"]) for r in rows if r["model"] == "OSF"]
+    if errs:
+        print(f"# OSF prediction error over {len(errs)} policies: median "
+              f"{np.median(errs) * 100:.1f}%, max {max(errs) * 100:.1f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "ranks": size, "scale": args.scale,
+                       "throughput": args.throughput, "compute": args.compute,
+                       "runs": rows}, f, indent=1)
+
+
+def fine_timer_slack() -> None:
+    """Linux: timer slack 1 ns for this thread (prctl PR_SET_TIMERSLACK), so a sleep wakes
+    within the scheduler's latency instead of up to 50 us late; elsewhere nothing."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
+    except (OSError, AttributeError):
         pass
+
+
+def until(deadline: float, compute: str = "sleep", scratch=None) -> None:
+    """Emulated compute up to `deadline` (perf_counter seconds): sleep, or numpy work."""
+    if compute == "numpy":
+        while time.perf_counter() < deadline:
+            np.multiply(scratch, 1.0001, out=scratch)
+        return
+    rest = deadline - time.perf_counter()
+    if rest > 0:
+        time.sleep(rest)
+
+
+_SCRATCH = np.ones(1 << 12)
+
+
+def emulate_iteration(world, t_f, t_b, sync=None, compute="sleep"):
+    """One emulated training iteration (forward, backward with grad_ready, wait); returns its
+    time (the maximum over ranks) and wait()'s SyncInfo.  Layer i's forward/backward ends at a deadline from the
+    start (cumulative modelled times)."""
+    from mpi4py import MPI
+    world.Barrier()
+    t0 = deadline = time.perf_counter()
+    for i in range(len(t_f)):
+        deadline += t_f[i]
+        until(deadline, compute, _SCRATCH)
+    for i in reversed(range(len(t_b))):
+        deadline += t_b[i]
+        until(deadline, compute, _SCRATCH)
+        if sync is not None:
+            sync.grad_ready(i)
+    info = sync.wait(timeout=120) if sync is not None else None
+    return world.allreduce(time.perf_counter() - t0, op=MPI.MAX), info
 
 
 if __name__ == "__main__":
