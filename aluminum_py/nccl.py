@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
-from .errors import NcclError, UnavailableError
+from . import config
+from .errors import NcclError, TimeoutError, UnavailableError
 
 try:
     from . import _nccl
@@ -150,6 +152,29 @@ def _config(min_ctas, max_ctas, cga_cluster_size, blocking) -> dict:
             "blocking": blocking}
 
 
+_group = threading.local()      # per thread, as NCCL's groups: depth, nonblocking comms used
+
+
+def settle(handle: int, what: str, timeout: float | None = None) -> None:
+    """After `what` answered ncclInProgress on a nonblocking communicator: poll its state
+    (ncclCommGetAsyncError, without the GIL) until it is no longer ncclInProgress, at most
+    `timeout` seconds (default AL_HANG_TIMEOUT; unset: no limit).
+
+    Raises:
+        TimeoutError: still in progress after `timeout` (the communicator is left as it is;
+            abort it to give up).
+        NcclError: the state became an error.
+    """
+    if timeout is None:
+        timeout = config.hang_timeout()
+    state = _nccl.comm_wait(handle, -1.0 if timeout is None else float(timeout))
+    if state == IN_PROGRESS:
+        raise TimeoutError(f"{what}: the nonblocking NCCL communicator is still in progress "
+                           f"after {timeout:g} s (AL_HANG_TIMEOUT; a peer that never joined?)")
+    if state != SUCCESS:
+        _check(state, handle, what)
+
+
 class NcclComm:
     """An NCCL communicator (ncclCommInitRankConfig). Collective over the `nranks` processes.
 
@@ -157,9 +182,13 @@ class NcclComm:
         nranks, unique_id, rank: as ncclCommInitRank (unique_id: 128 bytes from get_unique_id).
         min_ctas, max_ctas: ncclConfig_t.minCTAs / maxCTAs (NCCL >= 2.17): bounds on the
             thread blocks (CTAs) each collective uses; threads = CTAs * NCCL_NTHREADS.
-        cga_cluster_size, blocking: ncclConfig_t.cgaClusterSize / blocking.
+        cga_cluster_size, blocking: ncclConfig_t.cgaClusterSize / blocking. With
+            ``blocking=False`` NCCL may answer ncclInProgress; every call here then waits
+            (without the GIL, at most AL_HANG_TIMEOUT) until the communicator's state is no
+            longer ncclInProgress, as NCCL requires before the next call (see :func:`settle`).
     Raises:
         NcclError: NCCL failed (without a GPU: ncclUnhandledCudaError with NCCL's CUDA text).
+        TimeoutError: a nonblocking communicator stayed in progress past AL_HANG_TIMEOUT.
     """
 
     def __init__(self, nranks: int, unique_id: bytes, rank: int, *, min_ctas=None, max_ctas=None,
@@ -171,7 +200,8 @@ class NcclComm:
             raise ValueError(f"rank: {rank} is out of range for {nranks} ranks")
         self.config = _config(min_ctas, max_ctas, cga_cluster_size, blocking)
         self.handle = 0
-        self.handle = _nccl.comm_init_rank(nranks, bytes(unique_id), rank, **_native(self.config))
+        handle, rc = _nccl.comm_init_rank(nranks, bytes(unique_id), rank, **_native(self.config))
+        self.handle = _created(handle, rc, "ncclCommInitRankConfig")
 
     @classmethod
     def _from_handle(cls, handle: int, config: dict | None = None) -> "NcclComm":
@@ -192,7 +222,16 @@ class NcclComm:
               blocking=None) -> "NcclComm":
         """ncclCommSplit with its own config (e.g. another max_ctas). Collective."""
         cfg = _config(min_ctas, max_ctas, cga_cluster_size, blocking)
-        return NcclComm._from_handle(_nccl.comm_split(self._h(), color, key, **_native(cfg)), cfg)
+        handle, rc = _nccl.comm_split(self._h(), color, key, **_native(cfg))
+        return NcclComm._from_handle(_created(handle, rc, "ncclCommSplit"), cfg)
+
+    def _done(self, rc: int, what: str) -> None:
+        """After a call on this communicator: inside a group, NCCL reports the nonblocking
+        state at ncclGroupEnd, so remember the communicator; else settle ncclInProgress."""
+        if getattr(_group, "depth", 0) > 0:
+            _group.comms.append(self.handle)
+        elif rc == IN_PROGRESS:
+            settle(self.handle, what)
 
     @property
     def count(self) -> int:
@@ -217,28 +256,30 @@ class NcclComm:
 
     # collectives: device pointers and stream handles as ints; counts in elements
     def allreduce(self, send: int, recv: int, count: int, dtype, op, stream: int) -> None:
-        _nccl.allreduce(send, recv, count, _dtype(dtype), _op(op), self._h(), stream)
+        self._done(_nccl.allreduce(send, recv, count, _dtype(dtype), _op(op), self._h(), stream), "ncclAllReduce")
 
     def broadcast(self, send: int, recv: int, count: int, dtype, root: int, stream: int) -> None:
-        _nccl.broadcast(send, recv, count, _dtype(dtype), root, self._h(), stream)
+        self._done(_nccl.broadcast(send, recv, count, _dtype(dtype), root, self._h(), stream), "ncclBroadcast")
 
     def reduce(self, send: int, recv: int, count: int, dtype, op, root: int, stream: int) -> None:
-        _nccl.reduce(send, recv, count, _dtype(dtype), _op(op), root, self._h(), stream)
+        self._done(_nccl.reduce(send, recv, count, _dtype(dtype), _op(op), root, self._h(), stream), "ncclReduce")
 
     def allgather(self, send: int, recv: int, sendcount: int, dtype, stream: int) -> None:
-        _nccl.allgather(send, recv, sendcount, _dtype(dtype), self._h(), stream)
+        self._done(_nccl.allgather(send, recv, sendcount, _dtype(dtype), self._h(), stream), "ncclAllGather")
 
     def reduce_scatter(self, send: int, recv: int, recvcount: int, dtype, op, stream: int) -> None:
-        _nccl.reduce_scatter(send, recv, recvcount, _dtype(dtype), _op(op), self._h(), stream)
+        self._done(_nccl.reduce_scatter(send, recv, recvcount, _dtype(dtype), _op(op), self._h(), stream), "ncclReduceScatter")
 
     def send(self, buf: int, count: int, dtype, peer: int, stream: int) -> None:
-        _nccl.send(buf, count, _dtype(dtype), peer, self._h(), stream)
+        self._done(_nccl.send(buf, count, _dtype(dtype), peer, self._h(), stream), "ncclSend")
 
     def recv(self, buf: int, count: int, dtype, peer: int, stream: int) -> None:
-        _nccl.recv(buf, count, _dtype(dtype), peer, self._h(), stream)
+        self._done(_nccl.recv(buf, count, _dtype(dtype), peer, self._h(), stream), "ncclRecv")
 
     def finalize(self) -> None:
-        _nccl.comm_finalize(self._h())
+        """ncclCommFinalize: flush the issued operations (a nonblocking communicator: waits
+        for that, at most AL_HANG_TIMEOUT)."""
+        self._done(_nccl.comm_finalize(self._h()), "ncclCommFinalize")
 
     def destroy(self) -> None:
         """ncclCommDestroy (after finalize, or to free an idle communicator). Idempotent."""
@@ -257,14 +298,38 @@ def _native(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items()}
 
 
+def _created(handle: int, rc: int, what: str) -> int:
+    """A new communicator's handle once it is ready: ncclInProgress (nonblocking) is settled;
+    if that fails the half-made communicator is aborted, as NCCL asks, and the error raised."""
+    if rc == IN_PROGRESS:
+        try:
+            settle(handle, what)
+        except Exception:
+            _nccl.comm_abort(handle)
+            raise
+    return handle
+
+
 def group_start() -> None:
     _need()
     _nccl.group_start()
+    _group.depth = getattr(_group, "depth", 0) + 1
+    if _group.depth == 1:
+        _group.comms = []
 
 
 def group_end() -> None:
+    """ncclGroupEnd; when it answers ncclInProgress (nonblocking communicators in the group),
+    settle every communicator used in the outermost group."""
     _need()
-    _nccl.group_end()
+    depth = getattr(_group, "depth", 0)
+    _group.depth = max(0, depth - 1)
+    rc = _nccl.group_end()
+    if depth == 1:
+        comms, _group.comms = _group.comms, []
+        if rc == IN_PROGRESS:
+            for h in dict.fromkeys(comms):
+                settle(h, "ncclGroupEnd")
 
 
 @contextlib.contextmanager

@@ -4,6 +4,8 @@
 NCCL is loaded at run time with dlopen (see ``load``); nothing is linked.  Every call releases
 the GIL and is followed by one status check that raises through the Python layer
 (``aluminum_py.nccl``), which also owns library discovery, dtype/op mapping and errors.
+ncclInProgress (a nonblocking communicator's answer) is not an error: the calls return it, and
+the Python layer then polls the communicator with ``comm_wait``.
 """
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy
@@ -50,6 +52,9 @@ cdef extern from "al_nccl.h" nogil:
         ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) noexcept nogil
         ncclResult_t (*GroupStart)() noexcept nogil
         ncclResult_t (*GroupEnd)() noexcept nogil
+    ctypedef ncclResult_t (*al_nccl_get_t)(ncclComm_t, ncclResult_t*) noexcept nogil
+    ncclResult_t al_nccl_poll(al_nccl_get_t get, ncclComm_t comm, double timeout,
+                              ncclResult_t* state, long* polls)
     int al_nccl_load(const char* path, al_nccl_api* api, char* err, size_t errlen)
     ncclConfig_t al_nccl_config_init()
     int NCCL_CONFIG_UNDEF_INT
@@ -81,11 +86,54 @@ def is_loaded():
     return loaded
 
 
+DEF IN_PROGRESS = 7    # ncclInProgress
+
 cdef inline int check(ncclResult_t rc, ncclComm_t comm, str what) except -1:
-    if rc != 0:
+    """Raise for an error; return 0 (ncclSuccess) or IN_PROGRESS."""
+    if rc != 0 and rc != IN_PROGRESS:
         _check(rc, <uintptr_t>comm, what)
         return -1
+    return rc
+
+
+def comm_wait(uintptr_t comm, double timeout):
+    """Poll ncclCommGetAsyncError, without the GIL, until the state is no longer
+    ncclInProgress or `timeout` seconds passed (< 0: no limit). Returns the last state."""
+    cdef ncclResult_t state = 0, rc
+    cdef long polls = 0
+    with nogil:
+        rc = al_nccl_poll(api.CommGetAsyncError, <ncclComm_t>comm, timeout, &state, &polls)
+    check(rc, <ncclComm_t>comm, "ncclCommGetAsyncError")
+    return state
+
+
+# al_nccl_poll with a scripted stand-in for ncclCommGetAsyncError (tests of the loop)
+cdef long _script_left = 0
+cdef ncclResult_t _script_final = 0, _script_rc = 0
+
+cdef ncclResult_t _scripted_get(ncclComm_t comm, ncclResult_t* state) noexcept nogil:
+    global _script_left
+    if _script_rc != 0:
+        return _script_rc
+    if _script_left > 0:
+        _script_left -= 1
+        state[0] = IN_PROGRESS
+    else:
+        state[0] = _script_final
     return 0
+
+
+def poll_scripted(long in_progress, int final, double timeout, int query_error=0):
+    """Run the poll loop of comm_wait against a stand-in that answers ncclInProgress
+    `in_progress` times, then `final` (or fails with `query_error`). Returns
+    (call result, last state, polls)."""
+    global _script_left, _script_final, _script_rc
+    cdef ncclResult_t state = 0, rc
+    cdef long polls = 0
+    _script_left, _script_final, _script_rc = in_progress, final, query_error
+    with nogil:
+        rc = al_nccl_poll(_scripted_get, NULL, timeout, &state, &polls)
+    return rc, state, polls
 
 
 def error_string(int code):
@@ -128,9 +176,16 @@ cdef ncclConfig_t make_config(blocking, cga_cluster_size, min_ctas, max_ctas):
     return c
 
 
+def config_fields(blocking=None, cga_cluster_size=None, min_ctas=None, max_ctas=None):
+    """The ncclConfig_t that comm_init_rank / comm_split pass to NCCL for these arguments."""
+    cdef ncclConfig_t c = make_config(blocking, cga_cluster_size, min_ctas, max_ctas)
+    return {"size": c.size, "blocking": c.blocking, "cgaClusterSize": c.cgaClusterSize,
+            "minCTAs": c.minCTAs, "maxCTAs": c.maxCTAs}
+
+
 def comm_init_rank(int nranks, bytes unique_id, int rank, blocking=None, cga_cluster_size=None,
                    min_ctas=None, max_ctas=None):
-    """ncclCommInitRankConfig; returns the communicator handle (int)."""
+    """ncclCommInitRankConfig; returns (communicator handle, 0 or ncclInProgress)."""
     cdef ncclUniqueId uid
     cdef ncclComm_t comm = NULL
     cdef ncclConfig_t cfg = make_config(blocking, cga_cluster_size, min_ctas, max_ctas)
@@ -140,8 +195,7 @@ def comm_init_rank(int nranks, bytes unique_id, int rank, blocking=None, cga_clu
     memcpy(uid.internal, <char*>unique_id, 128)
     with nogil:
         rc = api.CommInitRankConfig(&comm, nranks, uid, rank, &cfg)
-    check(rc, comm, "ncclCommInitRankConfig")
-    return <uintptr_t>comm
+    return <uintptr_t>comm, check(rc, comm, "ncclCommInitRankConfig")
 
 
 def comm_split(uintptr_t comm, int color, int key, blocking=None, cga_cluster_size=None,
@@ -151,15 +205,14 @@ def comm_split(uintptr_t comm, int color, int key, blocking=None, cga_cluster_si
     cdef ncclResult_t rc
     with nogil:
         rc = api.CommSplit(<ncclComm_t>comm, color, key, &new, &cfg)
-    check(rc, <ncclComm_t>comm, "ncclCommSplit")
-    return <uintptr_t>new
+    return <uintptr_t>new, check(rc, <ncclComm_t>comm, "ncclCommSplit")
 
 
 def comm_finalize(uintptr_t comm):
     cdef ncclResult_t rc
     with nogil:
         rc = api.CommFinalize(<ncclComm_t>comm)
-    check(rc, <ncclComm_t>comm, "ncclCommFinalize")
+    return check(rc, <ncclComm_t>comm, "ncclCommFinalize")
 
 
 def comm_destroy(uintptr_t comm):
@@ -206,7 +259,7 @@ def allreduce(uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, u
     with nogil:
         rc = api.AllReduce(<const void*>send, <void*>recv, count, dtype, op, <ncclComm_t>comm,
                            <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclAllReduce")
+    return check(rc, <ncclComm_t>comm, "ncclAllReduce")
 
 
 def broadcast(uintptr_t send, uintptr_t recv, size_t count, int dtype, int root, uintptr_t comm,
@@ -215,7 +268,7 @@ def broadcast(uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
     with nogil:
         rc = api.Broadcast(<const void*>send, <void*>recv, count, dtype, root, <ncclComm_t>comm,
                            <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclBroadcast")
+    return check(rc, <ncclComm_t>comm, "ncclBroadcast")
 
 
 def reduce(uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
@@ -224,7 +277,7 @@ def reduce(uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int 
     with nogil:
         rc = api.Reduce(<const void*>send, <void*>recv, count, dtype, op, root, <ncclComm_t>comm,
                         <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclReduce")
+    return check(rc, <ncclComm_t>comm, "ncclReduce")
 
 
 def allgather(uintptr_t send, uintptr_t recv, size_t sendcount, int dtype, uintptr_t comm,
@@ -233,7 +286,7 @@ def allgather(uintptr_t send, uintptr_t recv, size_t sendcount, int dtype, uintp
     with nogil:
         rc = api.AllGather(<const void*>send, <void*>recv, sendcount, dtype, <ncclComm_t>comm,
                            <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclAllGather")
+    return check(rc, <ncclComm_t>comm, "ncclAllGather")
 
 
 def reduce_scatter(uintptr_t send, uintptr_t recv, size_t recvcount, int dtype, int op,
@@ -242,21 +295,21 @@ def reduce_scatter(uintptr_t send, uintptr_t recv, size_t recvcount, int dtype, 
     with nogil:
         rc = api.ReduceScatter(<const void*>send, <void*>recv, recvcount, dtype, op,
                                <ncclComm_t>comm, <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclReduceScatter")
+    return check(rc, <ncclComm_t>comm, "ncclReduceScatter")
 
 
 def send(uintptr_t buf, size_t count, int dtype, int peer, uintptr_t comm, uintptr_t stream):
     cdef ncclResult_t rc
     with nogil:
         rc = api.Send(<const void*>buf, count, dtype, peer, <ncclComm_t>comm, <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclSend")
+    return check(rc, <ncclComm_t>comm, "ncclSend")
 
 
 def recv(uintptr_t buf, size_t count, int dtype, int peer, uintptr_t comm, uintptr_t stream):
     cdef ncclResult_t rc
     with nogil:
         rc = api.Recv(<void*>buf, count, dtype, peer, <ncclComm_t>comm, <cudaStream_t>stream)
-    check(rc, <ncclComm_t>comm, "ncclRecv")
+    return check(rc, <ncclComm_t>comm, "ncclRecv")
 
 
 def group_start():
@@ -267,4 +320,4 @@ def group_end():
     cdef ncclResult_t rc
     with nogil:
         rc = api.GroupEnd()
-    check(rc, NULL, "ncclGroupEnd")
+    return check(rc, NULL, "ncclGroupEnd")

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #ifdef AL_HAVE_NCCL_H
 #include <nccl.h>
 #else
@@ -74,6 +75,37 @@ static int al_nccl_load(const char *path, al_nccl_api *api, char *err, size_t er
   AL_NCCL_SYM(api, GroupStart, 1);
   AL_NCCL_SYM(api, GroupEnd, 1);
   return 0;
+}
+
+/* A nonblocking communicator's calls may return ncclInProgress; its state must then be polled
+ * with ncclCommGetAsyncError until it is no longer ncclInProgress before the next NCCL call.
+ * al_nccl_poll does that with `get` (ncclCommGetAsyncError, or a test double): returns the
+ * query's own error, or ncclSuccess with *state the last state seen (ncclInProgress when
+ * `timeout` seconds passed first; timeout < 0: no limit) and *polls the number of queries.
+ * Sleeps between polls, from 1 us growing to 1 ms, so a long wait does not spin. */
+typedef ncclResult_t (*al_nccl_get_t)(ncclComm_t, ncclResult_t *);
+
+static double al_nccl_now(void) {
+  struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static ncclResult_t al_nccl_poll(al_nccl_get_t get, ncclComm_t comm, double timeout,
+                                 ncclResult_t *state, long *polls) {
+  double deadline = al_nccl_now() + timeout;
+  long pause_ns = 1000;
+  ncclResult_t rc;
+  *polls = 0;
+  for (;;) {
+    rc = get(comm, state);
+    (*polls)++;
+    if (rc != ncclSuccess) return rc;
+    if (*state != ncclInProgress) return ncclSuccess;
+    if (timeout >= 0 && al_nccl_now() >= deadline) return ncclSuccess;
+    struct timespec ts = {0, pause_ns};
+    nanosleep(&ts, NULL);
+    if (pause_ns < 1000000) pause_ns *= 2;
+  }
 }
 
 static ncclConfig_t al_nccl_config_init(void) {

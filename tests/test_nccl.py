@@ -108,3 +108,92 @@ def test_unavailable_library_is_reported(value):
                           env=dict(os.environ, AL_NCCL_LIBRARY=value))
     assert proc.returncode == 0, proc.stderr
     assert value in proc.stdout and "NCCL is not available" in proc.stdout
+
+
+# -- nonblocking communicators: ncclInProgress is settled by polling ncclCommGetAsyncError
+
+def test_blocking_false_reaches_the_config():
+    from aluminum_py import _nccl
+    assert _nccl.config_fields(blocking=False)["blocking"] == 0
+    assert _nccl.config_fields(blocking=True)["blocking"] == 1
+    assert _nccl.config_fields()["blocking"] == _nccl.UNDEF_INT       # NCCL's default
+    assert _nccl.config_fields(max_ctas=3)["maxCTAs"] == 3
+
+
+def test_poll_loop_stops_when_no_longer_in_progress():
+    from aluminum_py import _nccl
+    assert _nccl.poll_scripted(0, nccl.SUCCESS, 5.0) == (nccl.SUCCESS, nccl.SUCCESS, 1)
+    assert _nccl.poll_scripted(25, nccl.SUCCESS, 5.0) == (nccl.SUCCESS, nccl.SUCCESS, 26)
+    # an error state ends the wait too, and is returned as the state (not as the call's result)
+    assert _nccl.poll_scripted(3, nccl.UNHANDLED_CUDA_ERROR, 5.0) == (0, 1, 4)
+    # the query itself failing ends it at once
+    assert _nccl.poll_scripted(10, 0, 5.0, query_error=nccl.INVALID_ARGUMENT)[0] == 4
+
+
+def test_poll_loop_times_out_without_spinning():
+    import time
+    from aluminum_py import _nccl
+    t0 = time.monotonic()
+    rc, state, polls = _nccl.poll_scripted(10**12, 0, 0.3)
+    elapsed = time.monotonic() - t0
+    assert (rc, state) == (nccl.SUCCESS, nccl.IN_PROGRESS)
+    assert 0.3 <= elapsed < 2.0
+    assert polls < 2000                       # it sleeps between polls (up to 1 ms)
+
+
+def test_settle_maps_states_to_errors(monkeypatch):
+    from aluminum_py import _nccl
+    with pytest.raises(al.NcclError) as info:           # the real query on a NULL comm
+        nccl.settle(0, "ncclAllReduce")
+    assert info.value.code == nccl.INVALID_ARGUMENT and "ncclCommGetAsyncError" in str(info.value)
+    monkeypatch.setattr(_nccl, "comm_wait", lambda h, t: nccl.IN_PROGRESS)
+    with pytest.raises(al.TimeoutError, match=r"^ncclGroupEnd: .*still in progress after 0.5 s"):
+        nccl.settle(0, "ncclGroupEnd", timeout=0.5)
+    monkeypatch.setattr(_nccl, "comm_wait", lambda h, t: nccl.INVALID_USAGE)
+    with pytest.raises(al.NcclError, match="^ncclCommSplit failed: ncclInvalidUsage") as info:
+        nccl.settle(0, "ncclCommSplit")
+    assert info.value.code == nccl.INVALID_USAGE
+    seen = []
+    monkeypatch.setattr(_nccl, "comm_wait", lambda h, t: seen.append(t) or nccl.SUCCESS)
+    monkeypatch.setattr(al.config, "_hang_timeout", 7.0)
+    nccl.settle(0, "x")
+    monkeypatch.setattr(al.config, "_hang_timeout", None)
+    nccl.settle(0, "x")
+    assert seen == [7.0, -1.0]                           # AL_HANG_TIMEOUT, else no limit
+
+
+def test_in_progress_answers_are_settled_and_groups_settle_at_the_end(monkeypatch):
+    """The binding returns ncclInProgress instead of raising; outside a group the call is
+    settled at once, inside one every communicator used is settled after ncclGroupEnd."""
+    from aluminum_py import _nccl
+    settled = []
+    monkeypatch.setattr(nccl, "settle", lambda h, what, timeout=None: settled.append((h, what)))
+    monkeypatch.setattr(_nccl, "allreduce", lambda *a: nccl.IN_PROGRESS)
+    monkeypatch.setattr(_nccl, "send", lambda *a: nccl.SUCCESS)
+    monkeypatch.setattr(_nccl, "group_start", lambda: nccl.SUCCESS)   # NCCL's own group
+    monkeypatch.setattr(_nccl, "group_end", lambda: nccl.IN_PROGRESS)    # state stays clean
+    a, b = nccl.NcclComm._from_handle(11), nccl.NcclComm._from_handle(22)
+    a.allreduce(0, 0, 4, "float32", "sum", 0)
+    assert settled == [(11, "ncclAllReduce")]
+    settled.clear()
+    with nccl.group():
+        a.send(0, 4, "float32", 1, 0)
+        b.send(0, 4, "float32", 1, 0)
+        a.send(0, 4, "float32", 1, 0)
+        assert settled == []
+    assert settled == [(11, "ncclGroupEnd"), (22, "ncclGroupEnd")]
+    settled.clear()
+    monkeypatch.setattr(_nccl, "comm_init_rank", lambda *a, **k: (33, nccl.IN_PROGRESS))
+    assert nccl.NcclComm(2, bytes(128), 0, blocking=False).handle == 33
+    assert settled == [(33, "ncclCommInitRankConfig")]
+
+
+def test_failed_nonblocking_creation_aborts_the_communicator(monkeypatch):
+    from aluminum_py import _nccl
+    aborted = []
+    monkeypatch.setattr(_nccl, "comm_init_rank", lambda *a, **k: (44, nccl.IN_PROGRESS))
+    monkeypatch.setattr(_nccl, "comm_wait", lambda h, t: nccl.UNHANDLED_CUDA_ERROR)
+    monkeypatch.setattr(_nccl, "comm_abort", aborted.append)
+    with pytest.raises(al.NcclError, match="^ncclCommInitRankConfig failed"):
+        nccl.NcclComm(2, bytes(128), 0, blocking=False)
+    assert aborted == [44]
