@@ -96,9 +96,11 @@ nccl_ext = Extension(
 
 planning_ext = Extension("aluminum_py._planning", sources=["ext/_planning.pyx"],
                          extra_compile_args=["-O3"])
+dlpack_ext = Extension("aluminum_py._dlpack", sources=["ext/_dlpack.pyx"],
+                       extra_compile_args=["-O2"])
 
 # The `mpich` wheel is the default MPI; a build against the cluster's MPI (MPICC set) must not
 # pull it in, or mpi4py could load the wrong libmpi at run time.
 install_requires = ["mpi4py>=4", "numpy", "scipy"] + ([] if os.environ.get("MPICC") else ["mpich"])
 
-setup(install_requires=install_requires, ext_modules=cythonize([ext, nccl_ext, planning_ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))
+setup(install_requires=install_requires, ext_modules=cythonize([ext, nccl_ext, planning_ext, dlpack_ext], compiler_directives={"language_level": "3"}, include_path=["ext"]))
