@@ -15,19 +15,26 @@ from .errors import UnavailableError
 from .ops import DTYPE_CODES
 
 _ndarray = np.ndarray
-_CUDA_DLPACK_DEVICES = {2, 3, 13}   # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+CUDA_DLPACK_DEVICES = {2, 3, 13}   # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def dlpack_device_type(obj) -> int | None:
+    """The DLDeviceType of a DLPack producer (``__dlpack_device__()[0]``), else None."""
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is None or isinstance(obj, _ndarray):
+        return None
+    try:
+        return int(dev()[0])
+    except Exception:
+        return None
 
 
 def is_gpu_buffer(obj) -> bool:
+    """An object with __cuda_array_interface__, or a DLPack producer on a CUDA device (DLPack
+    producers on the CPU, such as PyTorch CPU tensors, are host buffers)."""
     if hasattr(obj, "__cuda_array_interface__"):
         return True
-    dev = getattr(obj, "__dlpack_device__", None)
-    if dev is not None and not isinstance(obj, _ndarray):
-        try:
-            return int(dev()[0]) in _CUDA_DLPACK_DEVICES
-        except Exception:
-            return False
-    return False
+    return dlpack_device_type(obj) in CUDA_DLPACK_DEVICES
 
 
 def as_array(obj, name: str, writable: bool = False) -> np.ndarray:

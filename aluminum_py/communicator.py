@@ -190,17 +190,24 @@ class Communicator:
         return self._coll
 
     def Free(self) -> None:
-        """Free the duplicated MPI communicators (collective; a second call does nothing).
-        Pending ops are an error; any later op on this communicator raises aluminum_py.Error."""
+        """Free the duplicated MPI communicators and the GPU backend's resources (collective; a
+        second call does nothing). It first waits for the host parts of blocking host-transfer GPU
+        ops (at most AL_HANG_TIMEOUT each); other pending ops (nonblocking host-transfer GPU ops
+        included) are an error. Any later op on this communicator raises aluminum_py.Error. A
+        failure of a blocking host-transfer op that no GPU op has reported yet is raised after
+        everything is freed."""
         if self._state.freed:
             return
+        if self._gpu is not None:
+            self._gpu.drain(config.hang_timeout())
         if self._state.pending:
             raise Error(f"Free: {self._state.pending} operations are still pending")
         self._state.freed = True
-        if self._gpu is not None:
-            self._gpu.close()
+        failure = self._gpu.close() if self._gpu is not None else None
         self._coll.Free()
         self._p2p.Free()
+        if failure is not None:
+            raise failure
 
     # ------------------------------------------------------------------ helpers
     def _rank_arg(self, value, name: str) -> int:

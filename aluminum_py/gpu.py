@@ -16,9 +16,14 @@ is never blocked, not even by "blocking" ops.
   (default 512 on recent GPUs), so a LIBRA plan's thread budget T maps to
   ``max_ctas = ceil(T / NCCL_NTHREADS)``.
 
-GPU buffers are objects with ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors, Numba)
-or a CUDA DLPack capsule (converted through CuPy). Without a CUDA device every GPU call raises
-:class:`aluminum_py.UnavailableError` ("no CUDA device is available") before communicating.
+GPU buffers are CUDA DLPack producers (PyTorch, CuPy, ...; read by the native reader
+``aluminum_py._dlpack``) or objects with ``__cuda_array_interface__`` (Numba, ...). Without a
+CUDA device every GPU call raises :class:`aluminum_py.UnavailableError` ("no CUDA device is
+available") before communicating.
+
+Host-transfer ops finish in the progress engine: failures of blocking ones are raised at the
+communicator's next GPU op (``GpuBackend.check``) or by ``Free``; AL_HANG_TIMEOUT bounds their
+host part (docs/gpu.md, "Failures, hang timeout and pending operations").
 """
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, nccl, tuning
-from .errors import UnavailableError
+from . import _core, _dlpack, config, nccl, tuning
+from .buffers import CUDA_DLPACK_DEVICES, dlpack_device_type
+from .errors import Error, TimeoutError, UnavailableError
 from .ops import AVG, DTYPE_CODES, Op, as_op, check_op
 
 GPU_ALGORITHMS = ("auto", "nccl", "ht_mpi", "ht_recursive_doubling", "ht_rabenseifner", "ht_ring")
@@ -53,6 +59,23 @@ def cuda_device_count() -> int:
             except Exception:
                 _device_count = 0
     return _device_count
+
+
+def current_device() -> int:
+    """The CUDA device this rank uses: the device of the calling thread's current CUDA context
+    (``torch.cuda.set_device``, ``cupy.cuda.Device(i).use()`` and ``cudaSetDevice`` make one
+    current), else CuPy's current device if CuPy imports, else 0."""
+    try:
+        ordinal = _core.cuda_current_device()
+        if ordinal is not None:
+            return ordinal
+    except Error:
+        pass                                # no driver, or it failed: the fallbacks decide
+    try:
+        import cupy
+        return int(cupy.cuda.Device().id)
+    except Exception:
+        return 0
 
 
 def require_cuda(what: str) -> None:
@@ -82,23 +105,58 @@ class GpuArray:
         return self.count * self.dtype.itemsize
 
 
-def as_gpu_array(obj, name: str, writable: bool = False) -> GpuArray:
-    """Parse a GPU buffer (__cuda_array_interface__, or DLPack through CuPy)."""
-    from .buffers import is_gpu_buffer
+_DTYPES_BY_NAME = {str(dt): dt for dt in DTYPE_CODES}
+
+
+def _dlpack_dtype(t, name: str) -> np.dtype:
+    """The numpy dtype of a DLPack tensor (kDLBfloat, 16 bits: bfloat16)."""
+    dtype = _DTYPES_BY_NAME.get(t.dtype_name)
+    if dtype is None:
+        hint = " (bfloat16 needs ml_dtypes)" if t.dtype_name == "bfloat16" else ""
+        raise TypeError(f"{name}: DLPack dtype {t.dtype_name} is not supported{hint}")
+    return dtype
+
+
+def dlpack_array(t, name: str, writable: bool = False) -> GpuArray:
+    """A consumed DLPack tensor (an ``aluminum_py._dlpack.DLPackBuffer``, on any device) as a
+    checked GpuArray that keeps the tensor (and so the producer's buffer) alive."""
+    dtype = _dlpack_dtype(t, name)
+    strides = None if t.strides is None else tuple(st * dtype.itemsize for st in t.strides)
+    return _checked(name, t.ptr, t.shape, strides, dtype, t.readonly, writable, t)
+
+
+def as_gpu_array(obj, name: str, writable: bool = False, stream: int | None = None) -> GpuArray:
+    """Parse a GPU buffer.
+
+    A DLPack producer on a CUDA device (``__dlpack__`` and a ``__dlpack_device__`` of CUDA,
+    CUDA host or CUDA managed memory; PyTorch and CuPy arrays are such) is read natively
+    (aluminum_py._dlpack), with `stream` (the consumer's stream handle) passed to
+    ``__dlpack__`` so that the producer orders its pending work before it (DLPack's 1 for the
+    legacy default stream 0; None: -1, no synchronisation). Else ``__cuda_array_interface__``.
+    """
+    dev = dlpack_device_type(obj)
+    if dev in CUDA_DLPACK_DEVICES and hasattr(obj, "__dlpack__"):
+        if dev == _dlpack.CUDA_HOST:
+            ask = None                               # DLPack: streams are for device memory
+        else:
+            ask = -1 if stream is None else (1 if stream == 0 else stream)
+        t = _dlpack.read(obj, stream=ask)
+        if t.device_type not in CUDA_DLPACK_DEVICES:
+            raise TypeError(f"{name}: __dlpack_device__ says CUDA but the DLPack tensor is on "
+                            f"device type {t.device_type}")
+        return dlpack_array(t, name, writable)
     cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is None and is_gpu_buffer(obj):             # a CUDA DLPack producer
-        try:
-            import cupy
-        except ImportError:
-            raise TypeError(f"{name}: a DLPack GPU buffer needs CuPy to be read") from None
-        obj = cupy.from_dlpack(obj)
-        cai = obj.__cuda_array_interface__
     if cai is None:
         raise TypeError(f"{name}: not a GPU buffer")
-    dtype = np.dtype(cai["typestr"])
-    shape = tuple(cai["shape"])
+    ptr, readonly = cai["data"]
+    return _checked(name, ptr, tuple(cai["shape"]), cai.get("strides"), np.dtype(cai["typestr"]),
+                    readonly, writable, obj)
+
+
+def _checked(name, ptr, shape, strides, dtype, readonly, writable, keep) -> GpuArray:
+    """The checks every GPU buffer passes: C order (strides in bytes; None is C order),
+    writability, a supported dtype."""
     count = int(np.prod(shape)) if shape else 1
-    strides = cai.get("strides")
     if strides is not None and count > 1:
         expected, step = [], dtype.itemsize           # C-contiguous strides for this shape
         for dim in reversed(shape):
@@ -106,12 +164,11 @@ def as_gpu_array(obj, name: str, writable: bool = False) -> GpuArray:
             step *= dim
         if any(d > 1 and st != ex for d, st, ex in zip(shape, strides, reversed(expected))):
             raise ValueError(f"{name} is not C-contiguous")
-    ptr, readonly = cai["data"]
     if writable and readonly:
         raise ValueError(f"{name} is read-only but is written by this operation")
     if dtype not in DTYPE_CODES:
         raise TypeError(f"{name}: dtype {dtype} is not supported")
-    return GpuArray(int(ptr), count, dtype, bool(readonly), obj)
+    return GpuArray(int(ptr), count, dtype, bool(readonly), keep)
 
 
 def stream_handle(stream) -> int:
@@ -130,22 +187,39 @@ def stream_handle(stream) -> int:
 
 class GpuRequest:
     """Completion of a nonblocking GPU op: ``Wait`` makes the bound stream wait on the op's
-    completion event (the host does not block); ``Test`` queries the event."""
+    completion event; ``Test`` queries it. For a host-transfer op, both also report a failure
+    of the op's host part (al.MPIError, or al.TimeoutError after AL_HANG_TIMEOUT) once it is
+    known; ``Wait(timeout=t)`` waits at most `t` seconds for the host part to finish."""
 
     def __init__(self, backend: "GpuBackend", event: int, algorithm: str, keep, host_request=None):
         self._b, self._event, self.algorithm, self._keep = backend, event, algorithm, keep
         self._host = host_request
 
-    def Wait(self, timeout=None) -> None:
-        if self._host is not None:          # engine-side failures of a host-transfer op
-            if self._host.done:
-                self._host.Wait(timeout=0)
+    def Wait(self, timeout: float | None = None) -> None:
+        """Make the bound stream wait for the op (the host does not block).
+
+        Args:
+            timeout: None: never block the host. Seconds (host-transfer ops only): block until
+                the host part has finished, at most that long. NCCL ops ignore it.
+        Raises:
+            aluminum_py.TimeoutError: the host part did not finish within `timeout` (it stays
+                pending), or the engine abandoned it at AL_HANG_TIMEOUT.
+            aluminum_py.MPIError: the host part failed.
+        """
+        if self._host is not None:
+            if timeout is not None:
+                self._host._wait(float(timeout))
+            elif self._host.done:
+                self._host._wait(0.0)
         self._b.device.stream_wait_event(self._b.stream, self._event)
 
     def _wait(self, timeout=None) -> None:   # al.Waitall
         self.Wait(timeout)
 
     def Test(self) -> bool:
+        """True once the op has completed on the device (raises its host part's failure)."""
+        if self._host is not None and self._host.done:
+            self._host._wait(0.0)
         return self._b.device.event_query(self._event)
 
     def __del__(self):
@@ -162,20 +236,65 @@ class GpuRequest:
 class GpuBackend:
     """The GPU side of one Communicator (created on its first GPU op or by ``stream=``)."""
 
-    def __init__(self, comm, stream):
-        require_cuda("GPU communicator")
-        try:
-            import cupy
-            ordinal = cupy.cuda.Device().id
-        except Exception:
-            ordinal = 0
+    def __init__(self, comm, stream, device=None):
+        """`device`: the device interface (default: the CUDA device of `current_device()`);
+        the tests pass an ``aluminum_py.host_transfer.CpuDevice`` and a CPU stream's handle."""
+        if device is None:
+            require_cuda("GPU communicator")
+            device = _core.CudaDevice(current_device())
         self.comm = comm
         self.stream = stream_handle(stream)
-        self.device = _core.CudaDevice(ordinal)
+        self.device = device
         self._internal = None
         self._decider = None
         self._nccl_base = None
         self._nccl_pool: dict = {}
+        self._ctl = None                    # control traffic (NCCL id, tuning data)
+        self._unreported: list = []         # Requests of blocking host-transfer ops
+
+    def _arr(self, obj, name: str, writable: bool = False) -> GpuArray:
+        """as_gpu_array with this backend's stream (DLPack producers sync to it)."""
+        return as_gpu_array(obj, name, writable, stream=self.stream)
+
+    # -- failures of blocking host-transfer ops
+    def check(self) -> None:
+        """Raise the first failure, not reported yet, of an earlier blocking host-transfer op
+        whose host part has finished (called at every GPU operation on the communicator)."""
+        keep, failure = [], None
+        for r in self._unreported:
+            if failure is None and r.done:
+                try:
+                    r._wait(0.0)
+                except Error as e:
+                    failure = e
+            elif not r.done or failure is not None:
+                keep.append(r)
+        self._unreported = keep
+        if failure is not None:
+            raise failure
+
+    def drain(self, timeout: float | None) -> None:
+        """Wait until the host parts of the blocking host-transfer ops have finished, for
+        Communicator.Free. `timeout`: AL_HANG_TIMEOUT (None: no limit). The engine abandons
+        each host part `timeout` after its call, so this waits at most about that long; the
+        limit here leaves the engine time to notice. Failures stay unreported here (close()
+        returns them)."""
+        limit = -1.0 if timeout is None else 2.0 * timeout + 1.0
+        for r in self._unreported:
+            if not r._op.wait(limit):
+                raise TimeoutError(f"Free: {r._op.describe()}: the host part of a blocking "
+                                   f"host-transfer op did not finish within {limit:g} s")
+
+    # -- control traffic: a private duplicate, so it never interleaves with the engine's ops
+    def control_comm(self):
+        """The MPI communicator for the GPU backend's own control messages (the NCCL unique id,
+        the tuning data): a duplicate of the communicator's point-to-point MPI communicator,
+        made on first use. That first use is collective (the first NCCL or "auto" GPU op).
+        The engine never runs a collective there, so a bcast on it cannot be matched with a
+        collective that the engine starts later on the collective communicator."""
+        if self._ctl is None:
+            self._ctl = self.comm._p2p.Dup()
+        return self._ctl
 
     # -- streams and events
     def internal_stream(self) -> int:
@@ -197,31 +316,54 @@ class GpuBackend:
         self.device.event_record(ev, stream)
         return GpuRequest(self, ev, algorithm, keep, host_request)
 
-    def close(self) -> None:
-        """Destroy the NCCL communicators (Communicator.Free)."""
+    def close(self) -> Error | None:
+        """Communicator.Free (no host-transfer op is pending then): destroy the NCCL
+        communicators, the internal stream (CUDA releases it once its queued work has run) and
+        the control communicator. Returns the first unreported failure of a blocking
+        host-transfer op, for Free to raise once everything is released."""
         for c in list(self._nccl_pool.values()) + [self._nccl_base]:
             if c is not None:
                 c.destroy()
         self._nccl_pool.clear()
         self._nccl_base = None
+        if self._internal is not None:
+            s, self._internal = self._internal, None
+            self.device.stream_destroy(s)
+        if self._ctl is not None:
+            self._ctl.Free()
+            self._ctl = None
+        try:
+            self.check()
+        except Error as e:
+            return e
+        return None
 
     # -- NCCL communicators: the base one and the CTA-limited pool split from it
+    @staticmethod
+    def _nccl_blocking():
+        """ncclConfig_t.blocking: 0 when AL_HANG_TIMEOUT is set (else NCCL's default, 1)."""
+        return False if config.hang_timeout() is not None else None
+
     def nccl_comm(self, min_ctas=None, max_ctas=None) -> nccl.NcclComm:
         if min_ctas is None and os.environ.get("AL_NCCL_MIN_CTAS"):
             min_ctas = int(os.environ["AL_NCCL_MIN_CTAS"])
         if max_ctas is None and os.environ.get("AL_NCCL_MAX_CTAS"):
             max_ctas = int(os.environ["AL_NCCL_MAX_CTAS"])
         if self._nccl_base is None:
-            mpi = self.comm.mpi_comm
+            mpi = self.control_comm()
             uid = nccl.get_unique_id() if mpi.Get_rank() == 0 else None
             uid = mpi.bcast(uid, root=0)
-            self._nccl_base = nccl.NcclComm(mpi.Get_size(), uid, mpi.Get_rank())
+            # with AL_HANG_TIMEOUT, a nonblocking communicator: its creation, splits and calls
+            # are then waited for with that timeout instead of blocking inside NCCL
+            self._nccl_base = nccl.NcclComm(mpi.Get_size(), uid, mpi.Get_rank(),
+                                            blocking=self._nccl_blocking())
         if min_ctas is None and max_ctas is None:
             return self._nccl_base
         key = (min_ctas, max_ctas)
         if key not in self._nccl_pool:      # collective: every rank asks in the same order
             self._nccl_pool[key] = self._nccl_base.split(0, self.comm.rank, min_ctas=min_ctas,
-                                                         max_ctas=max_ctas)
+                                                         max_ctas=max_ctas,
+                                                         blocking=self._nccl_blocking())
         return self._nccl_pool[key]
 
     # -- allreduce
@@ -230,7 +372,7 @@ class GpuBackend:
         paper's "minimal" hybrid), else NCCL when it loads, else host transfer."""
         if self._decider is None:         # collective, on the first GPU "auto" call
             from .communicator import tuning_data
-            exact, _, params = tuning_data(self.comm.mpi_comm, self.comm.size,
+            exact, _, params = tuning_data(self.control_comm(), self.comm.size,
                                            self.comm.local_size, "cuda")
             # only measured entries: the host cost model knows nothing of NCCL
             self._decider = tuning.Decider(self.comm.size, exact, {}, params, GPU_ALGORITHMS[1:])
@@ -241,8 +383,9 @@ class GpuBackend:
 
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):
-        s = as_gpu_array(sendbuf, "sendbuf", writable=recvbuf is None)
-        r = s if recvbuf is None else as_gpu_array(recvbuf, "recvbuf", writable=True)
+        self.check()
+        s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+        r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
             raise TypeError(f"recvbuf has dtype {r.dtype} but sendbuf has dtype {s.dtype}")
         if r.count < s.count:
@@ -268,29 +411,31 @@ class GpuBackend:
         stream = self.stream if blocking else self._fork()
         nop = self.comm._launcher.host_transfer_allreduce(
             self.device, stream, s.ptr, r.ptr, s.count, DTYPE_CODES[s.dtype][0], s.dtype.itemsize,
-            op.code, host_algorithm(alg), keep)
+            op.code, host_algorithm(alg), keep, config.hang_timeout_native())
         from .request import Request
         req = Request(nop, alg)
-        if blocking:
-            return None         # the engine finishes it; the stream orders later work after it
+        if blocking:            # the engine finishes it; the stream orders later work after it
+            self._unreported.append(req)
+            return None
         return self._join(stream, alg, keep, host_request=req)
 
     # -- the other collectives: NCCL's own, grouped send/recv where NCCL has none
     def _run(self, name: str, blocking: bool, keep, launch):
+        self.check()
         comm = self.nccl_comm()
         stream = self.stream if blocking else self._fork()
         launch(comm, stream)
         return None if blocking else self._join(stream, "nccl", keep)
 
     def _pair(self, sendbuf, recvbuf, send_name="sendbuf"):
-        s = as_gpu_array(sendbuf, send_name)
-        r = s if recvbuf is None else as_gpu_array(recvbuf, "recvbuf", writable=True)
+        s = self._arr(sendbuf, send_name)
+        r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
             raise TypeError(f"recvbuf has dtype {r.dtype} but {send_name} has dtype {s.dtype}")
         return s, r
 
     def bcast(self, buf, root: int, blocking: bool):
-        b = as_gpu_array(buf, "buf", writable=self.comm.rank != root)
+        b = self._arr(buf, "buf", writable=self.comm.rank != root)
         return self._run("bcast", blocking, (b.obj,), lambda c, st: c.broadcast(
             b.ptr, b.ptr, b.count, str(b.dtype), root, st))
 
@@ -360,13 +505,13 @@ class GpuBackend:
                              [(j, r.ptr + j * n * es, n, dt) for j in range(p)], blocking, (s.obj, r.obj))
 
     def gather(self, sendbuf, recvbuf, root: int, blocking: bool):
-        s = as_gpu_array(sendbuf, "sendbuf")
+        s = self._arr(sendbuf, "sendbuf")
         dt, es, p = str(s.dtype), s.dtype.itemsize, self.comm.size
         sends = [(root, s.ptr, s.count, dt)]
         recvs = []
         keep = [s.obj]
         if self.comm.rank == root:
-            r = as_gpu_array(recvbuf, "recvbuf", writable=True)
+            r = self._arr(recvbuf, "recvbuf", writable=True)
             if r.dtype != s.dtype or r.count < p * s.count:
                 raise ValueError(f"recvbuf: needs {p * s.count} elements of {s.dtype}")
             recvs = [(j, r.ptr + j * s.count * es, s.count, dt) for j in range(p)]
@@ -374,11 +519,11 @@ class GpuBackend:
         return self.exchange(sends, recvs, blocking, tuple(keep))
 
     def scatter(self, sendbuf, recvbuf, root: int, blocking: bool):
-        r = as_gpu_array(recvbuf, "recvbuf", writable=True)
+        r = self._arr(recvbuf, "recvbuf", writable=True)
         dt, es, p = str(r.dtype), r.dtype.itemsize, self.comm.size
         sends, keep = [], [r.obj]
         if self.comm.rank == root:
-            s = as_gpu_array(sendbuf, "sendbuf")
+            s = self._arr(sendbuf, "sendbuf")
             if s.dtype != r.dtype or s.count < p * r.count:
                 raise ValueError(f"sendbuf: needs {p * r.count} elements of {r.dtype}")
             sends = [(j, s.ptr + j * r.count * es, r.count, dt) for j in range(p)]
@@ -386,11 +531,11 @@ class GpuBackend:
         return self.exchange(sends, [(root, r.ptr, r.count, dt)], blocking, tuple(keep))
 
     def send(self, buf, dest: int, blocking: bool):
-        b = as_gpu_array(buf, "buf")
+        b = self._arr(buf, "buf")
         return self.exchange([(dest, b.ptr, b.count, str(b.dtype))], [], blocking, (b.obj,))
 
     def recv(self, buf, source: int, blocking: bool):
-        b = as_gpu_array(buf, "buf", writable=True)
+        b = self._arr(buf, "buf", writable=True)
         return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, blocking: bool):

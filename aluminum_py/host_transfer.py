@@ -52,8 +52,23 @@ def allreduce(comm, device, stream, sendbuf: np.ndarray, recvbuf: np.ndarray | N
     check_op(op, code, s.dtype)
     alg = host_algorithm(algorithm)
     nop = comm._launcher.host_transfer_allreduce(device, stream.handle, _core.addr(s), _core.addr(r),
-                                                 s.size, code, s.itemsize, op.code, alg, (s, r))
+                                                 s.size, code, s.itemsize, op.code, alg, (s, r),
+                                                 config.hang_timeout_native())
     return Request(nop, "ht_" + nop.name.split("/ht_")[1])
+
+
+def bind(comm, device, stream) -> None:
+    """Give `comm` a GPU backend on `device` (a :class:`CpuDevice`) bound to `stream` (one of
+    its streams), instead of the CUDA device: objects with ``__cuda_array_interface__`` over
+    host memory then run the communicator's GPU code paths (host-transfer algorithms, events,
+    the internal stream, error reporting) on the CPU. For tests; call it right after creating
+    the communicator."""
+    from .gpu import GpuBackend
+    if comm._gpu is not None:
+        raise ValueError("comm: the communicator already has a GPU backend")
+    if not isinstance(device, CpuDevice):
+        raise TypeError(f"device: expected a host_transfer.CpuDevice, got {type(device).__name__}")
+    comm._gpu = GpuBackend(comm, stream.handle, device=device)
 
 
 def phase_times(request: Request) -> tuple[float, float, float, float]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from . import config
+from . import _core, config
 from .errors import Error, MPIError, TimeoutError
 
 
@@ -11,6 +11,8 @@ def _check(op) -> None:
     err = op.error
     if err is not None:
         code, msg = err
+        if code == _core.ERR_TIMEOUT:      # abandoned by the engine at its AL_HANG_TIMEOUT deadline
+            raise TimeoutError(f"{op.name}: {msg}")
         raise MPIError(f"{op.name}: {msg}", code)
 
 

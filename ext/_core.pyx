@@ -67,6 +67,9 @@ cdef extern from "al_device.h" nogil:
         int (*write_value32)(void*, void*, uint32_t*, uint32_t) noexcept nogil
         void* (*host_alloc)(void*, size_t) noexcept nogil
         void (*host_free)(void*, void*) noexcept nogil
+        int (*stream_create)(void*, void**) noexcept nogil
+        int (*stream_destroy)(void*, void*) noexcept nogil
+        int (*stream_wait_event)(void*, void*, void*) noexcept nogil
     ctypedef struct al_cpu_trace:
         int kind
         double t
@@ -78,11 +81,10 @@ cdef extern from "al_device.h" nogil:
         long executed
     al_device* al_cpu_device_new()
     al_device* al_cuda_device_new(int ordinal, char* err, size_t errlen)
-    int al_cuda_stream_create(al_device*, void**)
-    int al_cuda_stream_wait_event(al_device*, void*, void*)
-    al_cpu_stream* al_cpu_stream_new(al_cpu_ctx*)
+    int al_cuda_current_device(int* ordinal, char* err, size_t errlen)
     int al_cpu_stream_sync(al_cpu_stream*, double)
     int al_cpu_memcpy_async(void*, void*, const void*, size_t, void*)
+    int al_cpu_delay(void*, double)
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -125,6 +127,10 @@ cdef enum:
     RECV_INTO_REDUCE = 3   # receive into recvbuf[off]; recvbuf[off] = sendbuf[off] op recvbuf[off]
     FROM_SEND = 0
     FROM_RECV = 1
+
+# op.err of an op abandoned by the engine at its hang-timeout deadline (Python: TimeoutError)
+DEF AL_ERR_TIMEOUT = -2
+ERR_TIMEOUT = AL_ERR_TIMEOUT
 
 KIND_NAMES = ("schedule", "allreduce", "reduce", "reduce_scatter", "allgather", "bcast",
               "alltoall", "gather", "scatter", "barrier", "send", "recv", "sendrecv",
@@ -198,6 +204,8 @@ ctypedef struct al_op:
     al_op* inner         # the host algorithm, in place on `pinned`
     int ht_phase         # 0 wait D2H, 1 host algorithm, 2 release stream, 3 wait H2D
     double ht_times[4]   # when each phase ended (al_now), for ordering checks
+    double hang          # > 0: AL_HANG_TIMEOUT (s) for the host part, from the call
+    double deadline      # when the host part is abandoned (hang > 0)
 
 # ---------------------------------------------------------------------------
 # Scratch buffers: a small pool so that large ops don't fault fresh pages each time
@@ -402,6 +410,8 @@ cdef int ht_step(al_op* op) noexcept nogil:
     """Host-transfer state machine (paper Figs. 5-6), polled by the engine; never blocks."""
     cdef int q
     cdef void* ctx = op.dev.ctx
+    if op.ht_phase <= 1 and op.hang > 0 and al_now() > op.deadline:
+        return ht_abandon(op)
     if op.ht_phase == 0:                          # device -> pinned copy done?
         q = op.dev.event_query(ctx, op.ev_d2h)
         if q == 0:
@@ -434,6 +444,33 @@ cdef int ht_step(al_op* op) noexcept nogil:
     op.dev.event_destroy(ctx, op.ev_d2h)
     op.dev.event_destroy(ctx, op.ev_h2d)
     op.dev.host_free(ctx, op.pinned)              # only after the last copy completed
+    op.pinned = NULL
+    return op_finish(op)
+
+cdef int ht_abandon(al_op* op) noexcept nogil:
+    """The host part missed its deadline (AL_HANG_TIMEOUT): fail the op and release the stream.
+
+    The inner algorithm's point-to-point requests are cancelled; an MPI collective request is
+    left to MPI (freeing or cancelling one is erroneous).  The pinned buffer and the inner
+    op's scratch are leaked: the device or MPI may still write into them.  The events are
+    destroyed (both device implementations free an event once its queued uses have run)."""
+    cdef al_op* inner = op.inner
+    cdef int i
+    if inner.phase == PH_RUNNING:
+        if inner.kind == K_SCHEDULE:
+            for i in range(inner.nreqs):
+                mpi.MPI_Cancel(&inner.reqs[i])
+                mpi.MPI_Request_free(&inner.reqs[i])
+        inner.nreqs = 0
+        inner.tmp = NULL
+        inner.phase = PH_DONE
+    op.err = AL_ERR_TIMEOUT
+    snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT; a peer that never "
+             "joined, or a stream that never reached the operation?); the stream was released and "
+             "the result is undefined", op.hang)
+    al_store_release(<int*>op.flag, 1)
+    op.dev.event_destroy(op.dev.ctx, op.ev_d2h)
+    op.dev.event_destroy(op.dev.ctx, op.ev_h2d)
     op.pinned = NULL
     return op_finish(op)
 
@@ -981,16 +1018,67 @@ cdef class Schedule:
 
 
 cdef class Device:
-    """A device behind the al_device interface (ext/al_device.h)."""
+    """A device behind the al_device interface (ext/al_device.h): streams and events are
+    handles (ints). Failures raise aluminum_py.Error naming the CUDA call."""
     cdef al_device* dev
     cdef readonly str kind
+
+    cdef int fail(self, str call) except -1:
+        _hooks.fail(f"{call} failed" + ("" if self.kind == "cuda" else f" ({self.kind} device)"))
+        return -1
+
+    def stream_create(self):
+        """A new stream (CUDA: non-blocking) as a handle."""
+        cdef void* st = NULL
+        if self.dev.stream_create(self.dev.ctx, &st) != 0:
+            self.fail("cuStreamCreate")
+        return <uintptr_t>st
+
+    def stream_destroy(self, uintptr_t stream):
+        """Release `stream` once the work queued on it has run (CUDA: cuStreamDestroy returns
+        at once; CPU: joins the worker thread). The handle is invalid afterwards."""
+        cdef int rc
+        with nogil:
+            rc = self.dev.stream_destroy(self.dev.ctx, <void*>stream)
+        if rc != 0:
+            self.fail("cuStreamDestroy")
+
+    def event_create(self):
+        cdef void* ev = NULL
+        if self.dev.event_create(self.dev.ctx, &ev) != 0:
+            self.fail("cuEventCreate")
+        return <uintptr_t>ev
+
+    def event_record(self, uintptr_t ev, uintptr_t stream):
+        if self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream) != 0:
+            self.fail("cuEventRecord")
+
+    def event_query(self, uintptr_t ev):
+        """True once the event's latest record has run."""
+        cdef int q = self.dev.event_query(self.dev.ctx, <void*>ev)
+        if q < 0:
+            self.fail(f"cuEventQuery (CUresult {-q})")
+        return q == 1
+
+    def event_destroy(self, uintptr_t ev):
+        self.dev.event_destroy(self.dev.ctx, <void*>ev)
+
+    def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
+        """Enqueue a copy (device or pinned addresses) on `stream`."""
+        if self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream) != 0:
+            self.fail("cuMemcpyAsync")
+
+    def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
+        """Work queued on `stream` later waits for the event's latest record so far."""
+        if self.dev.stream_wait_event(self.dev.ctx, <void*>stream, <void*>ev) != 0:
+            self.fail("cuStreamWaitEvent")
 
 
 cdef class CpuDevice(Device):
     """The CPU implementation of the device interface: streams are worker threads that run
     queued copies, event records and value waits/writes in order; "device memory" is host
     memory. It lets the host-transfer state machine run under real MPI ranks without a GPU.
-    Devices and their streams live until the process exits."""
+    A device lives until the process exits; a stream until it is destroyed."""
     def __cinit__(self):
         self.dev = al_cpu_device_new()
         if self.dev == NULL:
@@ -998,18 +1086,18 @@ cdef class CpuDevice(Device):
         self.kind = "cpu"
 
     def stream(self):
+        """A new stream as a CpuStream object (its `handle` is what stream_create returns)."""
         cdef CpuStream st = CpuStream.__new__(CpuStream)
-        st.s = al_cpu_stream_new(<al_cpu_ctx*>self.dev.ctx)
-        if st.s == NULL:
-            raise MemoryError("could not start a CPU stream thread")
+        st.s = <al_cpu_stream*><uintptr_t>self.stream_create()
         st.device = self
         return st
 
     def trace(self):
         """Executed commands in order: (kind, time, address). Kinds: 'copy', 'record', 'wait',
-        'write', 'free' (a pinned buffer released)."""
+        'write', 'wait_event', 'delay', 'free' (a pinned buffer released)."""
         cdef al_cpu_ctx* c = <al_cpu_ctx*>self.dev.ctx
-        names = {1: "copy", 2: "record", 3: "wait", 4: "write", 5: "hostfn", 100: "free"}
+        names = {1: "copy", 2: "record", 3: "wait", 4: "write", 5: "hostfn", 7: "wait_event",
+                 8: "delay", 100: "free"}
         return [(names.get(c.trace[i].kind, str(c.trace[i].kind)), c.trace[i].t,
                  <uintptr_t>c.trace[i].p) for i in range(c.ntrace)]
 
@@ -1028,40 +1116,21 @@ cdef class CudaDevice(Device):
         self.kind = "cuda"
         self.ordinal = ordinal
 
-    def stream_create(self):
-        """A new non-blocking stream (handle)."""
-        cdef void* st = NULL
-        if al_cuda_stream_create(self.dev, &st) != 0:
-            _hooks.fail("cuStreamCreate failed")
-        return <uintptr_t>st
 
-    def event_create(self):
-        cdef void* ev = NULL
-        if self.dev.event_create(self.dev.ctx, &ev) != 0:
-            _hooks.fail("cuEventCreate failed")
-        return <uintptr_t>ev
-
-    def event_record(self, uintptr_t ev, uintptr_t stream):
-        if self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream) != 0:
-            _hooks.fail("cuEventRecord failed")
-
-    def event_query(self, uintptr_t ev):
-        cdef int q = self.dev.event_query(self.dev.ctx, <void*>ev)
-        if q < 0:
-            _hooks.fail(f"cuEventQuery failed (CUresult {-q})")
-        return q == 1
-
-    def event_destroy(self, uintptr_t ev):
-        self.dev.event_destroy(self.dev.ctx, <void*>ev)
-
-    def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
-        """Enqueue a copy (device or pinned addresses) on `stream`."""
-        if self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream) != 0:
-            _hooks.fail("cuMemcpyAsync failed")
-
-    def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
-        if al_cuda_stream_wait_event(self.dev, <void*>stream, <void*>ev) != 0:
-            _hooks.fail("cuStreamWaitEvent failed")
+def cuda_current_device():
+    """The ordinal of the device of this thread's current CUDA context (cuCtxGetCurrent,
+    cuCtxGetDevice), or None when no context is current. UnavailableError without a driver,
+    aluminum_py.Error when a driver call fails."""
+    cdef char err[256]
+    cdef int ordinal = -1, rc
+    err[0] = 0
+    rc = al_cuda_current_device(&ordinal, err, sizeof(err))
+    if rc < 0:
+        msg = (<bytes>err).decode("utf-8", "replace")
+        if msg.startswith("no CUDA driver"):
+            _hooks.unavailable(msg)
+        _hooks.fail(msg)
+    return ordinal if rc == 1 else None
 
 
 cdef class CpuStream:
@@ -1069,25 +1138,42 @@ cdef class CpuStream:
     cdef al_cpu_stream* s
     cdef readonly CpuDevice device
 
+    cdef al_cpu_stream* live(self) except NULL:
+        if self.s == NULL:
+            raise ValueError("the CPU stream has been destroyed")
+        return self.s
+
     @property
     def handle(self):
-        return <uintptr_t>self.s
+        return <uintptr_t>self.live()
 
     def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes):
         """Enqueue a copy (addresses) after everything already queued."""
-        if al_cpu_memcpy_async(NULL, <void*>dst, <const void*>src, nbytes, self.s) != 0:
+        if al_cpu_memcpy_async(NULL, <void*>dst, <const void*>src, nbytes, self.live()) != 0:
+            raise MemoryError()
+
+    def delay(self, double seconds):
+        """Enqueue a command that keeps the stream busy for `seconds` (a long kernel)."""
+        if al_cpu_delay(self.live(), seconds) != 0:
             raise MemoryError()
 
     def synchronize(self, double timeout=-1.0):
         """Wait until everything queued has run. Returns False on timeout."""
         cdef int rc
+        cdef al_cpu_stream* s = self.live()
         with nogil:
-            rc = al_cpu_stream_sync(self.s, timeout)
+            rc = al_cpu_stream_sync(s, timeout)
         return rc == 0
+
+    def destroy(self):
+        """Run what is queued, stop and join the worker thread, free the stream (idempotent)."""
+        if self.s != NULL:
+            h, self.s = <uintptr_t>self.s, NULL
+            self.device.stream_destroy(h)
 
     @property
     def executed(self):
-        return self.s.executed
+        return self.live().executed
 
 
 def ht_times(NativeOp o):
@@ -1360,14 +1446,16 @@ cdef class Launcher:
 
     def host_transfer_allreduce(self, Device dev, uintptr_t stream, uintptr_t dsend,
                                 uintptr_t drecv, Py_ssize_t count, int code, int esize,
-                                int opcode, str algorithm, keep):
+                                int opcode, str algorithm, keep, double timeout=-1.0):
         """Enqueue a host-transfer allreduce on `stream` and hand it to the engine.
 
         On the stream: copy dsend -> pinned, record an event, wait until the host writes the
         flag, copy pinned -> drecv, record an event.  The engine polls the first event, runs the
         host algorithm (`algorithm`, in place on the pinned buffer), writes the flag, polls the
         second event, then frees the pinned buffer.  The host never waits for the device.
-        Returns the NativeOp (submitted).
+        `timeout` > 0 (AL_HANG_TIMEOUT): the engine abandons the host part if it has not
+        finished that many seconds after this call (ht_abandon).  Returns the NativeOp
+        (submitted).
         """
         cdef size_t nbytes = <size_t>count * esize
         cdef al_device* d = dev.dev
@@ -1391,6 +1479,9 @@ cdef class Launcher:
         outer.op.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
         outer.op.flag[0] = 0
         outer.op.inner = inner.op
+        if timeout > 0:
+            outer.op.hang = timeout
+            outer.op.deadline = al_now() + timeout
         outer.name = "allreduce/ht_" + alg
         outer.keep = (self.state, inner, (dev, keep))
         if (d.event_create(d.ctx, &outer.op.ev_d2h) != 0 or d.event_create(d.ctx, &outer.op.ev_h2d) != 0

@@ -77,3 +77,195 @@ def test_nccl_point_to_point_argument_rules():
 def test_device_count_is_probed_once():
     n = gpu.cuda_device_count()
     assert gpu._device_count == n and gpu.cuda_device_count() == n
+
+
+# -- the native DLPack reader (aluminum_py._dlpack), on CPU producers
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def test_dlpack_reads_numpy_arrays_and_releases_them_once():
+    import sys
+    from aluminum_py import _dlpack
+    a = np.arange(24, dtype=np.int64).reshape(4, 6)
+    refs = sys.getrefcount(a)
+    t = _dlpack.read(a)
+    assert (t.device_type, t.device_id) == (_dlpack.CPU, 0)
+    assert t.ptr == a.ctypes.data and t.shape == (4, 6)
+    assert t.strides in (None, (6, 1)) and t.dtype_name == "int64" and t.lanes == 1
+    assert t.readonly is False and t.version[0] == 1          # numpy 2 answers max_version
+    assert sys.getrefcount(a) == refs + 1                      # the producer's reference
+    del t                                                      # -> the deleter, exactly once
+    assert sys.getrefcount(a) == refs
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    assert _dlpack.read(ro).readonly                            # the versioned read-only flag
+    s = _dlpack.read(a[:, 1::2])
+    assert s.strides == (6, 2) and s.ptr == a.ctypes.data + 8 and s.shape == (4, 3)
+
+
+def test_dlpack_capsule_protocol():
+    from aluminum_py import _dlpack
+    a = np.arange(5.0)
+    cap = a.__dlpack__()                                       # unversioned "dltensor"
+    t = _dlpack.from_capsule(cap)
+    assert t.version is None and t.ptr == a.ctypes.data
+    with pytest.raises(BufferError, match="already been consumed"):
+        _dlpack.from_capsule(cap)                              # renamed "used_dltensor"
+    vcap = a.__dlpack__(max_version=(1, 0))
+    assert _dlpack.from_capsule(vcap).version[0] == 1
+    with pytest.raises(BufferError, match="already been consumed"):
+        _dlpack.from_capsule(vcap)                             # "used_dltensor_versioned"
+    with pytest.raises(TypeError, match="expected a DLPack capsule"):
+        _dlpack.from_capsule(object())
+
+    class OldProducer:                                         # no max_version keyword
+        def __init__(self):
+            self.calls = []
+
+        def __dlpack__(self, stream=None):
+            self.calls.append(stream)
+            return a.__dlpack__()
+
+    p = OldProducer()
+    assert _dlpack.read(p).version is None and p.calls == [None]
+
+
+def test_dlpack_torch_tensors_bfloat16_and_strides():
+    torch = _torch()
+    from aluminum_py import _dlpack
+    base = torch.arange(24, dtype=torch.bfloat16).reshape(4, 6)
+    for t, strides in ((base, (6, 1)), (base.t(), (1, 6)), (base[1:, ::2], (6, 2))):
+        uses = t._use_count()
+        d = _dlpack.read(t)
+        assert d.dtype_name == "bfloat16" and (d.code, d.bits, d.lanes) == (_dlpack.BFLOAT, 16, 1)
+        assert d.ptr == t.data_ptr() and d.shape == tuple(t.shape)
+        assert d.strides in ((strides, None) if t.is_contiguous() else (strides,))
+        assert d.device_type == _dlpack.CPU
+        assert t._use_count() == uses + 1
+        del d
+        assert t._use_count() == uses                          # deleter called
+    h = _dlpack.read(torch.zeros(3, dtype=torch.float16))
+    assert h.dtype_name == "float16"
+    assert _dlpack.read(torch.zeros(2, dtype=torch.bool)).dtype_name == "bool8"
+
+
+def test_dlpack_array_checks():
+    torch = _torch()
+    from aluminum_py import _dlpack
+    t = torch.arange(12, dtype=torch.bfloat16)
+    g = gpu.dlpack_array(_dlpack.read(t), "sendbuf")
+    assert str(g.dtype) == "bfloat16" and g.count == 12 and g.ptr == t.data_ptr() and g.nbytes == 24
+    assert isinstance(g.obj, _dlpack.DLPackBuffer)             # kept alive with the op
+    with pytest.raises(ValueError, match="sendbuf is not C-contiguous"):
+        gpu.dlpack_array(_dlpack.read(t.reshape(3, 4).t()), "sendbuf")
+    with pytest.raises(TypeError, match="recvbuf: DLPack dtype bool8 is not supported"):
+        gpu.dlpack_array(_dlpack.read(torch.zeros(2, dtype=torch.bool)), "recvbuf")
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="recvbuf is read-only"):
+        gpu.dlpack_array(_dlpack.read(ro), "recvbuf", writable=True)
+
+
+class CudaClaim:
+    """A producer that reports a CUDA device but exports a CPU tensor, recording the stream it
+    is asked for (checks as_gpu_array's protocol handling without a GPU)."""
+
+    def __init__(self, arr, device=2):
+        self.arr, self.device, self.streams = arr, device, []
+
+    def __dlpack_device__(self):
+        return (self.device, 0)
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.streams.append(stream)
+        return self.arr.__dlpack__(max_version=max_version)
+
+
+def test_as_gpu_array_dlpack_protocol():
+    from aluminum_py.buffers import is_gpu_buffer
+    torch = _torch()
+    cpu = torch.ones(4)
+    assert not is_gpu_buffer(cpu) and not is_gpu_buffer(np.ones(2))   # CPU DLPack: host buffers
+    with pytest.raises(TypeError, match="sendbuf: not a GPU buffer"):
+        gpu.as_gpu_array(cpu, "sendbuf")
+    p = CudaClaim(np.ones(4, np.float32))
+    assert is_gpu_buffer(p)
+    for stream in (None, 0, 7):
+        with pytest.raises(TypeError, match="sendbuf: __dlpack_device__ says CUDA but the "
+                                            "DLPack tensor is on device type 1"):
+            gpu.as_gpu_array(p, "sendbuf", stream=stream)
+    assert p.streams == [-1, 1, 7]          # no sync; legacy default stream is 1; the handle
+    host = CudaClaim(np.ones(4, np.float32), device=3)            # kDLCUDAHost: no stream
+    with pytest.raises(TypeError):
+        gpu.as_gpu_array(host, "buf", stream=5)
+    assert host.streams == [None]
+
+
+# -- which device the host-transfer device uses
+
+def test_current_device_fallbacks(monkeypatch):
+    import sys
+    import types
+    if gpu.cuda_device_count() == 0:
+        with pytest.raises(al.UnavailableError, match="no CUDA driver|no CUDA device"):
+            al._core.cuda_current_device()
+    monkeypatch.setattr(al._core, "cuda_current_device", lambda: None)   # no current context
+    monkeypatch.setitem(sys.modules, "cupy", None)                       # no CuPy
+    assert gpu.current_device() == 0
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=3)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert gpu.current_device() == 3                                     # CuPy's current device
+    monkeypatch.setattr(al._core, "cuda_current_device", lambda: 1)
+    assert gpu.current_device() == 1                                     # the driver's answer wins
+
+    def broken():
+        raise al.Error("cuCtxGetDevice failed (CUresult 201)")
+    monkeypatch.setattr(al._core, "cuda_current_device", broken)
+    assert gpu.current_device() == 3
+
+
+# -- the CPU device interface: streams, cross-stream waits, destruction
+
+def test_cpu_device_streams_events_and_destroy():
+    import os
+    import time
+    dev = al._core.CpuDevice()
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    n0 = threads()
+    a, b = dev.stream(), dev.stream()
+    assert threads() == n0 + 2
+    src, mid, dst = np.arange(1000.0), np.zeros(1000), np.zeros(1000)
+    a.delay(0.3)
+    a.memcpy(mid.ctypes.data, src.ctypes.data, src.nbytes)
+    ev = dev.event_create()
+    dev.event_record(ev, a.handle)
+    assert not dev.event_query(ev)
+    dev.stream_wait_event(b.handle, ev)         # b waits for a's copy...
+    dev.event_destroy(ev)                       # ...even with the event destroyed (as CUDA)
+    dev.memcpy(dst.ctypes.data, mid.ctypes.data, mid.nbytes, b.handle)
+    assert b.synchronize(timeout=10) and np.array_equal(dst, src)
+    t0 = time.monotonic()
+    late = np.zeros(4)
+    a.delay(0.2)
+    a.memcpy(late.ctypes.data, src.ctypes.data, late.nbytes)
+    a.destroy()                                 # runs what is queued, joins the worker
+    assert time.monotonic() - t0 >= 0.15 and np.array_equal(late, src[:4])
+    assert threads() == n0 + 1
+    a.destroy()                                 # idempotent
+    with pytest.raises(ValueError, match="destroyed"):
+        a.memcpy(0, 0, 0)
+    h = dev.stream_create()                     # the interface's own create/destroy
+    assert threads() == n0 + 2
+    dev.stream_destroy(h)
+    b.destroy()
+    assert threads() == n0
+    never = dev.event_create()
+    assert dev.event_query(never)               # never recorded: complete, as in CUDA
+    dev.event_destroy(never)

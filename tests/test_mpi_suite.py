@@ -34,3 +34,21 @@ def test_mpi_suite(nranks):
     out = proc.stdout
     print(out[-20000:])
     assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{out[-8000:]}"
+
+
+def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
+    """tests/mpi/test_gpu_backend_cpu.py's control-communicator test at 2 ranks with MPICH's
+    bcast run as a nonblocking schedule (and no device collectives): MPICH then matches the
+    GPU backend's control bcast against collectives the engine has pending, so control traffic
+    on the collective communicator hangs here; on the private control communicator it passes."""
+    from mpi4py import MPI
+    if "MPICH" not in MPI.Get_library_version():
+        pytest.skip("the CVARs that expose the ordering are MPICH's")
+    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
+               MPIR_CVAR_DEVICE_COLLECTIVES="none", MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb")
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "pytest",
+           os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py"), "-k", "control", "--with-mpi",
+           "-q", "-p", "no:cacheprovider", "--timeout=60"]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-6000:]

@@ -1,0 +1,179 @@
+"""The communicator's GPU backend (aluminum_py.gpu.GpuBackend) run on the CPU device under real
+MPI ranks: "GPU buffers" are numpy arrays behind __cuda_array_interface__, streams are CPU
+worker threads (host_transfer.bind). Checks what the CUDA device cannot be checked for here:
+failures of blocking host-transfer ops, AL_HANG_TIMEOUT, GpuRequest.Wait(timeout=), pending
+counts, the internal stream's destruction and the private control communicator."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from aluminum_py import config
+from aluminum_py import host_transfer as ht
+
+pytestmark = pytest.mark.mpi
+
+
+class DeviceArray:
+    """A numpy array presented as a GPU buffer; with the CPU device, device memory is host
+    memory."""
+
+    def __init__(self, a: np.ndarray):
+        self.a = a
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str,
+                                         "data": (a.ctypes.data, False), "strides": None,
+                                         "version": 3}
+
+
+@pytest.fixture(scope="module")
+def device():
+    return ht.CpuDevice()
+
+
+@pytest.fixture
+def bound(device):
+    """A fresh communicator whose GPU backend runs on the CPU device, and its bound stream."""
+    comm = al.Communicator()
+    stream = device.stream()
+    ht.bind(comm, device, stream)
+    yield comm, stream
+    stream.destroy()
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_until(predicate, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("algorithm", ["ht_ring", "ht_mpi", "ht_rabenseifner"])
+def test_blocking_and_nonblocking_allreduce(bound, algorithm):
+    comm, stream = bound
+    n = comm.size
+    x = np.full(1001, comm.rank + 1.0)
+    y = np.arange(77, dtype=np.int32) * (comm.rank + 1)
+    comm.Allreduce(DeviceArray(x), algorithm=algorithm)
+    req = comm.Iallreduce(DeviceArray(y), op=al.MAX, algorithm=algorithm)
+    assert req.algorithm == algorithm
+    req.Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    assert np.all(x == n * (n + 1) / 2)
+    assert np.array_equal(y, np.arange(77, dtype=np.int32) * n)
+    comm.Free()
+
+
+def test_free_destroys_the_internal_stream(bound):
+    comm, stream = bound
+    x = np.ones(10)
+    comm.Iallreduce(DeviceArray(x), algorithm="ht_ring").Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    before = threads()
+    comm.Free()                               # joins the internal stream's worker thread
+    assert threads() == before - 1
+    assert np.all(x == comm.size)
+
+
+def test_blocking_failure_is_raised_at_the_next_gpu_op(bound, monkeypatch):
+    """A blocking host-transfer op whose host part misses AL_HANG_TIMEOUT (every rank's stream
+    is busy for longer) counts as pending until the engine abandons it; the failure is raised
+    once, by the next GPU op, which then does not run; the communicator keeps working."""
+    comm, stream = bound
+    monkeypatch.setattr(config, "_hang_timeout", 0.5)
+    stream.delay(2.5)
+    x = np.ones(16)
+    t0 = time.monotonic()
+    comm.Allreduce(DeviceArray(x), algorithm="ht_ring")
+    assert time.monotonic() - t0 < 0.5               # the host was not blocked
+    assert comm._state.pending == 1
+    wait_until(lambda: comm._state.pending == 0)    # abandoned at its deadline
+    monkeypatch.setattr(config, "_hang_timeout", None)
+    y = np.ones(16)
+    with pytest.raises(al.TimeoutError, match=r"^allreduce/ht_ring: host part not complete "
+                                              r"after 0\.5 s \(AL_HANG_TIMEOUT"):
+        comm.Allreduce(DeviceArray(y), algorithm="ht_ring")
+    assert np.all(y == 1)
+    comm.Allreduce(DeviceArray(y), algorithm="ht_ring")   # reported once; still works
+    assert stream.synchronize(timeout=60)
+    assert np.all(y == comm.size)
+    comm.Free()
+
+
+def test_unreported_failure_is_raised_by_free(bound, monkeypatch):
+    """Free waits for the blocking op's host part (abandoned at AL_HANG_TIMEOUT), frees
+    everything, then raises its failure."""
+    comm, stream = bound
+    monkeypatch.setattr(config, "_hang_timeout", 0.2)
+    stream.delay(1.0)
+    comm.Allreduce(DeviceArray(np.ones(4)), algorithm="ht_recursive_doubling")
+    with pytest.raises(al.TimeoutError, match="allreduce/ht_recursive_doubling: host part"):
+        comm.Free()
+    comm.Free()                                        # freed all the same: a no-op now
+    with pytest.raises(al.Error, match="freed"):
+        comm.Allreduce(np.ones(4))
+
+
+def test_gpu_request_wait_timeout_and_host_failure(bound, monkeypatch):
+    comm, stream = bound
+    stream.delay(1.5)
+    x = np.full(100, 1.0)
+    req = comm.Iallreduce(DeviceArray(x), algorithm="ht_recursive_doubling")
+    assert comm._state.pending == 1                   # counted until its host part is done
+    with pytest.raises(al.Error, match="Free: 1 operations are still pending"):
+        comm.Free()
+    t0 = time.monotonic()
+    req.Wait()                                         # no timeout: the host does not block
+    assert time.monotonic() - t0 < 1.0
+    assert not req.Test()
+    with pytest.raises(al.TimeoutError, match="not complete after 0.05 s"):
+        req.Wait(timeout=0.05)                         # the host part is still waiting
+    req.Wait(timeout=60)
+    assert req.Test()
+    assert stream.synchronize(timeout=60)
+    assert np.all(x == comm.size)
+
+    monkeypatch.setattr(config, "_hang_timeout", 0.2)
+    stream.delay(1.0)
+    req = comm.Iallreduce(DeviceArray(np.ones(8)), algorithm="ht_ring")
+    monkeypatch.setattr(config, "_hang_timeout", None)
+    with pytest.raises(al.TimeoutError, match="AL_HANG_TIMEOUT"):
+        req.Wait(timeout=30)                           # its own host part failed
+    with pytest.raises(al.TimeoutError, match="AL_HANG_TIMEOUT"):
+        req.Test()
+    assert stream.synchronize(timeout=60)
+    comm.Free()
+
+
+def test_control_traffic_does_not_interleave_with_engine_collectives(bound):
+    """Rank 0's stream is busy, so its engine holds an ht_mpi op and, behind it, an MPI
+    Iallreduce; the other ranks start both at once. The first "auto" GPU decision then
+    broadcasts the tuning data from the calling thread: on the collective communicator rank 0
+    would issue that bcast before its two held collectives and the others after theirs.
+    On the private control communicator the order cannot mix. (MPICH's default bcast tolerates
+    the mixed order; tests/test_mpi_suite.py runs this test with MPICH's bcast as a nonblocking
+    schedule, which hangs on the collective communicator.)"""
+    comm, stream = bound
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    if comm.rank == 0:
+        stream.delay(1.0)
+    x = np.full(100, 1.0)
+    y = np.full(100, float(comm.rank + 1))
+    comm.Allreduce(DeviceArray(x), algorithm="ht_mpi")
+    req = comm.Iallreduce(y, algorithm="mpi")
+    choice = comm._gpu.choose(4096, 4)                 # collective: tuning data from rank 0
+    assert choice in al.algorithms("allreduce", "cuda") or choice == "ht_auto"
+    req.Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    assert np.all(x == comm.size)
+    assert np.all(y == sum(range(1, comm.size + 1)))
+    ctl = comm._gpu.control_comm()
+    assert ctl.Get_size() == comm.size and ctl != comm.mpi_comm
+    comm.Free()
+    assert comm._gpu._ctl is None
