@@ -62,3 +62,64 @@ def test_other_collectives(comm):
     stream.synchronize()
     assert np.all(out_b == 0)
     assert np.array_equal(out_g, np.repeat(np.arange(c.size), 10))
+
+
+def _fresh(stream=None):
+    s = stream or cp.cuda.Stream(non_blocking=True)
+    return al.Communicator(stream=s), s
+
+
+def test_device_of_the_current_context(comm):
+    from aluminum_py import gpu
+    c, _ = comm
+    assert al._core.cuda_current_device() == cp.cuda.Device().id == gpu.current_device()
+    assert c._gpu.device.ordinal == cp.cuda.Device().id
+
+
+def test_free_destroys_the_internal_stream_after_its_work():
+    c, stream = _fresh()
+    with stream:
+        x = cp.ones(1 << 20, dtype=cp.float32)
+        reqs = [c.Iallreduce(x, algorithm=a) for a in ("nccl", "ht_ring")]
+        for r in reqs:
+            r.Wait(timeout=60)
+        out = cp.asnumpy(x, stream=stream)
+    stream.synchronize()
+    assert c._gpu._internal is not None
+    c.Free()                                   # cuStreamDestroy after the last op on it
+    assert c._gpu._internal is None and c._gpu._ctl is None
+    assert np.all(out == c.size ** 2)
+
+
+def test_nonblocking_nccl_communicator_under_hang_timeout(monkeypatch):
+    from aluminum_py import config
+    monkeypatch.setattr(config, "_hang_timeout", 60.0)
+    c, stream = _fresh()
+    with stream:
+        x = cp.full(1000, 2.0, dtype=cp.float32)
+        c.Allreduce(x, algorithm="nccl")
+        c.Allreduce(x, algorithm="nccl", max_ctas=2)           # a nonblocking split too
+        with al.nccl.group():
+            pass
+        out = cp.asnumpy(x, stream=stream)
+    stream.synchronize()
+    assert c._gpu._nccl_base.config["blocking"] is False
+    assert np.all(out == 2.0 * c.size ** 2)
+    c.Free()
+
+
+def test_torch_bfloat16_through_dlpack():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    torch.cuda.set_device(cp.cuda.Device().id)
+    s = torch.cuda.Stream()
+    c = al.Communicator(stream=s)
+    with torch.cuda.stream(s):
+        x = torch.full((1000,), 1.5, dtype=torch.bfloat16, device="cuda")
+        y = x.clone()
+        c.Allreduce(x, algorithm="nccl")
+        c.Allreduce(y, algorithm="ht_ring")
+    s.synchronize()
+    assert torch.all(x.float().cpu() == 1.5 * c.size) and torch.all(y.float().cpu() == 1.5 * c.size)
+    c.Free()
