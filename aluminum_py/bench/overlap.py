@@ -11,9 +11,10 @@ the iteration (so sleep overshoot does not accumulate) and the caller sleeps unt
 free.  ``--compute numpy`` does real numpy work until each deadline instead (it then competes
 with the engine for the CPU, as CPU training does).
 
-The allreduce cost OSF uses (and adafusion plans with) is fitted to per-op times of bursts of
-back-to-back ``Iallreduce`` calls measured at the start of the run, over the bucket sizes that
-occur.
+The allreduce cost OSF uses (and adafusion, osf and deft plan with) is measured at the start of
+the run (:func:`measure_cost`): per-op times of bursts of back-to-back AVG ``Iallreduce`` calls,
+as the synchronizer issues them, at sizes from 256 B to all the gradients, log-log
+interpolated (``--cost``).
 """
 from __future__ import annotations
 
@@ -47,36 +48,31 @@ def build_parser():
                          "or separate arrays (buckets packed into fusion buffers)")
     ap.add_argument("--deft-threshold", type=int, default=4 << 20,
                     help="bucket size for policy deft (bytes, default 4 MiB)")
+    ap.add_argument("--cost", choices=("table", "piecewise", "alpha_beta"), default="table",
+                    help="allreduce cost model fitted to the probe (default: the measured "
+                         "points, log-log interpolated)")
     ap.add_argument("--json", default=None)
     return ap
 
 
-def measure_cost(comm, world, sizes, reps=5, burst=8, gap=0.0):
-    """Per-op time (max over ranks, median over `reps`) of float32 allreduces of `sizes` bytes
-    issued as the synchronizer issues them during a backward pass: `burst` Iallreduce calls
-    `gap` seconds apart (the caller sleeping in between), then Wait on all.
-
-    Under OSF's one-channel model the burst ends at ``max((burst - 1) * gap + c, burst * c)``
-    for a per-op time ``c``, which this inverts.  (gap=0: back-to-back calls.)"""
+def measure_cost(comm, world, sizes, reps=5, burst=8, op=None):
+    """Per-op time (max over ranks, median over `reps`) of float32 allreduces (`op`, default
+    AVG as the synchronizer's) of `sizes` bytes, `burst` Iallreduce calls back to back then
+    Wait on all.  (A single Iallreduce + Wait overestimates the per-op cost of a stream of
+    bucket allreduces, whose latencies overlap.)"""
     import aluminum_py as al
     from mpi4py import MPI
     times = []
     for n in sizes:
+        op = al.AVG if op is None else op
         xs = [np.ones(max(1, n // 4), dtype=np.float32) for _ in range(burst)]
-        al.Waitall([comm.Iallreduce(x) for x in xs])
+        al.Waitall([comm.Iallreduce(x, op=op) for x in xs])
         ts = []
         for _ in range(reps):
             world.Barrier()
-            t0 = deadline = time.perf_counter()
-            reqs = []
-            for x in xs:
-                until(deadline)
-                reqs.append(comm.Iallreduce(x))
-                deadline += gap
-            al.Waitall(reqs)
-            total = time.perf_counter() - t0
-            hidden = total - (burst - 1) * gap
-            ts.append(hidden if hidden <= gap else total / burst)
+            t0 = time.perf_counter()
+            al.Waitall([comm.Iallreduce(x, op=op) for x in xs])
+            ts.append((time.perf_counter() - t0) / burst)
         times.append(world.allreduce(float(np.median(ts)), op=MPI.MAX))
     return times
 
@@ -103,9 +99,11 @@ def main(argv=None) -> int:
     t_f = list(per_layer * args.compute_scale)              # forward seconds (forward order)
     t_b = list(2.0 * per_layer * args.compute_scale)        # backward seconds (forward order)
     m = [g.nbytes for g in grads]
-    probe = sorted({1 << k for k in range(8, 30) if (1 << k) <= 2 * sum(m)} | {sum(m)})
-    gap = float(np.median(t_b))
-    cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe, gap=gap), kind="piecewise")
+    probe = sorted({1 << k for k in range(8, 30, 2) if (1 << k) <= sum(m)} | {sum(m)})
+    cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe), kind=args.cost)
+    if comm.rank == 0:
+        print(f"# allreduce cost ({args.cost} fit) per op in bursts: "
+              + ", ".join(f"{human(n)} {cost(n) * 1e6:.0f} us" for n in probe))
     policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra", "deft"] \
         if args.policy == "all" else args.policy.split(",")
     runs = []                                 # label, synchronizer, prediction, predictor
@@ -157,8 +155,9 @@ def main(argv=None) -> int:
 
 
 def predict(sync, t_f, t_b, m, cost):
-    """The model's iteration time for a synchronizer: OSF's timeline of its buckets, or for
-    policy "deft" the DeFT simulator on its pieces (steady state)."""
+    """The model's iteration time for a synchronizer: OSF's timeline of its buckets
+    (osf.predict_iteration), or for policy "deft" the DeFT simulator on its pieces (steady
+    state)."""
     if sync.policy == "deft":
         from ..planning import deft
         d = sync._deft
@@ -179,17 +178,17 @@ def report(args, rows, size, nlayers, nbytes, t_comp):
           f"({args.compute}), {size} ranks, median of {args.iters} iterations")
     print(f"{'policy':<16} {'buckets':>7} {'measured ms':>12} {'model ms':>9} {'error':>7}  model")
     for r in rows:
-        extra = (f", {r['updates_per_iteration']:.2f} updates/iteration "
+        extra = (f": {r['updates_per_iteration']:.2f} updates/iteration "
                  f"(simulated {r['predicted_updates']:.2f})" if "predicted_updates" in r else "")
         print(f"{r['policy']:<16} {r['buckets']:>7} {r['measured'] * 1e3:>12.2f} "
               f"{r['predicted'] * 1e3:>9.2f} {r['error'] * 100:>6.1f}%  {r['model']}{extra}")
     by = {r["policy"]: r["measured"] for r in rows}
-    if "none" in by and "adafusion" in by:
-        print(f"# adafusion vs none: {by['none'] / by['adafusion']:.2f}x faster")
     fixed = {k: v for k, v in by.items() if k.startswith("fixed")}
-    if fixed and "adafusion" in by:
-        best = min(fixed, key=fixed.get)
-        print(f"# adafusion vs best fixed ({best}): {fixed[best] / by['adafusion']:.2f}x")
+    best = min(fixed, key=fixed.get) if fixed else None
+    for name in ("adafusion", "osf"):
+        if name in by and "none" in by:
+            print(f"# {name} vs none: {by['none'] / by[name]:.2f}x faster"
+                  + (f"; vs best fixed ({best}): {fixed[best] / by[name]:.2f}x" if best else ""))
     errs = [abs(r["error"]) for r in rows if r["model"] == "OSF"]
     if errs:
         print(f"# OSF prediction error over {len(errs)} policies: median "
