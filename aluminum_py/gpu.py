@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,9 +209,11 @@ class GpuRequest:
         """
         if self._host is not None:
             if timeout is not None:
-                self._host._wait(float(timeout))
+                self._b.report(self._host, float(timeout))
             elif self._host.done:
-                self._host._wait(0.0)
+                self._b.report(self._host, 0.0)
+            elif self._host not in self._b._unreported:
+                self._b._unreported.append(self._host)    # its failure: at the next GPU op / Free
         self._b.device.stream_wait_event(self._b.stream, self._event)
 
     def _wait(self, timeout=None) -> None:   # al.Waitall
@@ -219,7 +222,7 @@ class GpuRequest:
     def Test(self) -> bool:
         """True once the op has completed on the device (raises its host part's failure)."""
         if self._host is not None and self._host.done:
-            self._host._wait(0.0)
+            self._b.report(self._host, 0.0)
         return self._b.device.event_query(self._event)
 
     def __del__(self):
@@ -231,6 +234,18 @@ class GpuRequest:
     @property
     def done(self) -> bool:
         return self.Test()
+
+
+_ABANDONED: list = []     # host requests abandoned at AL_HANG_TIMEOUT, kept with their buffers
+
+
+def _retain_if_abandoned(r) -> None:
+    """Keep an abandoned host-transfer op (and through it the user's buffers) alive for the
+    life of the process: the engine gave up on it, but its stream may still run the copies
+    queued for it, into those buffers (as its pinned buffer is leaked)."""
+    err = r._op.error
+    if err is not None and err[0] == _core.ERR_TIMEOUT:
+        _ABANDONED.append(r)
 
 
 class GpuBackend:
@@ -257,17 +272,33 @@ class GpuBackend:
         return as_gpu_array(obj, name, writable, stream=self.stream)
 
     # -- failures of blocking host-transfer ops
+    def report(self, r, timeout: float) -> None:
+        """Wait up to `timeout` for host request `r` and raise its failure (once: it leaves
+        the unreported list). An op the engine abandoned at AL_HANG_TIMEOUT is retained for
+        the life of the process: its stream may still copy into its buffers."""
+        try:
+            r._wait(timeout)
+        except Error:
+            if r.done:
+                if r in self._unreported:
+                    self._unreported.remove(r)
+                _retain_if_abandoned(r)
+            raise
+
     def check(self) -> None:
-        """Raise the first failure, not reported yet, of an earlier blocking host-transfer op
-        whose host part has finished (called at every GPU operation on the communicator)."""
+        """Raise the first failure, not reported yet, of an earlier host-transfer op whose host
+        part has finished (blocking ops, and nonblocking ones whose Wait came first; called at
+        every GPU operation on the communicator)."""
         keep, failure = [], None
         for r in self._unreported:
-            if failure is None and r.done:
+            done = r.done                   # read once: the engine may finish r meanwhile
+            if failure is None and done:
                 try:
                     r._wait(0.0)
                 except Error as e:
                     failure = e
-            elif not r.done or failure is not None:
+                    _retain_if_abandoned(r)
+            elif not done or failure is not None:
                 keep.append(r)
         self._unreported = keep
         if failure is not None:
@@ -280,8 +311,10 @@ class GpuBackend:
         limit here leaves the engine time to notice. Failures stay unreported here (close()
         returns them)."""
         limit = -1.0 if timeout is None else 2.0 * timeout + 1.0
+        deadline = time.monotonic() + limit
         for r in self._unreported:
-            if not r._op.wait(limit):
+            left = -1.0 if limit < 0 else max(0.0, deadline - time.monotonic())
+            if not r._op.wait(left):
                 raise TimeoutError(f"Free: {r._op.describe()}: the host part of a blocking "
                                    f"host-transfer op did not finish within {limit:g} s")
 

@@ -165,6 +165,7 @@ def settle(handle: int, what: str, timeout: float | None = None) -> None:
             abort it to give up).
         NcclError: the state became an error.
     """
+    _need()
     if timeout is None:
         timeout = config.hang_timeout()
     state = _nccl.comm_wait(handle, -1.0 if timeout is None else float(timeout))

@@ -101,6 +101,8 @@ def comm_wait(uintptr_t comm, double timeout):
     ncclInProgress or `timeout` seconds passed (< 0: no limit). Returns the last state."""
     cdef ncclResult_t state = 0, rc
     cdef long polls = 0
+    if not loaded:
+        raise RuntimeError("comm_wait: libnccl.so.2 is not loaded")
     with nogil:
         rc = al_nccl_poll(api.CommGetAsyncError, <ncclComm_t>comm, timeout, &state, &polls)
     check(rc, <ncclComm_t>comm, "ncclCommGetAsyncError")

@@ -177,3 +177,48 @@ def test_control_traffic_does_not_interleave_with_engine_collectives(bound):
     assert ctl.Get_size() == comm.size and ctl != comm.mpi_comm
     comm.Free()
     assert comm._gpu._ctl is None
+
+
+def test_abandoned_op_keeps_its_buffers_alive(bound, monkeypatch):
+    """The engine abandons a host part at AL_HANG_TIMEOUT while its stream still has copies
+    queued into the op's buffers: once its failure is reported, the op (and so its buffers) is
+    retained, so the late copies cannot land in memory reused by something else."""
+    import gc
+    import weakref
+
+    from aluminum_py import gpu
+    comm, stream = bound
+    monkeypatch.setattr(config, "_hang_timeout", 0.2)
+    stream.delay(1.0)
+    a, b = np.full(4, 7.0), np.zeros(4)
+    wa, wb = weakref.ref(a), weakref.ref(b)
+    comm.Allreduce(DeviceArray(a), DeviceArray(b), algorithm="ht_ring")
+    del a, b
+    wait_until(lambda: comm._state.pending == 0)
+    monkeypatch.setattr(config, "_hang_timeout", None)
+    with pytest.raises(al.TimeoutError, match="AL_HANG_TIMEOUT"):
+        comm.Allreduce(DeviceArray(np.ones(4)), algorithm="ht_ring")
+    gc.collect()
+    assert wa() is not None and wb() is not None          # retained with the abandoned op
+    assert any(r._op.error is not None for r in gpu._ABANDONED)
+    assert stream.synchronize(timeout=60)
+    comm.Free()
+
+
+def test_nonblocking_failure_after_an_early_wait_is_raised_at_the_next_gpu_op(bound, monkeypatch):
+    """req.Wait() right after the call does not block and cannot see a failure yet; the
+    failure of its host part is then raised by the next GPU op (or Free), once."""
+    comm, stream = bound
+    monkeypatch.setattr(config, "_hang_timeout", 0.2)
+    stream.delay(1.0)
+    req = comm.Iallreduce(DeviceArray(np.ones(8)), algorithm="ht_ring")
+    req.Wait()                                          # returns at once
+    wait_until(lambda: comm._state.pending == 0)        # abandoned
+    monkeypatch.setattr(config, "_hang_timeout", None)
+    y = np.ones(8)
+    with pytest.raises(al.TimeoutError, match="AL_HANG_TIMEOUT"):
+        comm.Allreduce(DeviceArray(y), algorithm="ht_ring")
+    comm.Allreduce(DeviceArray(y), algorithm="ht_ring")     # reported once; works again
+    assert stream.synchronize(timeout=60)
+    assert np.all(y == comm.size)
+    comm.Free()
