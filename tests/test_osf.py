@@ -518,3 +518,21 @@ def test_optimal_groups_by_hand():
     assert osf.optimal_groups(None, [1e-3] * 3, [0, 0, 0], cost) == [(0, 2)]
     with pytest.raises(ValueError):
         osf.optimal_groups(None, None, [1], cost)
+
+
+def test_per_op_cost_and_its_calibration():
+    base = AllreduceCost.alpha_beta(1e-5, 1e-9)
+    c = base.plus(2e-5)
+    assert c(0) == 0 and c(1000) == pytest.approx(1e-5 + 1e-6 + 2e-5)
+    assert c(np.array([0.0, 1000.0])).tolist() == pytest.approx([0.0, 3.1e-5])
+    assert c.as_dict()["per_op"] == 2e-5 and c.as_dict()["base"]["kind"] == "alpha_beta"
+    with pytest.raises(ValueError):
+        base.plus(-1.0)
+    # communication-bound WFBP: 4 layers ready 1 us apart, each all-reduce 10 us + d
+    t_f, t_b, m = [0.0] * 4, [1e-6] * 4, [1] * 4
+    per_layer = [(k, k) for k in range(4)]
+    true_d = 7e-6
+    measured = osf.predict_iteration(t_f, t_b, m, base.plus(true_d), per_layer)
+    d = osf.calibrate_per_op(t_f, t_b, m, base, per_layer, measured)
+    assert d == pytest.approx(true_d, rel=1e-3)
+    assert osf.calibrate_per_op(t_f, t_b, m, base, per_layer, 1e-9) == 0.0

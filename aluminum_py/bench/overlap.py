@@ -51,6 +51,9 @@ def build_parser():
     ap.add_argument("--cost", choices=("table", "piecewise", "alpha_beta"), default="table",
                     help="allreduce cost model fitted to the probe (default: the measured "
                          "points, log-log interpolated)")
+    ap.add_argument("--per-op", default="calibrate",
+                    help="per-op host cost added to the burst cost (seconds), 0, or "
+                         "'calibrate' (default): fitted to measured WFBP iterations first")
     ap.add_argument("--json", default=None)
     return ap
 
@@ -101,9 +104,19 @@ def main(argv=None) -> int:
     m = [g.nbytes for g in grads]
     probe = sorted({1 << k for k in range(8, 30, 2) if (1 << k) <= sum(m)} | {sum(m)})
     cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe), kind=args.cost)
+    per_op = 0.0
+    if args.per_op == "calibrate":     # fit the per-op host cost to WFBP's measured iterations
+        cal = GradientSynchronizer(comm, grads, policy="none")
+        t_cal = float(np.median([emulate_iteration(world, t_f, t_b, cal, args.compute)[0]
+                                 for _ in range(args.iters + 1)][1:]))
+        per_op = osf.calibrate_per_op(t_f, t_b, m, cost, [(k, k) for k in range(len(m))], t_cal)
+    elif args.per_op != "0":
+        per_op = float(args.per_op)
+    cost = cost.plus(per_op)
     if comm.rank == 0:
         print(f"# allreduce cost ({args.cost} fit) per op in bursts: "
-              + ", ".join(f"{human(n)} {cost(n) * 1e6:.0f} us" for n in probe))
+              + ", ".join(f"{human(n)} {cost.base(n) * 1e6:.0f} us" for n in probe)
+              + f"; per-op host cost {per_op * 1e6:.1f} us ({args.per_op})")
     policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra", "deft"] \
         if args.policy == "all" else args.policy.split(",")
     runs = []                                 # label, synchronizer, prediction, predictor

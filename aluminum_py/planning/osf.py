@@ -26,6 +26,8 @@ denominator of eqs. 3 and 11) = ``sum(t_f) + t_b[n-1] + T_update``, and a scalin
 * :func:`csf` (eq. 2); :func:`terms_no_fusion`, :func:`iteration_time_no_fusion`,
   :func:`scaling_factor_no_fusion` (eqs. 3-10); :func:`terms_fusion`,
   :func:`iteration_time_fusion`, :func:`scaling_factor_fusion` (eqs. 11-16).
+* :meth:`AllreduceCost.plus` and :func:`calibrate_per_op`: a per-operation host cost fitted to
+  one measured iteration (not in the paper).
 * :func:`adaptive_fusion` (eq. 17), :func:`optimal_groups` (the grouping OSF's timeline
   predicts fastest; not in the paper), :func:`buffer_groups` (the groups eqs. 12-14 form),
   :func:`predict_iteration` / :func:`schedule` (any explicit grouping).
@@ -86,6 +88,14 @@ class AllreduceCost:
 
     def _positive(self, x: np.ndarray) -> np.ndarray:           # x > 0, bytes
         raise NotImplementedError
+
+    def plus(self, per_op: float) -> "OffsetCost":
+        """This cost plus ``per_op`` seconds for every all-reduce of more than 0 bytes: a
+        per-operation host cost (the caller's call, the engine's hand-off and wake-ups) that a
+        burst measurement does not show; see :func:`calibrate_per_op`."""
+        if not (per_op >= 0 and math.isfinite(per_op)):
+            raise ValueError(f"per_op must be a non-negative time, got {per_op!r}")
+        return OffsetCost(self, float(per_op))
 
     def as_dict(self) -> dict:
         raise NotImplementedError
@@ -228,6 +238,42 @@ class TableCost(AllreduceCost):
     def as_dict(self) -> dict:
         return {"kind": self.kind, "sizes": list(self.sizes), "times": list(self.times),
                 "beta": self.beta}
+
+
+@dataclass(frozen=True)
+class OffsetCost(AllreduceCost):
+    """``base(n) + per_op`` for n > 0 bytes (:meth:`AllreduceCost.plus`)."""
+
+    base: AllreduceCost
+    per_op: float
+    kind = "offset"
+
+    def _positive(self, x):
+        return self.base._positive(x) + self.per_op
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "base": self.base.as_dict(), "per_op": self.per_op}
+
+
+def calibrate_per_op(t_f, t_b, m, cost: AllreduceCost, groups, measured: float,
+                     rel_tol: float = 1e-4) -> float:
+    """The per-operation cost ``d >= 0`` for which ``cost.plus(d)`` predicts the `measured`
+    iteration time of the grouping `groups` (e.g. WFBP's, one all-reduce per layer: the
+    grouping with the most operations, where a per-op cost shows most).  The prediction grows
+    with ``d``, so this bisects; 0 when ``cost`` alone already predicts `measured` or more.
+    """
+    def pred(d):
+        return predict_iteration(t_f, t_b, m, cost.plus(d), groups)
+
+    if pred(0.0) >= measured:
+        return 0.0
+    lo, hi = 0.0, max(measured, 1e-9)
+    while pred(hi) < measured:
+        hi *= 2
+    while hi - lo > rel_tol * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pred(mid) < measured else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _check_samples(sizes, times):
