@@ -85,7 +85,6 @@ class DelayedUpdates:
     def __init__(self, sync, cost, capacity_scale=1.0):
         self.sync = sync
         n = len(sync.grads)
-        nb = len(sync.buckets)
         fwd_g = sync.forward_times if sync.forward_times is not None else [0.0] * n
         sizes = [sum(sync._flat[i].size for i in m) for m in sync.buckets]
         itemsizes = [sync.grads[m[0]].dtype.itemsize for m in sync.buckets]
@@ -97,8 +96,6 @@ class DelayedUpdates:
         self.xp = _array_module(sync.grads[0])
         self.slots = [[self.xp.empty(s, dtype=sync.grads[m[0]].dtype)
                        for m, s in zip(sync.buckets, sizes)] for _ in range(2)]
-        self._pieces_of = [[k for k, p in enumerate(self.pieces) if p.bucket == bk]
-                           for bk in range(nb)]
         self.broken = None
         self._restart(0)
 
@@ -229,6 +226,7 @@ class DelayedUpdates:
         expect = self._iters(p.applied_iterations[0]) if p.update else ()
         if applied != expect:
             raise AssertionError(f"DeFT applied {applied}, the plan says {expect}")
+        self.scheduler.forget(self.t)      # keep memory bounded over a long run
         self.t += 1
         self.began = False
         if self.current is not None:

@@ -421,3 +421,16 @@ def test_bad_simulation_arguments():
         simulate(TABLE_II, "wfbp", links=3)
     with pytest.raises(ValueError, match="partition"):
         simulate(TABLE_II, "deft", partition_time=None)
+
+
+def test_forget_keeps_memory_bounded_and_plans_unchanged():
+    comm, fwd, bwd = [3.0, 5.0, 2.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]
+    full = DelayedUpdateScheduler(comm, fwd, bwd).run(30)
+    s = DelayedUpdateScheduler(comm, fwd, bwd)
+    for t in range(30):
+        assert s.plan(t) == full[t]
+        s.forget(t)
+        assert len(s._plans) <= 1
+    with pytest.raises(ValueError, match="dropped"):
+        s.plan(3)
+    assert all(t >= 29 for t, _ in s.applied_groups(30))

@@ -620,7 +620,8 @@ class DelayedUpdateScheduler:
         self._future: tuple[int, ...] = ()
         self._completed: list[tuple[int, ...]] = []
         self._next_forward: tuple[Transfer, ...] = ()
-        self._plans: list[Schedule] = []
+        self._plans: list[Schedule] = []              # iterations _forgotten, _forgotten + 1, ...
+        self._forgotten = 0                           # plans before this one were dropped
         self._applied_groups: list[tuple[int, tuple[int, ...]]] = []
 
     # -- selection helpers -------------------------------------------------------------------
@@ -669,7 +670,7 @@ class DelayedUpdateScheduler:
 
     # -- the state machine -------------------------------------------------------------------
     def _step(self) -> Schedule:
-        t = len(self._plans)
+        t = self._forgotten + len(self._plans)
         n = self.n
         fwd = self._next_forward
         cases = (1,) if self._current else ()
@@ -735,9 +736,20 @@ class DelayedUpdateScheduler:
         """The :class:`Schedule` of ``iteration`` (0-based)."""
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
-        while len(self._plans) <= iteration:
+        if iteration < self._forgotten:
+            raise ValueError(f"iteration {iteration}: plans before {self._forgotten} were "
+                             f"dropped by forget()")
+        while self._forgotten + len(self._plans) <= iteration:
             self._step()
-        return self._plans[iteration]
+        return self._plans[iteration - self._forgotten]
+
+    def forget(self, before: int) -> None:
+        """Drop the plans and update records of iterations before `before` (a long training
+        run keeps memory bounded; :meth:`plan` of a dropped iteration then raises)."""
+        drop = min(max(0, before - self._forgotten), len(self._plans))
+        del self._plans[:drop]
+        self._forgotten += drop
+        self._applied_groups = [(t, g) for t, g in self._applied_groups if t >= before]
 
     def run(self, iterations: int) -> list[Schedule]:
         """The schedules of iterations ``0 .. iterations-1``."""

@@ -180,6 +180,7 @@ def test_deft_applies_the_iterations_it_reports(comm, load, average):
     merged = any(len(it) > 1 for _, it in updates)
     assert merged == (load == "heavy")              # Case 2 merges iterations
     assert all(it[-1] < t for t, it in updates)     # delayed: applied after its iteration
+    assert len(d.scheduler._plans) <= 1                # plans of past steps are dropped
     held = sync.held_iterations
     info = sync.flush(timeout=60)
     assert info.applied_iterations[0] == held and info.update == bool(held)
