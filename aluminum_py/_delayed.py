@@ -96,6 +96,14 @@ class DelayedUpdates:
         self.xp = _array_module(sync.grads[0])
         self.slots = [[self.xp.empty(s, dtype=sync.grads[m[0]].dtype)
                        for m, s in zip(sync.buckets, sizes)] for _ in range(2)]
+        # each bucket's layout in its slot buffers: its gradients in memory order when they
+        # form one memory range (so that range reduces straight into the slot), else in
+        # bucket order
+        self._layout = [sorted(m, key=lambda i: sync._flat[i].__array_interface__["data"][0])
+                        if sync._views[b] is not None else list(m)
+                        for b, m in enumerate(sync.buckets)]
+        self._bucket_pieces = [[k for k, p in enumerate(self.pieces) if p.bucket == bk]
+                               for bk in range(len(sync.buckets))]
         self.broken = None
         self._restart(0)
 
@@ -116,10 +124,14 @@ class DelayedUpdates:
     def _iters(self, rel):
         return tuple(self.base + x for x in rel)
 
-    def _launch(self, k, slot):
+    def _launch(self, k, slot, src=None):
+        """Allreduce piece k into `slot`: in place, or out of place from `src` (the bucket's
+        gradients, which must then stay unchanged until this step's wait)."""
         p = self.pieces[k]
         buf = self.slots[slot][p.bucket][p.start:p.stop]
-        self.requests.append(self.sync.comm.Iallreduce(buf, op=self.sync._sum_op,
+        send = buf if src is None else src[p.start:p.stop]
+        recv = None if src is None else buf
+        self.requests.append(self.sync.comm.Iallreduce(send, recv, op=self.sync._sum_op,
                                                        algorithm=self.sync.algorithm))
 
     def _launch_current(self, transfers):
@@ -148,19 +160,39 @@ class DelayedUpdates:
         that this iteration sends now."""
         self.begin_backward()
         sync = self.sync
-        dst, off = self.slots[self.future][b], 0
-        fresh = not self.slot_iters[self.future]
-        for i in sync.buckets[b]:
-            f = sync._flat[i]
-            if fresh:
-                dst[off:off + f.size] = f
-            else:
-                dst[off:off + f.size] += f
-            off += f.size
         p = self.scheduler.plan(self.t)
-        for x in p.backward:
-            if self.t in x.iterations and self.pieces[x.bucket].bucket == b:
-                self._launch(x.bucket, self.future)
+        now = [x.bucket for x in p.backward
+               if self.t in x.iterations and self.pieces[x.bucket].bucket == b]
+        dst = self.slots[self.future][b]
+        src = self._source(b)
+        if not self.slot_iters[self.future] and src is not None:
+            # a fresh group and one memory range: the pieces sent now are reduced out of
+            # place from the gradients into the slot (no copy); the others are copied
+            for k in self._bucket_pieces[b]:
+                if k not in now:
+                    q = self.pieces[k]
+                    dst[q.start:q.stop] = src[q.start:q.stop]
+            for k in now:
+                self._launch(k, self.future, src)
+            return
+        off = 0
+        for i in self._layout[b]:
+            f = sync._flat[i]
+            if self.slot_iters[self.future]:
+                dst[off:off + f.size] += f
+            else:
+                dst[off:off + f.size] = f
+            off += f.size
+        for k in now:
+            self._launch(k, self.future)
+
+    def _source(self, b):
+        """Bucket b's gradients as one flat array, if they are one memory range (a single
+        gradient, or adjacent views from gradient_arena), else None."""
+        members = self.sync.buckets[b]
+        if len(members) == 1:
+            return self.sync._flat[members[0]]
+        return self.sync._views[b]
 
     # ------------------------------------------------------------------ completing
     def _wait_all(self, timeout):
@@ -177,7 +209,7 @@ class DelayedUpdates:
         sync = self.sync
         iters = tuple(sorted(x for s in slots for x in self.slot_iters[s]))
         scale = sync.comm.size * len(iters) if sync.average else 1
-        for b, members in enumerate(sync.buckets):
+        for b, members in enumerate(self._layout):
             acc = self.slots[slots[0]][b] if slots else None
             for s in slots[1:]:
                 acc += self.slots[s][b]

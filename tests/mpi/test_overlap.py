@@ -149,10 +149,15 @@ def expected_sum(history, iters, j, size, average):
 
 
 @pytest.mark.parametrize("load", list(DEFT_COSTS))
-@pytest.mark.parametrize("average", [True, False])
-def test_deft_applies_the_iterations_it_reports(comm, load, average):
+@pytest.mark.parametrize("average,layout", [(True, "separate"), (False, "separate"),
+                                            (True, "arena")])
+def test_deft_applies_the_iterations_it_reports(comm, load, average, layout):
+    """(With the arena every bucket is one memory range, so the pieces sent in their own
+    backward pass are reduced out of place from the gradients.)"""
+    from aluminum_py.overlap import gradient_arena
     from aluminum_py.planning.deft import DelayedUpdateScheduler
-    grads = [np.zeros(s) for s in SHAPES]
+    grads = gradient_arena(SHAPES, np.float64)[1] if layout == "arena" else \
+        [np.zeros(s) for s in SHAPES]
     sync = GradientSynchronizer(comm, grads, policy="deft", average=average,
                                 cost=DEFT_COSTS[load], **DEFT_PROFILE)
     history, updates, steps = [], [], 10
