@@ -19,6 +19,8 @@ allreduces:
     transfers of ``p.backward`` that carry older iterations are launched;
   - as a bucket's gradients become final they are added into the future slot, and its pieces
     in ``p.now`` are launched (in plan order; buckets in bucket order as for every policy);
+    when the slot's group is new and the bucket is one memory range, those pieces are reduced
+    out of place from the gradients into the slot instead of being copied first;
   - ``wait()`` waits for all of them, moves the groups between the slots as the plan says, and
     if ``p.update`` writes the applied groups' sum into the gradients (divided by ranks times
     iterations when averaging); otherwise it zeroes the gradients.  Then it launches
