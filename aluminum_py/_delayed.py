@@ -166,7 +166,7 @@ class DelayedUpdates:
         now = [x.bucket for x in p.backward
                if self.t in x.iterations and self.pieces[x.bucket].bucket == b]
         dst = self.slots[self.future][b]
-        src = self._source(b)
+        src = self.sync._views[b]           # the bucket as one memory range, or None
         if not self.slot_iters[self.future] and src is not None:
             # a fresh group and one memory range: the pieces sent now are reduced out of
             # place from the gradients into the slot (no copy); the others are copied
@@ -187,14 +187,6 @@ class DelayedUpdates:
             off += f.size
         for k in now:
             self._launch(k, self.future)
-
-    def _source(self, b):
-        """Bucket b's gradients as one flat array, if they are one memory range (a single
-        gradient, or adjacent views from gradient_arena), else None."""
-        members = self.sync.buckets[b]
-        if len(members) == 1:
-            return self.sync._flat[members[0]]
-        return self.sync._views[b]
 
     # ------------------------------------------------------------------ completing
     def _wait_all(self, timeout):

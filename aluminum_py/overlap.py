@@ -162,13 +162,14 @@ class GradientSynchronizer:
         for b, members in enumerate(self.buckets):
             for i in members:
                 self._bucket_of[i] = b
-        # per bucket: a view when its gradients are adjacent in memory (no copies: allocate
-        # them with gradient_arena), else a persistent fusion buffer (allocated once)
+        # per bucket: its gradients as one flat array when they are one memory range (a single
+        # gradient, or adjacent ones: allocate them with gradient_arena), reduced in place
+        # without copies; else a persistent fusion buffer (allocated once)
         self._buffers, self._views = [], []
         for members in self.buckets:
-            view = self._adjacent_view(members)
+            view = self._flat[members[0]] if len(members) == 1 else self._adjacent_view(members)
             self._views.append(view)
-            if len(members) == 1 or view is not None or policy == "deft":
+            if view is not None or policy == "deft":
                 self._buffers.append(None)
             else:
                 xp = _array_module(self.grads[members[0]])
@@ -332,8 +333,6 @@ class GradientSynchronizer:
             kw["max_ctas"] = self.max_ctas[b]
         if self._views[b] is not None:
             buf = self._views[b]
-        elif self._buffers[b] is None:
-            buf = self._flat[members[0]]
         else:
             buf = self._buffers[b]
             off = 0

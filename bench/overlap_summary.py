@@ -10,6 +10,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from aluminum_py.bench.overlap import speedups
+
 
 def main(paths):
     runs = defaultdict(lambda: defaultdict(list))          # model -> policy -> [row]
@@ -33,12 +35,8 @@ def main(paths):
                 errs.append(abs(e))
             print(f"{name:<16} {meas * 1e3:>12.2f} {pred * 1e3:>9.2f} {e * 100:>6.1f}%  "
                   f"{rows[0]['model']}")
-        fixed = {k: v for k, v in med.items() if k.startswith("fixed")}
-        best = min(fixed, key=fixed.get)
-        for name in ("adafusion", "adafusion-ca", "osf", "libra", "deft"):
-            if name in med:
-                print(f"# {name}: {med['none'] / med[name]:.2f}x vs none, "
-                      f"{fixed[best] / med[name]:.2f}x vs best fixed ({best})")
+        for line in speedups(med, ("adafusion", "adafusion-ca", "osf", "libra", "deft")):
+            print(line)
     if errs:
         print(f"# OSF prediction error: median {np.median(errs) * 100:.1f}%, "
               f"max {max(errs) * 100:.1f}% over {len(errs)} (model, policy) pairs")

@@ -40,6 +40,18 @@ typedef struct al_device {
   int (*stream_wait_event)(void *ctx, void *stream, void *ev);
 } al_device;
 
+/* Fill every entry of an al_device from the implementation's functions PREFIX##name, so that
+ * each implementation provides the whole interface and a new entry is added in one place. */
+#define AL_DEVICE_FILL(d, PREFIX) do {                                                   \
+    (d)->memcpy_async = PREFIX##memcpy_async; (d)->event_create = PREFIX##event_create;     \
+    (d)->event_record = PREFIX##event_record; (d)->event_query = PREFIX##event_query;       \
+    (d)->event_destroy = PREFIX##event_destroy; (d)->wait_value32 = PREFIX##wait_value32;   \
+    (d)->write_value32 = PREFIX##write_value32; (d)->host_alloc = PREFIX##host_alloc;       \
+    (d)->host_free = PREFIX##host_free; (d)->stream_create = PREFIX##stream_create;         \
+    (d)->stream_destroy = PREFIX##stream_destroy;                                           \
+    (d)->stream_wait_event = PREFIX##stream_wait_event;                                     \
+  } while (0)
+
 /* ------------------------------------------------------------------ CPU implementation */
 enum { AL_CMD_MEMCPY = 1, AL_CMD_RECORD, AL_CMD_WAIT, AL_CMD_WRITE, AL_CMD_HOSTFN, AL_CMD_STOP,
        AL_CMD_WAIT_EVENT, AL_CMD_DELAY };
@@ -236,12 +248,7 @@ static al_device *al_cpu_device_new(void) {
   if (!d || !c) { free(d); free(c); return NULL; }
   pthread_mutex_init(&c->lock, NULL);
   d->ctx = c;
-  d->memcpy_async = al_cpu_memcpy_async; d->event_create = al_cpu_event_create;
-  d->event_record = al_cpu_event_record; d->event_query = al_cpu_event_query;
-  d->event_destroy = al_cpu_event_destroy; d->wait_value32 = al_cpu_wait_value32;
-  d->write_value32 = al_cpu_write_value32; d->host_alloc = al_cpu_host_alloc;
-  d->host_free = al_cpu_host_free; d->stream_create = al_cpu_stream_create;
-  d->stream_destroy = al_cpu_stream_destroy; d->stream_wait_event = al_cpu_stream_wait_event;
+  AL_DEVICE_FILL(d, al_cpu_);
   return d;
 }
 
@@ -373,12 +380,7 @@ static al_device *al_cuda_device_new(int ordinal, char *err, size_t errlen) {
   if (ordinal < 0 || ordinal >= n || c->cuDeviceGet(&dev, ordinal) || c->cuDevicePrimaryCtxRetain(&c->cuctx, dev)) {
     snprintf(err, errlen, "CUDA device %d is not available (%d devices)", ordinal, n); goto fail; }
   d->ctx = c;
-  d->memcpy_async = al_cuda_memcpy_async; d->event_create = al_cuda_event_create;
-  d->event_record = al_cuda_event_record; d->event_query = al_cuda_event_query;
-  d->event_destroy = al_cuda_event_destroy; d->wait_value32 = al_cuda_wait_value32;
-  d->write_value32 = al_cuda_write_value32; d->host_alloc = al_cuda_host_alloc;
-  d->host_free = al_cuda_host_free; d->stream_create = al_cuda_stream_create;
-  d->stream_destroy = al_cuda_stream_destroy; d->stream_wait_event = al_cuda_stream_wait_event;
+  AL_DEVICE_FILL(d, al_cuda_);
   return d;
 fail:
   if (c && c->lib) dlclose(c->lib);

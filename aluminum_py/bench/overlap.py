@@ -65,9 +65,9 @@ def measure_cost(comm, world, sizes, reps=5, burst=8, op=None):
     bucket allreduces, whose latencies overlap.)"""
     import aluminum_py as al
     from mpi4py import MPI
+    op = al.AVG if op is None else op
     times = []
     for n in sizes:
-        op = al.AVG if op is None else op
         xs = [np.ones(max(1, n // 4), dtype=np.float32) for _ in range(burst)]
         al.Waitall([comm.Iallreduce(x, op=op) for x in xs])
         ts = []
@@ -185,6 +185,16 @@ def predict(sync, t_f, t_b, m, cost):
     return {"predicted": osf.predict_iteration(t_f, t_b, m, cost, groups), "model": "OSF"}
 
 
+def speedups(by: dict, names) -> list[str]:
+    """'# name: Xx vs none, Yx vs best fixed (threshold)' for each policy of `names` measured
+    in `by` (policy label -> seconds)."""
+    fixed = {k: v for k, v in by.items() if k.startswith("fixed")}
+    best = min(fixed, key=fixed.get) if fixed else None
+    return [f"# {name}: {by['none'] / by[name]:.2f}x vs none"
+            + (f", {fixed[best] / by[name]:.2f}x vs best fixed ({best})" if best else "")
+            for name in names if name in by and "none" in by]
+
+
 def report(args, rows, size, nlayers, nbytes, t_comp):
     print(f"# {args.model}: {nlayers} layers, {nbytes / 2**20:.1f} MiB of gradients "
           f"(scale {args.scale}), compute {t_comp * 1e3:.2f} ms per iteration "
@@ -195,13 +205,8 @@ def report(args, rows, size, nlayers, nbytes, t_comp):
                  f"(simulated {r['predicted_updates']:.2f})" if "predicted_updates" in r else "")
         print(f"{r['policy']:<16} {r['buckets']:>7} {r['measured'] * 1e3:>12.2f} "
               f"{r['predicted'] * 1e3:>9.2f} {r['error'] * 100:>6.1f}%  {r['model']}{extra}")
-    by = {r["policy"]: r["measured"] for r in rows}
-    fixed = {k: v for k, v in by.items() if k.startswith("fixed")}
-    best = min(fixed, key=fixed.get) if fixed else None
-    for name in ("adafusion", "osf"):
-        if name in by and "none" in by:
-            print(f"# {name} vs none: {by['none'] / by[name]:.2f}x faster"
-                  + (f"; vs best fixed ({best}): {fixed[best] / by[name]:.2f}x" if best else ""))
+    for line in speedups({r["policy"]: r["measured"] for r in rows}, ("adafusion", "osf")):
+        print(line)
     errs = [abs(r["error"]) for r in rows if r["model"] == "OSF"]
     if errs:
         print(f"# OSF prediction error over {len(errs)} policies: median "
