@@ -45,6 +45,7 @@ gradient's layer) and ``forward_times``.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +69,10 @@ class SyncInfo:
             under ``"deft"``, whose gradients are then zero: skip the optimizer step).
         applied_iterations: per bucket, every iteration whose gradients it holds (``"deft"``
             sums a group of iterations; averaging divides by ranks times their number).
+        timings: per bucket, ``(launched, started, completed)`` of its all-reduce this step,
+            seconds on the ``time.monotonic()`` clock: when ``grad_ready`` launched it, when
+            the progress engine started it and when it completed (see ``Request.times``).
+            Empty under ``"deft"`` (its transfers are pieces of several iterations).
     """
 
     iteration: int
@@ -75,6 +80,7 @@ class SyncInfo:
     buckets: list = field(default_factory=list)
     update: bool = True
     applied_iterations: list = field(default_factory=list)
+    timings: list = field(default_factory=list)
 
 
 def _array_module(a):
@@ -302,6 +308,7 @@ class GradientSynchronizer:
         self._pending = [len(m) for m in self.buckets]
         self._next = 0
         self._requests = [None] * len(self.buckets)
+        self._launched = [0.0] * len(self.buckets)
 
     def grad_ready(self, i: int) -> None:
         """Gradient i (model order) is final for this step; launches every bucket that is now
@@ -340,6 +347,7 @@ class GradientSynchronizer:
                 f = self._flat[i]
                 buf[off:off + f.size] = f
                 off += f.size
+        self._launched[b] = time.monotonic()
         self._requests[b] = self.comm.Iallreduce(buf, op=self.op, algorithm=self.algorithm, **kw)
 
     def wait(self, timeout=None) -> SyncInfo:
@@ -366,14 +374,15 @@ class GradientSynchronizer:
         except BaseException:
             self._reset()           # the next step starts clean; pending ops keep their buffers
             raise
+        timings = [(t,) + r.times for t, r in zip(self._launched, self._requests)]
         self._reset()
-        return self._info(True, (self.iteration,))
+        return self._info(True, (self.iteration,), timings=timings)
 
-    def _info(self, update, iters, advance=True):
+    def _info(self, update, iters, advance=True, timings=()):
         nb = len(self.buckets)
         info = SyncInfo(self.iteration if advance else self.iteration - 1,
                         [iters[-1] if iters else None] * nb, [list(m) for m in self.buckets],
-                        update, [tuple(iters)] * nb)
+                        update, [tuple(iters)] * nb, list(timings))
         self.iteration += advance
         return info
 

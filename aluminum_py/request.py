@@ -57,6 +57,15 @@ class Request:
     def done(self) -> bool:
         return self._op.test()
 
+    @property
+    def times(self) -> tuple[float, float] | None:
+        """``(started, completed)``: when the op started running (in the progress engine,
+        after the ops queued before it on the engine started) and when it completed, seconds
+        on the ``time.monotonic()`` clock; None until complete.  For profiling: the op's
+        running time is ``completed - started``; the time it queued is ``started`` minus when
+        the call returned."""
+        return self._op.times
+
     def __repr__(self) -> str:
         return f"<aluminum_py.Request {self._op.describe()} algorithm={self.algorithm}>"
 

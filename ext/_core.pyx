@@ -191,6 +191,8 @@ ctypedef struct al_op:
     char* avg_buf
     int64_t avg_cnt
     int done             # atomic completion flag
+    double t_start       # al_now() when the op started (engine or caller) and completed;
+    double t_done        # written before `done` is released, read after it is acquired
     int err              # 0, an MPI error code, or -1 (library error)
     char errmsg[256]
     al_op* next
@@ -478,6 +480,7 @@ cdef int op_start(al_op* op, int block) noexcept nogil:
     """Begin an op. Schedules wait for their first step only with `block`; MPI pass-through
     ops make the blocking MPI call when op.blocking. Returns 1 if already complete."""
     op.phase = PH_RUNNING
+    op.t_start = al_now()
     if op.kind == K_HOST_TRANSFER:
         op.ht_phase = 0
         return ht_step(op)
@@ -566,6 +569,7 @@ def set_poll_yield(int every):
     g_yield_every = every
 
 cdef inline void notify_done(al_op* op) noexcept nogil:
+    op.t_done = al_now()
     if op.counted:
         al_fetch_add(&op.comm.pending, -1)
     al_store_seqcst(&op.done, 1)
@@ -795,6 +799,7 @@ cdef int run_inline(al_op* op, double timeout) noexcept nogil:
         if not op_start(op, 1):
             while not op_step(op, 1):
                 pass
+        op.t_done = al_now()
         al_store_release(&op.done, 1)
         return 1
     deadline = al_now() + timeout
@@ -803,6 +808,7 @@ cdef int run_inline(al_op* op, double timeout) noexcept nogil:
             n += 1
             if (n & 255) == 0 and al_now() > deadline:
                 return 0
+    op.t_done = al_now()
     al_store_release(&op.done, 1)
     return 1
 
@@ -1212,6 +1218,14 @@ cdef class NativeOp:
         if self.op.err == 0:
             return None
         return (self.op.err, (<char*>self.op.errmsg).decode("utf-8", "replace"))
+
+    @property
+    def times(self):
+        """(started, completed) on the monotonic clock (``time.monotonic``), or None before
+        completion."""
+        if not al_load_acquire(&self.op.done):
+            return None
+        return (self.op.t_start, self.op.t_done)
 
     def describe(self):
         """Where the op stands: its name, phase and, for schedules, the step and peers."""

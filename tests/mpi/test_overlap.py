@@ -61,6 +61,24 @@ def test_policies_equal_plain_allreduce(comm, policy, average):
     assert all(b is c for b, c in zip([b for b in sync._buffers if b is not None], buffers))
 
 
+def test_sync_info_timings(comm):
+    """SyncInfo.timings: per bucket (launched, started, completed), ordered, inside the step."""
+    import time
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads, policy="fixed", threshold=1024)
+    fresh = make_grads(comm.rank, 0)
+    t0 = time.monotonic()
+    info = run_step(sync, grads, fresh)
+    t1 = time.monotonic()
+    assert len(info.timings) == len(info.buckets) > 1
+    for launched, started, completed in info.timings:
+        assert t0 <= launched <= started <= completed <= t1
+    launches = [t[0] for t in info.timings]
+    assert launches == sorted(launches)
+    for g, v in zip(grads, fresh):
+        assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
+
+
 def test_fixed_threshold_buckets_and_mixed_dtypes(comm):
     dts = [np.float32, np.float32, np.float64, np.float64, np.float32, np.float32, np.float32, np.float64]
     grads = [np.zeros(s, dtype=dt) for s, dt in zip(SHAPES, dts)]

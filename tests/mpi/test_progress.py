@@ -76,6 +76,34 @@ def test_recv_timeout_then_message_arrives(comm):
         assert np.array_equal(buf, np.arange(10))
 
 
+def test_request_times(comm):
+    """Request.times: None while pending; then (started, completed) on time.monotonic's clock,
+    inside the caller's window, started in call order."""
+    xs = [np.full(1000 * (k + 1), comm.rank + k, dtype=np.float32) for k in range(4)]
+    t0 = time.monotonic()
+    reqs = [comm.Iallreduce(x, algorithm=alg)
+            for x, alg in zip(xs, ("ring", "mpi", "recursive_doubling", "rabenseifner"))]
+    al.Waitall(reqs, timeout=60)
+    t1 = time.monotonic()
+    for k, (x, r) in enumerate(zip(xs, reqs)):
+        assert np.all(x == sum(rank + k for rank in range(comm.size)))
+        started, completed = r.times
+        assert t0 <= started <= completed <= t1
+    starts = [r.times[0] for r in reqs]
+    assert starts == sorted(starts)
+    if comm.size > 1:
+        buf = np.zeros(4, dtype=np.int32)
+        if comm.rank == 1:
+            req = comm.Irecv(buf, source=0, tag=5)
+            assert req.times is None
+        WORLD.Barrier()
+        if comm.rank == 0:
+            comm.Send(np.arange(4, dtype=np.int32), dest=1, tag=5)
+        if comm.rank == 1:
+            req.Wait(timeout=60)
+            assert req.times is not None and np.array_equal(buf, np.arange(4))
+
+
 def test_hang_timeout_on_blocking_call(comm, monkeypatch):
     """AL_HANG_TIMEOUT turns a blocking call whose peers never come into an error; the op stays
     pending in the engine and the communicator keeps call order afterwards."""
