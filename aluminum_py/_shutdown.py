@@ -15,4 +15,5 @@ def _shutdown() -> None:
 
 def install() -> None:
     _core.set_idle_spin(config.engine_spin())
+    _core.set_serial_bytes(config.engine_serial_bytes())
     atexit.register(_shutdown)

@@ -14,7 +14,7 @@ def _float(name: str, default):
     try:
         return float(v)
     except ValueError:
-        raise ValueError(f"environment variable {name}={v!r} is not a number of seconds") from None
+        raise ValueError(f"environment variable {name}={v!r} is not a number") from None
 
 
 _hang_timeout: float | None = None
@@ -54,6 +54,16 @@ def engine_spin() -> float:
     """AL_ENGINE_SPIN: seconds the idle progress engine keeps polling for new work before it
     sleeps (default 0.0002: a burst of per-layer allreduces then avoids a thread wake-up each)."""
     return _float("AL_ENGINE_SPIN", 200e-6)
+
+
+def engine_serial_bytes() -> int:
+    """AL_ENGINE_SERIAL_BYTES: all-reduces of at least this many bytes on one communicator
+    run one at a time in the progress engine, in call order (default 1 MiB; 0: all run
+    together).  Measured in docs/performance.md."""
+    v = _float("AL_ENGINE_SERIAL_BYTES", float(1 << 20))
+    if v < 0:
+        raise ValueError(f"AL_ENGINE_SERIAL_BYTES must be >= 0 bytes, got {v:g}")
+    return int(v)
 
 
 def default_engine_yield(local_size: int) -> int:

@@ -554,6 +554,7 @@ cdef int g_waiters = 0
 cdef double g_exit_grace = 2.0
 cdef long g_loops = 0            # engine loop iterations (diagnostics)
 cdef int g_yield_every = 0       # polls without progress between sched_yield calls (0: never)
+cdef int64_t g_serial_bytes = 0   # see set_serial_bytes
 cdef double g_idle_spin = 0.0    # seconds the idle engine polls for work before sleeping
 cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll watches it)
 
@@ -561,6 +562,12 @@ def set_idle_spin(double seconds):
     """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
     global g_idle_spin
     g_idle_spin = seconds
+
+def set_serial_bytes(int64_t nbytes):
+    """All-reduces of at least `nbytes` bytes on one communicator run one at a time in the
+    progress engine, in call order (0: all run together). See AL_ENGINE_SERIAL_BYTES."""
+    global g_serial_bytes
+    g_serial_bytes = nbytes
 
 def set_poll_yield(int every):
     """While ops are active the engine polls continuously; every `every` polls without
@@ -592,6 +599,26 @@ cdef inline int ht_gate(al_op* active, al_comm* c) noexcept nogil:
                 and op.inner != NULL and op.inner.kind != K_SCHEDULE):
             return 1
         op = op.next
+    return 0
+
+cdef inline int64_t op_bytes(al_op* op) noexcept nogil:
+    """The bytes an all-reduce moves per rank (0 for other kinds)."""
+    if op.kind == K_SCHEDULE or op.kind == K_ALLREDUCE:
+        return op.count * op.esize
+    return 0
+
+cdef inline int serial_gate(al_op* active, al_op* op) noexcept nogil:
+    """`op` is a large all-reduce (at least g_serial_bytes) and a large one on its
+    communicator is still running: it starts when that one completes.  Two large all-reduces
+    progressed together share memory bandwidth and cache and each finishes later; one after
+    the other, the first finishes early and the total is lower (AL_ENGINE_SERIAL_BYTES)."""
+    cdef al_op* a = active
+    if g_serial_bytes <= 0 or op_bytes(op) < g_serial_bytes:
+        return 0
+    while a != NULL:
+        if a.comm == op.comm and op_bytes(a) >= g_serial_bytes:
+            return 1
+        a = a.next
     return 0
 
 cdef inline int comm_blocked(al_comm** blocked, int n, al_comm* c) noexcept nogil:
@@ -663,14 +690,17 @@ cdef void* engine_main(void* arg) noexcept nogil:
         # start queued ops in order (per communicator: call order). An op that starts an MPI
         # collective waits while an earlier host-transfer op on its communicator has not yet
         # started its own MPI collective (that waits for a device copy), so MPI sees every
-        # communicator's collectives in call order on every rank.
+        # communicator's collectives in call order on every rank.  A large all-reduce waits
+        # for the large one running on its communicator (serial_gate); a waiting op also holds
+        # back the later MPI collectives on its communicator.
         nblocked = 0
         prev = NULL
         op = deferred
         while op != NULL:
             nxt = op.next
-            if op.phase == PH_NEW and starts_mpi_collective(op) and (
-                    comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)):
+            if op.phase == PH_NEW and ((starts_mpi_collective(op) and (
+                    comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
+                    or serial_gate(active, op)):
                 if nblocked < 64:
                     blocked[nblocked] = op.comm
                 nblocked += 1

@@ -104,6 +104,46 @@ def test_request_times(comm):
             assert req.times is not None and np.array_equal(buf, np.arange(4))
 
 
+@pytest.mark.parametrize("serial", [0, 1 << 20])
+def test_large_allreduces_run_one_at_a_time(comm, serial):
+    """AL_ENGINE_SERIAL_BYTES: large all-reduces on one communicator start only when the
+    previous large one completed, in call order; small ones and other communicators are not
+    held back; every result equals numpy's sum over ranks."""
+    from aluminum_py import _core
+    other = al.Communicator(WORLD)
+    big = (1 << 20) // 4                          # float32 elements: exactly 1 MiB
+    algs = ("ring", "mpi", "rabenseifner", "ring")
+    try:
+        _core.set_serial_bytes(serial)
+        xs = [np.full(big * (1 + k % 2), comm.rank + k, dtype=np.float32) for k in range(4)]
+        small = [np.full(100, comm.rank * 3 + k, dtype=np.float64) for k in range(3)]
+        side = np.full(big, comm.rank + 10, dtype=np.float32)
+        WORLD.Barrier()
+        if comm.rank == 0:
+            time.sleep(0.3)     # the other ranks' first large all-reduce cannot complete yet
+        reqs, smalls = [], []
+        for k, (x, alg) in enumerate(zip(xs, algs)):
+            reqs.append(comm.Iallreduce(x, algorithm=alg))
+            if k < len(small):
+                smalls.append(comm.Iallreduce(small[k], algorithm="recursive_doubling"))
+        side_req = other.Iallreduce(side, algorithm="ring")
+        al.Waitall(reqs + smalls + [side_req], timeout=120)
+        for k, x in enumerate(xs):
+            assert np.all(x == sum(r + k for r in range(comm.size)))
+        for k, y in enumerate(small):
+            assert np.all(y == sum(r * 3 + k for r in range(comm.size)))
+        assert np.all(side == sum(r + 10 for r in range(comm.size)))
+        if serial:
+            for a, b in zip(reqs, reqs[1:]):
+                assert b.times[0] >= a.times[1], "a large all-reduce started before the previous one completed"
+        if serial and comm.rank > 0:
+            # the small one was not held back behind the large ones
+            assert smalls[0].times[0] < reqs[0].times[1]
+    finally:
+        _core.set_serial_bytes(config.engine_serial_bytes())
+        other.Free()
+
+
 def test_hang_timeout_on_blocking_call(comm, monkeypatch):
     """AL_HANG_TIMEOUT turns a blocking call whose peers never come into an error; the op stays
     pending in the engine and the communicator keeps call order afterwards."""
