@@ -25,6 +25,13 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
 Every block's final value is computed by exactly one rank or identically by both partners (the
 ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
 bit-identical results.
+
+``ring`` and ``rabenseifner`` mark the step after which a rank holds its own final block of the
+reduce-scatter (``Step.owned``; with p >= 2 every rank has exactly one, possibly empty: a rank
+folded out of ``rabenseifner`` gets an empty marker, since its result arrives averaged).  AVG
+divides that block there, before the allgather sends it on, so each element is divided once by
+its owner instead of the whole result by every rank: a pass over n/p elements, not n, with the
+block still in cache.  ``recursive_doubling`` has no owner; AVG divides at the end.
 """
 from __future__ import annotations
 
@@ -52,6 +59,8 @@ class Step:
     recv_cnt: int = 0
     copy_off: int = 0
     copy_cnt: int = 0
+    owned: int = 0      # 1: after this step, recv_off/recv_cnt hold this rank's final block
+
 
 
 def block_bounds(count: int, nblocks: int) -> list[int]:
@@ -82,9 +91,11 @@ class _Builder:
         assert len(vals) <= 1, "mixed validity inside one transfer"
         return FROM_RECV if vals == {True} else FROM_SEND
 
-    def step(self, send_peer=-1, send=None, recv_peer=-1, recv=None, reduce=False):
-        """One exchange: send blocks send=(lo, hi) to send_peer, receive blocks recv=(lo, hi)."""
-        kw = {}
+    def step(self, send_peer=-1, send=None, recv_peer=-1, recv=None, reduce=False, owned=False):
+        """One exchange: send blocks send=(lo, hi) to send_peer, receive blocks recv=(lo, hi).
+        ``owned``: the receive completes this rank's final block (kept even when empty, so
+        the schedule says that every block is finished by exactly one owner)."""
+        kw = {"owned": 1} if owned else {}
         if send is not None and send_peer >= 0:
             off, cnt = self._range(*send)
             if cnt > 0:
@@ -184,6 +195,8 @@ def rabenseifner(p: int, rank: int, count: int, inplace: bool):
     p2, r, nr, pair = _fold(p, rank)
     b = _Builder(count, block_bounds(count, p2), inplace)
     _fold_in(b, rank, nr, pair, p2)
+    if nr < 0:      # folded out: owns no block, and its result arrives already averaged
+        b.step(owned=True)
     if nr >= 0:
         lo, hi = 0, p2
         mask = p2 >> 1
@@ -191,7 +204,8 @@ def rabenseifner(p: int, rank: int, count: int, inplace: bool):
             peer = _real(nr ^ mask, r)
             mid = (lo + hi) // 2
             keep, give = ((mid, hi), (lo, mid)) if nr & mask else ((lo, mid), (mid, hi))
-            b.step(send_peer=peer, send=give, recv_peer=peer, recv=keep, reduce=True)
+            b.step(send_peer=peer, send=give, recv_peer=peer, recv=keep, reduce=True,
+                   owned=mask == 1)
             lo, hi = keep
             mask >>= 1
         mask = 1
@@ -210,7 +224,8 @@ def ring(p: int, rank: int, count: int, inplace: bool):
     right, left = (rank + 1) % p, (rank - 1) % p
     for s in range(p - 1):                    # reduce-scatter
         sb, rb = (rank - s) % p, (rank - s - 1) % p
-        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1), reduce=True)
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1), reduce=True,
+               owned=s == p - 2)
     for s in range(p - 1):                    # allgather
         sb, rb = (rank + 1 - s) % p, (rank - s) % p
         b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1))
@@ -227,11 +242,18 @@ def build(algorithm: str, p: int, rank: int, count: int, inplace: bool):
     return tuple(steps), tmp
 
 
-def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = False):
+def scales_owned(steps) -> bool:
+    """Whether a schedule marks its owned block (AVG then divides there, not at the end)."""
+    return any(st.owned for st in steps)
+
+
+def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = False,
+             owned=None):
     """Execute the schedules of all ranks in one process (for tests): returns each rank's result.
 
-    ``reduce(a, b)`` is the element-wise op.  Messages are matched per (source, dest) in order,
-    as MPI does with one tag.  Raises if the schedules deadlock or mismatch.
+    ``reduce(a, b)`` is the element-wise op; ``owned(a)``, if given, is applied to a rank's
+    owned block after its owned step (AVG's division).  Messages are matched per (source,
+    dest) in order, as MPI does with one tag.  Raises if the schedules deadlock or mismatch.
     """
     p = len(inputs)
     count = inputs[0].size
@@ -274,6 +296,9 @@ def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = F
                     recv[r][sl] = reduce(src[sl], data)
                 else:
                     recv[r][sl] = reduce(send[r][sl], data)
+            if st.owned and owned is not None:
+                sl = slice(st.recv_off, st.recv_off + st.recv_cnt)
+                recv[r][sl] = owned(recv[r][sl])
             pos[r] += 1
             phase[r] = 0
             moved = True

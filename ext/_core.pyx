@@ -151,6 +151,7 @@ ctypedef struct al_step:
     int64_t recv_cnt
     int64_t copy_off     # local copy sendbuf -> recvbuf before communicating
     int64_t copy_cnt
+    int owned            # 1: the received region is now this rank's final block (AVG divides it)
 
 ctypedef struct al_comm:
     MPI_Comm coll        # internal traffic: collectives and our algorithms
@@ -186,7 +187,9 @@ ctypedef struct al_op:
     MPI_Request reqs[2]
     mpi.MPI_Status stats[2]
     int nreqs
-    double avg_div       # > 0: divide avg_buf[:avg_cnt] by it at the end (AVG)
+    double avg_div       # > 0: divide avg_buf[:avg_cnt] by it at the end (AVG), or each
+                         # owned block after its step when avg_in_steps
+    int avg_in_steps
                          # avg_buf[:avg_cnt] is this rank's result region (reductions only)
     char* avg_buf
     int64_t avg_cnt
@@ -285,7 +288,7 @@ cdef inline int status_error(al_op* op, int rc) noexcept nogil:
 cdef int op_finish(al_op* op) noexcept nogil:
     # post-processing of this rank's result region (avg_buf[:avg_cnt])
     if op.err == 0 and op.avg_cnt > 0:
-        if op.avg_div > 0:
+        if op.avg_div > 0 and not op.avg_in_steps:
             al_scale_div(op.dtype, op.avg_buf, <size_t>op.avg_cnt, op.avg_div)
         if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
             # one rank: no reduction ran, but logical results are 0/1 as with more ranks
@@ -342,6 +345,8 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
         elif st.recv_mode == RECV_INTO_REDUCE:
             dst = op.rbuf + st.recv_off * es
             al_reduce(op.dtype, op.rop, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt)
+        if st.owned and op.avg_in_steps and op.avg_div > 0 and st.recv_cnt > 0:
+            al_scale_div(op.dtype, op.rbuf + st.recv_off * es, <size_t>st.recv_cnt, op.avg_div)
         op.posted = 0
         op.cur += 1
     return op_finish(op)
@@ -1026,12 +1031,14 @@ cdef class Schedule:
     cdef al_step* steps
     cdef readonly int nsteps
     cdef readonly int64_t tmp_elems
+    cdef readonly bint owned         # some step marks this rank's owned block (see schedules)
 
     def __cinit__(self, steps, int64_t tmp_elems):
         cdef int i
         cdef al_step* s
         self.nsteps = len(steps)
         self.tmp_elems = tmp_elems
+        self.owned = False
         self.steps = <al_step*>calloc(max(self.nsteps, 1), sizeof(al_step))
         if self.steps == NULL:
             raise MemoryError()
@@ -1048,6 +1055,8 @@ cdef class Schedule:
             s.recv_cnt = st.recv_cnt
             s.copy_off = st.copy_off
             s.copy_cnt = st.copy_cnt
+            s.owned = st.owned
+            self.owned = self.owned or st.owned
 
     def __dealloc__(self):
         free(self.steps)
@@ -1483,6 +1492,7 @@ cdef class Launcher:
             o.op.tag = self.state.next_tag()
             o.op.steps = sched.steps
             o.op.nsteps = sched.nsteps
+            o.op.avg_in_steps = sched.owned
             o.op.tmpbytes = <size_t>(sched.tmp_elems * esize)
             o.name = "allreduce/" + alg
             o.keep = (self.state, sched, keep)

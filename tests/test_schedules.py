@@ -26,6 +26,34 @@ def test_simulated_sum(alg, p, inplace):
             assert np.array_equal(got, expected), (alg, p, count, r)
 
 
+@pytest.mark.parametrize("alg", ["ring", "rabenseifner"])
+@pytest.mark.parametrize("p", range(2, 10))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_owned_blocks_scale_every_element_once(alg, p, inplace):
+    """AVG divides at the owned steps: each element of every rank's result is scaled exactly
+    once (x1000 on integers shows a double or missing scaling), by the same owner for all."""
+    for count in [0, 1, 2, 3, 5, 7, 8, 13, 64, 100]:
+        xs = inputs(p, count, seed=p * 7 + count)
+        expected = np.sum(xs, axis=0) * 1000
+        for r, got in enumerate(simulate(alg, xs, np.add, inplace, owned=lambda a: a * 1000)):
+            assert np.array_equal(got, expected), (alg, p, count, r)
+        for r in range(p):
+            steps = build(alg, p, r, count, inplace)[0]
+            assert sum(st.owned for st in steps) == 1     # every rank, folded out or not
+        # float average: bit-identical on every rank, numpy's mean up to summation order
+        fs = [x.astype(np.float64) * 0.37 for x in xs]
+        res = simulate(alg, fs, np.add, inplace, owned=lambda a: a / p)
+        assert all(np.array_equal(res[0], x) for x in res)
+        assert np.allclose(res[0], np.sum(fs, axis=0) / p, rtol=1e-12, atol=1e-12)
+
+
+def test_recursive_doubling_has_no_owned_block():
+    for p in range(1, 9):
+        for r in range(p):
+            assert not schedules.scales_owned(build("recursive_doubling", p, r, 50, False)[0])
+    assert not schedules.scales_owned(build("ring", 1, 0, 50, False)[0])
+
+
 @settings(max_examples=60, deadline=None)
 @given(alg=st.sampled_from(ALGS), p=st.integers(1, 17), count=st.integers(0, 300),
        inplace=st.booleans())
