@@ -29,6 +29,7 @@ from mpi4py.libmpi cimport MPI_Comm, MPI_Request, MPI_Datatype, MPI_Op
 cdef extern from "al_reduce.h" nogil:
     int al_reduce(int dtype, int op, void* out, const void* a, const void* b, size_t n)
     int al_scale_div(int dtype, void* buf, size_t n, double divisor)
+    int al_reduce_div(int dtype, void* out, const void* a, const void* b, size_t n, double divisor)
     int al_load_acquire(const int* p)
     void al_store_release(int* p, int v)
     int al_fetch_add(int* p, int v)
@@ -304,7 +305,7 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
     cdef al_step* st
     cdef char* dst
     cdef char* src
-    cdef int rc, flag, es = op.esize
+    cdef int rc, flag, scale, es = op.esize
     cdef MPI_Comm comm = op.comm.coll
     while op.cur < op.nsteps:
         st = &op.steps[op.cur]
@@ -339,13 +340,23 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
             if not flag:
                 return 0
             op.nreqs = 0
+        # AVG: the owned block is divided in the same pass as its last reduction
+        scale = st.owned and op.avg_in_steps and op.avg_div > 0 and st.recv_cnt > 0
         if st.recv_mode == RECV_TMP_REDUCE:
             src = (op.sbuf if st.reduce_src == FROM_SEND else op.rbuf) + st.recv_off * es
-            al_reduce(op.dtype, op.rop, op.rbuf + st.recv_off * es, src, op.tmp, <size_t>st.recv_cnt)
+            if scale:
+                al_reduce_div(op.dtype, op.rbuf + st.recv_off * es, src, op.tmp,
+                              <size_t>st.recv_cnt, op.avg_div)
+            else:
+                al_reduce(op.dtype, op.rop, op.rbuf + st.recv_off * es, src, op.tmp, <size_t>st.recv_cnt)
         elif st.recv_mode == RECV_INTO_REDUCE:
             dst = op.rbuf + st.recv_off * es
-            al_reduce(op.dtype, op.rop, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt)
-        if st.owned and op.avg_in_steps and op.avg_div > 0 and st.recv_cnt > 0:
+            if scale:
+                al_reduce_div(op.dtype, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt,
+                              op.avg_div)
+            else:
+                al_reduce(op.dtype, op.rop, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt)
+        elif scale:
             al_scale_div(op.dtype, op.rbuf + st.recv_off * es, <size_t>st.recv_cnt, op.avg_div)
         op.posted = 0
         op.cur += 1

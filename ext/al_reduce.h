@@ -189,6 +189,27 @@ static int al_scale_div(int dtype, void *buf, size_t n, double divisor) {
   }
 }
 
+/* out[i] = (a[i] + b[i]) / divisor: AVG's last reduction of a block and its division in one
+ * pass, the same bits as al_reduce(SUM) then al_scale_div (each step rounds as before).  Fused
+ * for float32 and float64; the other floating dtypes run the two passes. */
+static int al_reduce_div(int dtype, void *out, const void *a, const void *b, size_t n,
+                         double divisor) {
+  size_t i;
+  if (dtype == AL_FLOAT32) {
+    float *o = (float *)out; const float *x = (const float *)a, *y = (const float *)b;
+    float d = (float)divisor;
+    for (i = 0; i < n; i++) { float s = x[i] + y[i]; o[i] = s / d; }
+    return 0;
+  }
+  if (dtype == AL_FLOAT64) {
+    double *o = (double *)out; const double *x = (const double *)a, *y = (const double *)b;
+    for (i = 0; i < n; i++) { double s = x[i] + y[i]; o[i] = s / divisor; }
+    return 0;
+  }
+  if (al_reduce(dtype, AL_SUM, out, a, b, n) != 0) return -1;
+  return al_scale_div(dtype, out, n, divisor);
+}
+
 /* Small helpers the Cython engine uses for atomics and timing. */
 #include <time.h>
 static inline int al_load_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
