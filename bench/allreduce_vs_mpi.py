@@ -2,11 +2,13 @@
 
     mpiexec -n 2 python bench/allreduce_vs_mpi.py [--min-bytes 4] [--max-bytes 64MiB]
         [--algorithms mpi,recursive_doubling,rabenseifner,ring,auto] [--dtype float32]
-        [--nonblocking] [--iters N] [--json FILE]
+        [--nonblocking] [--op sum|avg] [--iters N] [--json FILE]
 
 For each size and each iteration, every contender runs once (order rotated per iteration),
 each preceded by a barrier.  A sample is the max over ranks of one call's time; the table shows
 the median sample in microseconds and the ratio to mpi4py's ``comm.Allreduce`` (lower is better).
+``--op avg`` times ``al.AVG``; MPI has no average, so mpi4py runs SUM and then divides with
+numpy (``recv /= size``), as a user would.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", default="recursive_doubling,rabenseifner,ring,auto")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--nonblocking", action="store_true", help="time Iallreduce + Wait")
+    ap.add_argument("--op", choices=("sum", "avg"), default="sum")
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (0: by size)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
     contenders = ["mpi4py"] + algs
     rows = []
     if comm.rank == 0:
-        print(f"# allreduce {args.dtype} SUM, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}"
+        print(f"# allreduce {args.dtype} {args.op.upper()}, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}"
               f"{', nonblocking (Iallreduce+Wait)' if args.nonblocking else ''}")
         print(f"# median over iterations of the max over ranks, microseconds; ratio = time / mpi4py")
         head = f"{'bytes':>10} {'mpi4py':>10}" + "".join(f" {a:>20}" for a in algs)
@@ -57,12 +60,19 @@ def main(argv=None) -> int:
         recv = np.empty_like(send)
         iters = args.iters or default_iters(nbytes)
 
+        op = al.AVG if args.op == "avg" else al.SUM
+
+        def mpi4py_avg():
+            native.Allreduce(send, recv, op=MPI.SUM)
+            np.divide(recv, comm.size, out=recv, casting="unsafe")
+
         def run(name):
             if name == "mpi4py":
-                return lambda: native.Allreduce(send, recv, op=MPI.SUM)
+                return mpi4py_avg if args.op == "avg" else (
+                    lambda: native.Allreduce(send, recv, op=MPI.SUM))
             if args.nonblocking:
-                return lambda: comm.Iallreduce(send, recv, algorithm=name).Wait()
-            return lambda: comm.Allreduce(send, recv, algorithm=name)
+                return lambda: comm.Iallreduce(send, recv, op=op, algorithm=name).Wait()
+            return lambda: comm.Allreduce(send, recv, op=op, algorithm=name)
 
         fns = {name: run(name) for name in contenders}
         for f in fns.values():          # warm-up
@@ -84,7 +94,8 @@ def main(argv=None) -> int:
                   f"best {ratios.min():.2f}, worst {ratios.max():.2f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": comm.size, "dtype": args.dtype, "nonblocking": args.nonblocking,
+                json.dump({"ranks": comm.size, "dtype": args.dtype, "op": args.op,
+                           "nonblocking": args.nonblocking,
                            "mpi": MPI.Get_library_version().splitlines()[0], "rows": rows}, f, indent=1)
     native.Free()
     return 0
