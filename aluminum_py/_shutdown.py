@@ -16,4 +16,5 @@ def _shutdown() -> None:
 def install() -> None:
     _core.set_idle_spin(config.engine_spin())
     _core.set_serial_bytes(config.engine_serial_bytes())
+    _core.set_scratch_cache(config.scratch_cache())
     atexit.register(_shutdown)

@@ -66,6 +66,15 @@ def engine_serial_bytes() -> int:
     return int(v)
 
 
+def scratch_cache() -> int:
+    """AL_SCRATCH_CACHE: bytes of freed scratch buffers (the temporary space of in-place
+    all-reduces) the library keeps for reuse (default 256 MiB; 0 frees each one at once)."""
+    v = _float("AL_SCRATCH_CACHE", float(256 << 20))
+    if v < 0:
+        raise ValueError(f"AL_SCRATCH_CACHE must be >= 0 bytes, got {v:g}")
+    return int(v)
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

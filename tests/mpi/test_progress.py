@@ -144,6 +144,54 @@ def test_large_allreduces_run_one_at_a_time(comm, serial):
         other.Free()
 
 
+def test_scratch_buffers_are_reused(comm):
+    """In-place all-reduces take their scratch from the cache once it holds a buffer of the
+    size class: a second round of blocking calls allocates nothing.  Many nonblocking ones in
+    flight at once stay correct, and AL_SCRATCH_CACHE=0 frees the cache."""
+    from conftest import all_ranks_ok
+    from aluminum_py import _core
+    if comm.size == 1:
+        pytest.skip("one rank needs no scratch")
+    xs = [np.zeros(20000 * (1 + k % 6), dtype=np.float64) for k in range(24)]
+
+    def fill(step):
+        for k, x in enumerate(xs):
+            x[...] = comm.rank + k + step
+
+    def correct(step):
+        return all(np.all(x == sum(r + k + step for r in range(comm.size)))
+                   for k, x in enumerate(xs))
+
+    try:
+        # 24 buffers of one class held at once, twice: the second time all come from the cache
+        _core._scratch_roundtrip([300000] * 24)
+        before = _core.scratch_stats()
+        _core._scratch_roundtrip([300000] * 24)
+        ok = _core.scratch_stats()["allocs"] == before["allocs"]
+        fill(0)
+        for x in xs:
+            comm.Allreduce(x, algorithm="ring")
+        ok = ok and correct(0)
+        before = _core.scratch_stats()
+        fill(1)
+        for x in xs:
+            comm.Allreduce(x, algorithm="ring")
+        after = _core.scratch_stats()
+        ok = ok and correct(1) and after["allocs"] == before["allocs"] \
+            and after["reuses"] >= before["reuses"] + len(xs)
+        fill(2)
+        al.Waitall([comm.Iallreduce(x, algorithm="ring") for x in xs], timeout=60)
+        ok = ok and correct(2)
+        _core.set_scratch_cache(0)
+        ok = ok and _core.scratch_stats()["cached"] == 0
+        fill(3)
+        al.Waitall([comm.Iallreduce(x, algorithm="ring") for x in xs], timeout=60)
+        ok = ok and correct(3) and _core.scratch_stats()["cached"] == 0
+        assert all_ranks_ok(ok)
+    finally:
+        _core.set_scratch_cache(config.scratch_cache())
+
+
 def test_hang_timeout_on_blocking_call(comm, monkeypatch):
     """AL_HANG_TIMEOUT turns a blocking call whose peers never come into an error; the op stays
     pending in the engine and the communicator keeps call order afterwards."""
