@@ -58,24 +58,39 @@ def build_parser():
     return ap
 
 
-def measure_cost(comm, world, sizes, reps=5, burst=8, op=None):
+def measure_cost(comm, world, sizes, reps=5, burst=8, op=None, arena=None, max_ops=256):
     """Per-op time (max over ranks, median over `reps`) of float32 allreduces (`op`, default
-    AVG as the synchronizer's) of `sizes` bytes, `burst` Iallreduce calls back to back then
-    Wait on all.  (A single Iallreduce + Wait overestimates the per-op cost of a stream of
-    bucket allreduces, whose latencies overlap.)"""
+    AVG as the synchronizer's) of `sizes` bytes, in bursts of `burst` Iallreduce calls back to
+    back then Wait on all.  (A single Iallreduce + Wait overestimates the per-op cost of a
+    stream of bucket allreduces, whose latencies overlap.)
+
+    Without `arena`: one burst on fresh arrays.  With `arena` (the flat float32 array the
+    gradients are views of): every consecutive slice of it, up to `max_ops`, in bursts -- the
+    memory a step's buckets reduce, in their order, so the probe meets the caches as the
+    training step does (a burst on 8 fresh arrays is colder: 1 MiB costs about twice as
+    much)."""
     import aluminum_py as al
     from mpi4py import MPI
     op = al.AVG if op is None else op
     times = []
     for n in sizes:
-        xs = [np.ones(max(1, n // 4), dtype=np.float32) for _ in range(burst)]
-        al.Waitall([comm.Iallreduce(x, op=op) for x in xs])
+        c = max(1, n // 4)
+        if arena is not None and c <= arena.size:
+            xs = [arena[k * c:(k + 1) * c] for k in range(min(max_ops, arena.size // c))]
+        else:
+            xs = [np.ones(c, dtype=np.float32) for _ in range(burst)]
+
+        def run():
+            for k in range(0, len(xs), burst):
+                al.Waitall([comm.Iallreduce(x, op=op) for x in xs[k:k + burst]])
+
+        run()
         ts = []
         for _ in range(reps):
             world.Barrier()
             t0 = time.perf_counter()
-            al.Waitall([comm.Iallreduce(x, op=op) for x in xs])
-            ts.append((time.perf_counter() - t0) / burst)
+            run()
+            ts.append((time.perf_counter() - t0) / len(xs))
         times.append(world.allreduce(float(np.median(ts)), op=MPI.MAX))
     return times
 
@@ -96,14 +111,15 @@ def main(argv=None) -> int:
     layers = model.layers                                   # forward order
     sizes = [max(1, int(l.params * args.scale)) for l in layers]
     from ..overlap import gradient_arena
-    _arena, grads = gradient_arena([(n,) for n in sizes]) if args.layout == "arena" else \
+    arena, grads = gradient_arena([(n,) for n in sizes]) if args.layout == "arena" else \
         (None, [np.zeros(n, dtype=np.float32) for n in sizes])
     per_layer = np.array([l.flops for l in layers]) * args.batch / args.throughput
     t_f = list(per_layer * args.compute_scale)              # forward seconds (forward order)
     t_b = list(2.0 * per_layer * args.compute_scale)        # backward seconds (forward order)
     m = [g.nbytes for g in grads]
     probe = sorted({1 << k for k in range(8, 30, 2) if (1 << k) <= sum(m)} | {sum(m)})
-    cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe), kind=args.cost)
+    cost = osf.AllreduceCost.fit(probe, measure_cost(comm, world, probe, arena=arena),
+                                 kind=args.cost)
     per_op = 0.0
     if args.per_op == "calibrate":     # fit the per-op host cost to WFBP's measured iterations
         cal = GradientSynchronizer(comm, grads, policy="none")
