@@ -669,20 +669,6 @@ cdef inline int64_t op_bytes(al_op* op) noexcept nogil:
         return op.count * op.esize
     return 0
 
-cdef inline int serial_gate(al_op* active, al_op* op) noexcept nogil:
-    """`op` is a large all-reduce (at least g_serial_bytes) and a large one on its
-    communicator is still running: it starts when that one completes.  Two large all-reduces
-    progressed together share memory bandwidth and cache and each finishes later; one after
-    the other, the first finishes early and the total is lower (AL_ENGINE_SERIAL_BYTES)."""
-    cdef al_op* a = active
-    if g_serial_bytes <= 0 or op_bytes(op) < g_serial_bytes:
-        return 0
-    while a != NULL:
-        if a.comm == op.comm and op_bytes(a) >= g_serial_bytes:
-            return 1
-        a = a.next
-    return 0
-
 cdef inline int comm_blocked(al_comm** blocked, int n, al_comm* c) noexcept nogil:
     cdef int i
     if n > 64:
@@ -690,6 +676,25 @@ cdef inline int comm_blocked(al_comm** blocked, int n, al_comm* c) noexcept nogi
     for i in range(n):
         if blocked[i] == c:
             return 1
+    return 0
+
+cdef inline int serial_gate(al_op* active, al_op* op, al_comm** blocked, int n) noexcept nogil:
+    """`op` is a large all-reduce (at least g_serial_bytes) and a large one on its
+    communicator is still running: it starts when that one completes.  Two large all-reduces
+    progressed together share memory bandwidth and cache and each finishes later; one after
+    the other, the first finishes early and the total is lower (AL_ENGINE_SERIAL_BYTES).
+    It also waits while an earlier op on its communicator waits to start (`blocked`): else it
+    could overtake a large MPI all-reduce held back on this rank only (ht_gate), then hold
+    that one back, while the other ranks run the two in call order (a deadlock)."""
+    cdef al_op* a = active
+    if g_serial_bytes <= 0 or op_bytes(op) < g_serial_bytes:
+        return 0
+    if comm_blocked(blocked, n, op.comm):
+        return 1
+    while a != NULL:
+        if a.comm == op.comm and op_bytes(a) >= g_serial_bytes:
+            return 1
+        a = a.next
     return 0
 
 cdef inline void unlink(al_op** head, al_op** tail, al_op* prev, al_op* op) noexcept nogil:
@@ -754,7 +759,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
         # started its own MPI collective (that waits for a device copy), so MPI sees every
         # communicator's collectives in call order on every rank.  A large all-reduce waits
         # for the large one running on its communicator (serial_gate); a waiting op also holds
-        # back the later MPI collectives on its communicator.
+        # back the later MPI collectives and large all-reduces on its communicator.
         nblocked = 0
         prev = NULL
         op = deferred
@@ -762,7 +767,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             nxt = op.next
             if op.phase == PH_NEW and ((starts_mpi_collective(op) and (
                     comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
-                    or serial_gate(active, op)):
+                    or serial_gate(active, op, blocked, nblocked)):
                 if nblocked < 64:
                     blocked[nblocked] = op.comm
                 nblocked += 1

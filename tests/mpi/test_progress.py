@@ -144,6 +144,46 @@ def test_large_allreduces_run_one_at_a_time(comm, serial):
         other.Free()
 
 
+def test_large_allreduces_keep_call_order_behind_a_held_mpi_one(comm):
+    """A large MPI all-reduce held back behind an ht_mpi op (rank 0's stream is busy, so its
+    host part starts late there) must still start before a later large all-reduce on the same
+    communicator: else rank 0 runs the ring first and waits for the MPI one to finish, while
+    the other ranks run the MPI one first and wait for the ring (a deadlock)."""
+    from conftest import all_ranks_ok
+    from aluminum_py import _core
+    from aluminum_py import host_transfer as ht
+    if comm.size == 1:
+        pytest.skip("needs peers")
+    other = al.Communicator(WORLD)
+    device = ht.CpuDevice()
+    stream = device.stream()
+    big = (1 << 20) // 4                      # float32 elements: exactly 1 MiB
+    ok = False
+    try:
+        _core.set_serial_bytes(1 << 20)
+        h = np.full(100, comm.rank + 1.0)
+        xs = [np.full(big, comm.rank + k, dtype=np.float32) for k in range(2)]
+        WORLD.Barrier()
+        if comm.rank == 0:
+            stream.delay(1.0)
+        reqs = [ht.allreduce(other, device, stream, h, algorithm="ht_mpi")]
+        if comm.rank > 0:
+            time.sleep(0.3)     # here the ht op's MPI all-reduce has started
+        reqs.append(other.Iallreduce(xs[0], algorithm="mpi"))
+        reqs.append(other.Iallreduce(xs[1], algorithm="ring"))
+        try:
+            al.Waitall(reqs, timeout=20)
+            ok = (stream.synchronize(timeout=20) and np.all(h == sum(r + 1.0 for r in range(comm.size)))
+                  and all(np.all(x == sum(r + k for r in range(comm.size))) for k, x in enumerate(xs)))
+        except al.TimeoutError:
+            ok = False
+        assert all_ranks_ok(ok)
+    finally:
+        _core.set_serial_bytes(config.engine_serial_bytes())
+        if ok:
+            other.Free()
+
+
 def test_scratch_buffers_are_reused(comm):
     """In-place all-reduces take their scratch from the cache once it holds a buffer of the
     size class: a second round of blocking calls allocates nothing.  Many nonblocking ones in
