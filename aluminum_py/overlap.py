@@ -72,7 +72,8 @@ class SyncInfo:
         timings: per bucket, ``(launched, started, completed)`` of its all-reduce this step,
             seconds on the ``time.monotonic()`` clock: when ``grad_ready`` launched it, when
             the progress engine started it and when it completed (see ``Request.times``).
-            Empty under ``"deft"`` (its transfers are pieces of several iterations).
+            Empty under ``"deft"`` (its transfers are pieces of several iterations) and for
+            GPU gradients (their all-reduces complete on the device stream).
     """
 
     iteration: int
@@ -374,7 +375,9 @@ class GradientSynchronizer:
         except BaseException:
             self._reset()           # the next step starts clean; pending ops keep their buffers
             raise
-        timings = [(t,) + r.times for t, r in zip(self._launched, self._requests)]
+        times = [getattr(r, "times", None) for r in self._requests]   # GPU requests: none
+        timings = ([(t,) + r for t, r in zip(self._launched, times)]
+                   if all(r is not None for r in times) else [])
         self._reset()
         return self._info(True, (self.iteration,), timings=timings)
 

@@ -222,3 +222,36 @@ def test_nonblocking_failure_after_an_early_wait_is_raised_at_the_next_gpu_op(bo
     assert stream.synchronize(timeout=60)
     assert np.all(y == comm.size)
     comm.Free()
+
+
+class GpuGrad(np.ndarray):
+    """A numpy array that is also a GPU buffer (reshaped views stay one), as gradients."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str,
+                "data": (self.ctypes.data, False), "strides": None, "version": 3}
+
+
+def test_gradient_synchronizer_with_gpu_gradients(bound):
+    """GradientSynchronizer over GPU gradients: wait() returns (its all-reduces are GpuRequests,
+    which complete on the stream: no host timings) and the stream then holds the average."""
+    from conftest import all_ranks_ok, gather_all
+    from aluminum_py.overlap import GradientSynchronizer
+    comm, stream = bound
+    host = [np.arange(n, dtype=np.float64) * (comm.rank + 1) for n in (10, 300, 7)]
+    grads = [h.copy().view(GpuGrad) for h in host]
+    sync = GradientSynchronizer(comm, grads, policy="none", algorithm="ht_ring")
+    ok = True
+    try:
+        for i in reversed(range(len(grads))):
+            sync.grad_ready(i)
+        info = sync.wait()
+        ok = info.timings == [] and stream.synchronize(timeout=60)
+    except AttributeError:
+        ok = False
+    assert stream.synchronize(timeout=60)
+    expected = [gather_all(h).sum(axis=0) / comm.size for h in host]
+    ok = ok and all(np.array_equal(np.asarray(g), e) for g, e in zip(grads, expected))
+    assert all_ranks_ok(ok)
+    comm.Free()
