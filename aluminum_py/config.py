@@ -17,6 +17,15 @@ def _float(name: str, default):
         raise ValueError(f"environment variable {name}={v!r} is not a number") from None
 
 
+def _bytes(name: str, default: int) -> int:
+    """A byte count from the environment: a finite number >= 0 (``1e6`` is accepted)."""
+    v = _float(name, float(default))
+    if not (0 <= v < 2 ** 63):
+        raise ValueError(f"environment variable {name}={os.environ.get(name)!r}: "
+                         f"expected a number of bytes >= 0")
+    return int(v)
+
+
 _hang_timeout: float | None = None
 
 
@@ -60,19 +69,13 @@ def engine_serial_bytes() -> int:
     """AL_ENGINE_SERIAL_BYTES: all-reduces of at least this many bytes on one communicator
     run one at a time in the progress engine, in call order (default 1 MiB; 0: all run
     together).  Measured in docs/performance.md."""
-    v = _float("AL_ENGINE_SERIAL_BYTES", float(1 << 20))
-    if v < 0:
-        raise ValueError(f"AL_ENGINE_SERIAL_BYTES must be >= 0 bytes, got {v:g}")
-    return int(v)
+    return _bytes("AL_ENGINE_SERIAL_BYTES", 1 << 20)
 
 
 def scratch_cache() -> int:
     """AL_SCRATCH_CACHE: bytes of freed scratch buffers (the temporary space of in-place
     all-reduces) the library keeps for reuse (default 256 MiB; 0 frees each one at once)."""
-    v = _float("AL_SCRATCH_CACHE", float(256 << 20))
-    if v < 0:
-        raise ValueError(f"AL_SCRATCH_CACHE must be >= 0 bytes, got {v:g}")
-    return int(v)
+    return _bytes("AL_SCRATCH_CACHE", 256 << 20)
 
 
 def default_engine_yield(local_size: int) -> int:

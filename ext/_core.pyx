@@ -585,6 +585,8 @@ cdef int op_step(al_op* op, int block) noexcept nogil:
 cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
     """Abandon an op (engine shutdown): cancel and free its outstanding MPI requests."""
     cdef int i
+    if op.phase == PH_NEW:
+        op.t_start = al_now()         # never started: Request.times reads (cancel, cancel)
     for i in range(op.nreqs):
         mpi.MPI_Cancel(&op.reqs[i])
         mpi.MPI_Request_free(&op.reqs[i])
@@ -768,9 +770,10 @@ cdef void* engine_main(void* arg) noexcept nogil:
             if op.phase == PH_NEW and ((starts_mpi_collective(op) and (
                     comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
                     or serial_gate(active, op, blocked, nblocked)):
-                if nblocked < 64:
-                    blocked[nblocked] = op.comm
-                nblocked += 1
+                if not comm_blocked(blocked, nblocked, op.comm):   # each communicator once
+                    if nblocked < 64:
+                        blocked[nblocked] = op.comm
+                    nblocked += 1
                 prev = op
                 op = nxt
                 continue

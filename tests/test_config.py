@@ -1,0 +1,21 @@
+"""Environment variables read by aluminum_py.config: defaults and bad values."""
+import pytest
+
+from aluminum_py import config
+
+
+@pytest.mark.parametrize("name,read,default", [
+    ("AL_ENGINE_SERIAL_BYTES", config.engine_serial_bytes, 1 << 20),
+    ("AL_SCRATCH_CACHE", config.scratch_cache, 256 << 20),
+])
+def test_byte_counts(monkeypatch, name, read, default):
+    monkeypatch.delenv(name, raising=False)
+    assert read() == default
+    monkeypatch.setenv(name, "0")
+    assert read() == 0
+    monkeypatch.setenv(name, "4e6")
+    assert read() == 4_000_000
+    for bad in ("-1", "inf", "nan", "lots"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            read()
