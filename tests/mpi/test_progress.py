@@ -232,6 +232,38 @@ def test_scratch_buffers_are_reused(comm):
         _core.set_scratch_cache(config.scratch_cache())
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mixed_stream_of_ops_on_two_communicators(comm, seed):
+    """A random stream (the same on every rank) of large and small all-reduces of every
+    algorithm, AVG and SUM, blocking and nonblocking, on two communicators, with the engine
+    holding large ones back: every result equals numpy's, nothing hangs."""
+    from conftest import all_ranks_ok
+    other = al.Communicator(WORLD)
+    rng = np.random.default_rng(seed)
+    comms = (comm, other)
+    ops, reqs = [], []
+    try:
+        for k in range(40):
+            n = int(rng.choice([7, 1000, (1 << 20) // 4, (3 << 20) // 8]))
+            alg = str(rng.choice(["mpi", "ring", "rabenseifner", "recursive_doubling", "auto"]))
+            op = al.AVG if rng.random() < 0.5 else al.SUM
+            c = comms[int(rng.integers(2))]
+            x = np.full(n, float(comm.rank + k % 5), dtype=np.float32)
+            if rng.random() < 0.25:
+                c.Allreduce(x, op=op, algorithm=alg)
+            else:
+                reqs.append(c.Iallreduce(x, op=op, algorithm=alg))
+            ops.append((x, k, op))
+        al.Waitall(reqs, timeout=120)
+        ok = True
+        for x, k, op in ops:
+            total = sum(r + k % 5 for r in range(comm.size))
+            ok = ok and bool(np.all(x == np.float32(total) / np.float32(comm.size if op is al.AVG else 1)))
+        assert all_ranks_ok(ok)
+    finally:
+        other.Free()
+
+
 def test_hang_timeout_on_blocking_call(comm, monkeypatch):
     """AL_HANG_TIMEOUT turns a blocking call whose peers never come into an error; the op stays
     pending in the engine and the communicator keeps call order afterwards."""
