@@ -34,6 +34,10 @@ Policies:
 * ``"libra"``: a :class:`aluminum_py.planning.libra.Plan`: its groups, and for GPU gradients its
   per-group ``max_ctas`` (NCCL thread-block limits; host gradients have no thread limits, so only
   the groups apply and ``sync.max_ctas`` is None).
+* ``"auto"``: runs the first steps with each candidate grouping in turn (no fusion, fixed
+  thresholds, and with a profile ``osf``, channel-aware ``adafusion`` and ``mgwfbp``) and keeps
+  the one whose measured steps were fastest (aluminum_py._autotune); ``sync.chosen`` names it
+  and ``sync.tuning_report`` gives each candidate's median step time.
 * ``"deft"``: DeFT's knapsack scheduling with delayed updates (buckets as ``"fixed"``; the
   plans of aluminum_py.planning.deft.DelayedUpdateScheduler on the profile and ``cost``):
   some buckets are synchronised during the next iteration's forward pass, and ``wait()``
@@ -53,7 +57,7 @@ import numpy as np
 from .errors import Error
 from .ops import AVG, SUM
 
-POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "osf", "libra", "deft")
+POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "osf", "libra", "deft", "auto")
 
 
 @dataclass
@@ -123,14 +127,32 @@ class GradientSynchronizer:
             "none" (overrides the policy's own grouping; used by benchmarks and tests).
         capacity_scale: policy "deft": multiplies DeFT's knapsack capacities (the Preserver's
             feedback; see aluminum_py.planning.deft.tune_capacity).
+        candidates: policy "auto": ``(label, policy, options)`` triples to try instead of the
+            default list (aluminum_py._autotune.default_candidates).
+        tune_steps: policy "auto": ``(warmup, trials)`` rounds; each round runs one step with
+            every candidate; warm-up rounds are not measured (default ``(1, 5)``).
     """
 
     def __init__(self, comm, grads, policy: str = "adafusion", average: bool = True, *,
                  algorithm: str = "auto", threshold: int = 64 << 20, cycle_time=None,
                  compute_times=None, forward_times=None, cost=None, plan=None, groups=None,
-                 channel_aware: bool = False, capacity_scale: float = 1.0):
+                 channel_aware: bool = False, capacity_scale: float = 1.0, candidates=None,
+                 tune_steps=(1, 5)):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+        self._auto = None
+        if policy == "auto":
+            from ._autotune import AutoTune, default_candidates
+            if candidates is None:
+                candidates = default_candidates(dict(
+                    compute_times=compute_times, forward_times=forward_times, cost=cost,
+                    plan=plan))
+            self.comm, self.grads, self.policy = comm, list(grads), policy
+            self.average, self.algorithm, self.iteration = bool(average), algorithm, 0
+            self._deft = None
+            self._auto = AutoTune(comm, grads, average, algorithm, candidates, *tune_steps)
+            self._follow_auto()
+            return
         self.comm = comm
         self.grads = list(grads)
         if not self.grads:
@@ -311,9 +333,30 @@ class GradientSynchronizer:
         self._requests = [None] * len(self.buckets)
         self._launched = [0.0] * len(self.buckets)
 
+    # ------------------------------------------------------------------ policy "auto"
+    def _follow_auto(self):
+        """Mirror the candidate that runs the next step (its buckets, options, op)."""
+        s = self._auto.active
+        self.buckets, self.max_ctas, self.op = s.buckets, s.max_ctas, s.op
+
+    @property
+    def chosen(self) -> str | None:
+        """Policy "auto": the label of the candidate kept, None while tuning (and for the
+        other policies)."""
+        a = self._auto
+        return None if a is None or a.chosen is None else a.labels[a.chosen]
+
+    @property
+    def tuning_report(self) -> dict | None:
+        """Policy "auto", once chosen: candidate label -> median step seconds (max over
+        ranks)."""
+        return None if self._auto is None else self._auto.report
+
     def grad_ready(self, i: int) -> None:
         """Gradient i (model order) is final for this step; launches every bucket that is now
         complete, in bucket order."""
+        if self._auto is not None:
+            return self._auto.active.grad_ready(i)
         if not 0 <= i < len(self.grads):
             raise ValueError(f"i: {i} is not a gradient index (0..{len(self.grads) - 1})")
         if self._ready[i]:
@@ -331,6 +374,8 @@ class GradientSynchronizer:
     def begin_backward(self) -> None:
         """Optional, policy "deft": the backward pass starts now, so the older gradients this
         backward pass sends are launched now rather than at the first ``grad_ready``."""
+        if self._auto is not None:
+            return self._auto.active.begin_backward()
         if self._deft is not None:
             self._deft.begin_backward()
 
@@ -354,6 +399,14 @@ class GradientSynchronizer:
     def wait(self, timeout=None) -> SyncInfo:
         """Wait for every bucket; afterwards every gradient holds the result. Raises if some
         gradient was never reported ready this step."""
+        if self._auto is not None:
+            info = self._auto.wait(timeout)
+            info.iteration = self.iteration
+            info.applied = [self.iteration] * len(info.buckets)
+            info.applied_iterations = [(self.iteration,)] * len(info.buckets)
+            self.iteration += 1
+            self._follow_auto()
+            return info
         missing = [i for i, r in enumerate(self._ready) if not r]
         if missing:
             raise Error(f"wait(): gradients {missing[:8]} were never reported with grad_ready")
@@ -394,6 +447,9 @@ class GradientSynchronizer:
         average (or sum) into the gradient arrays; call it after the last ``wait()`` of a
         training run (collective).  ``update`` is False, with zeroed gradients, when nothing
         was held.  Other policies hold nothing: it returns at once with ``update=False``."""
+        if self._auto is not None:
+            self._auto.active.flush(timeout)
+            return self._info(False, (), advance=False)
         if any(self._ready):
             raise Error("flush(): called in the middle of a step (after grad_ready, before wait)")
         if self._deft is None:

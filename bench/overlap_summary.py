@@ -35,7 +35,7 @@ def main(paths):
                 errs.append(abs(e))
             print(f"{name:<16} {meas * 1e3:>12.2f} {pred * 1e3:>9.2f} {e * 100:>6.1f}%  "
                   f"{rows[0]['model']}")
-        for line in speedups(med, ("adafusion", "adafusion-ca", "osf", "libra", "deft")):
+        for line in speedups(med, ("adafusion", "adafusion-ca", "osf", "libra", "deft", "auto")):
             print(line)
     if errs:
         print(f"# OSF prediction error: median {np.median(errs) * 100:.1f}%, "

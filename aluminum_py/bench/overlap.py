@@ -35,7 +35,8 @@ def build_parser():
                                  description="Overlapped gradient allreduce per fusion policy.")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--policy", default="all",
-                    help="comma-separated: none,fixed,mgwfbp,adafusion,adafusion-ca,osf,libra,deft or all")
+                    help="comma-separated: none,fixed,mgwfbp,adafusion,adafusion-ca,osf,libra,deft,auto "
+                         "or all")
     ap.add_argument("--scale", type=float, default=0.25, help="gradient size scale (default 0.25)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--throughput", type=float, default=2e12,
@@ -133,8 +134,8 @@ def main(argv=None) -> int:
         print(f"# allreduce cost ({args.cost} fit) per op in bursts: "
               + ", ".join(f"{human(n)} {cost.base(n) * 1e6:.0f} us" for n in probe)
               + f"; per-op host cost {per_op * 1e6:.1f} us ({args.per_op})")
-    policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra", "deft"] \
-        if args.policy == "all" else args.policy.split(",")
+    policies = ["none", "fixed", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra", "deft",
+                "auto"] if args.policy == "all" else args.policy.split(",")
     runs = []                                 # label, synchronizer, prediction, predictor
     for policy in policies:
         variants = [(f"fixed {human(t)}", {"threshold": t}) for t in FIXED_THRESHOLDS] \
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
             opts = dict(extra)
             if policy == "adafusion-ca":          # OSF eq. 17, channel-aware variant
                 policy, opts["channel_aware"] = "adafusion", True
-            if policy in ("mgwfbp", "adafusion", "osf", "deft"):
+            if policy in ("mgwfbp", "adafusion", "osf", "deft", "auto"):
                 opts.update(compute_times=t_b, forward_times=t_f, cost=cost)
             if policy == "deft":
                 opts["threshold"] = args.deft_threshold
@@ -156,6 +157,13 @@ def main(argv=None) -> int:
                 if comm.rank == 0:
                     print(f"# {label}: skipped ({e})")
                 continue
+            if policy == "auto":   # tune first, on consecutive steps (they time each other)
+                while sync.chosen is None:
+                    emulate_iteration(world, t_f, t_b, sync, args.compute)
+                if comm.rank == 0:
+                    print(f"# auto: chose {sync.chosen} after {sync.iteration} steps; median "
+                          "step ms: " + ", ".join(f"{k} {v * 1e3:.2f}"
+                                                  for k, v in sync.tuning_report.items()))
             runs.append({"policy": label, "sync": sync, **predict(sync, t_f, t_b, m, cost)})
     # Iterations round-robin over the policies (and a compute-only row), so that slow drifts
     # of the machine affect every policy alike; the first round is a warm-up.
@@ -221,7 +229,8 @@ def report(args, rows, size, nlayers, nbytes, t_comp):
                  f"(simulated {r['predicted_updates']:.2f})" if "predicted_updates" in r else "")
         print(f"{r['policy']:<16} {r['buckets']:>7} {r['measured'] * 1e3:>12.2f} "
               f"{r['predicted'] * 1e3:>9.2f} {r['error'] * 100:>6.1f}%  {r['model']}{extra}")
-    for line in speedups({r["policy"]: r["measured"] for r in rows}, ("adafusion", "osf")):
+    for line in speedups({r["policy"]: r["measured"] for r in rows},
+                         ("adafusion", "osf", "auto")):
         print(line)
     errs = [abs(r["error"]) for r in rows if r["model"] == "OSF"]
     if errs:

@@ -235,3 +235,53 @@ def test_deft_errors_and_flush_of_other_policies(comm):
         sync.grad_ready(i)
     sync.wait(timeout=60)
     sync.flush(timeout=60)
+
+
+def test_auto_tries_each_candidate_then_keeps_the_fastest(comm, monkeypatch):
+    """Policy "auto": results equal plain allreduce during and after tuning; the candidates run
+    round-robin; the one with the shortest measured steps (a fake clock charges "medium" 0.5 s
+    a step, the others 1 s or more, differently per rank) is kept on every rank; the others
+    are dropped."""
+    from aluminum_py import _autotune
+    grads = [np.zeros(s) for s in SHAPES]
+    cands = [("one each", "none", {}), ("medium", "fixed", {"threshold": 1024}),
+             ("all", "fixed", {"threshold": 1 << 30})]
+    sync = GradientSynchronizer(comm, grads, policy="auto", candidates=cands, tune_steps=(1, 3))
+    clock = {"t": 0.0}
+    # the step that just ended ran candidate `active`: charge it 1 s, "medium" 0.5 s
+    monkeypatch.setattr(_autotune, "_now", lambda: clock["t"])
+    seen = []
+    for step in range(3 * 4 + 2):
+        label = sync._auto.labels[sync._auto.order[sync._auto.step]] \
+            if sync._auto.chosen is None else sync.chosen
+        seen.append(label)
+        clock["t"] += 0.5 if label == "medium" else 1.0 + 0.1 * comm.rank
+        fresh = make_grads(comm.rank, step)
+        info = run_step(sync, grads, fresh)
+        assert info.iteration == step and info.applied == [step] * len(info.buckets)
+        for g, v in zip(grads, fresh):
+            assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
+    assert seen[:12] == ["one each", "medium", "all"] * 4
+    assert sync.chosen == "medium" and seen[12:] == ["medium", "medium"]
+    assert set(sync.tuning_report) == {"one each", "medium", "all"}
+    assert sync.tuning_report["medium"] == 0.5
+    assert sync.buckets == sync._auto.syncs[1].buckets
+    assert [s is None for s in sync._auto.syncs] == [True, False, True]
+
+
+def test_auto_default_candidates_and_duplicates(comm):
+    """Without a profile: no fusion and the fixed thresholds; thresholds that form the same
+    buckets (all of these tiny gradients fit in 1 MiB) are tried once."""
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads, policy="auto")
+    assert sync._auto.labels == ["none", "fixed 1 MiB"]
+    from aluminum_py._autotune import default_candidates
+    cost = lambda n: 2e-4 + n * 1e-9    # noqa: E731
+    labels = [c[0] for c in default_candidates({"compute_times": profile(), "cost": cost})]
+    assert labels == ["none", "fixed 1 MiB", "fixed 4 MiB", "fixed 16 MiB", "fixed 64 MiB",
+                      "osf", "adafusion", "mgwfbp"]
+    prof = GradientSynchronizer(comm, grads, policy="auto", compute_times=profile(), cost=cost)
+    assert set(prof._auto.labels) <= set(labels) and len(prof._auto.labels) >= 2
+    with pytest.raises(ValueError, match="cannot be a candidate"):
+        GradientSynchronizer(comm, grads, policy="auto", candidates=[("d", "deft", {})])
+    sync.flush()
