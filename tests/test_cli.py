@@ -97,7 +97,7 @@ def test_bench_overlap_every_policy(tmp_path):
     rows = {r["policy"]: r for r in run["runs"]}
     assert set(rows) == {"compute only", "none", "fixed 1 MiB", "fixed 4 MiB", "fixed 16 MiB",
                          "fixed 64 MiB", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra",
-                         "deft"}
+                         "deft", "auto"}
     assert rows["none"]["buckets"] == 107 and rows["fixed 64 MiB"]["buckets"] == 1
     assert rows["deft"]["model"] == "DeFT sim" and rows["osf"]["model"] == "OSF"
     for r in rows.values():
@@ -106,4 +106,5 @@ def test_bench_overlap_every_policy(tmp_path):
     # OSF's optimum is predicted no slower than any other grouping under the same cost
     osf_rows = [r for r in rows.values() if r["model"] == "OSF"]
     assert rows["osf"]["predicted"] <= min(r["predicted"] for r in osf_rows) * (1 + 1e-9)
-    assert "OSF prediction error over 10 policies" in proc.stdout
+    assert "OSF prediction error over 11 policies" in proc.stdout
+    assert "# auto: chose " in proc.stdout
