@@ -35,7 +35,7 @@ import aluminum_py as al  # noqa: E402
 from aluminum_py.overlap import GradientSynchronizer, gradient_arena  # noqa: E402
 from _compare import verdict  # noqa: E402  (examples/_compare.py)
 
-POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "osf", "libra")
+POLICIES = ("none", "fixed", "mgwfbp", "adafusion", "osf", "libra", "auto")
 
 
 def build_parser():
@@ -139,7 +139,7 @@ def profile(args):
 def sync_options(args):
     if args.policy == "fixed":
         return {"threshold": args.threshold}
-    if args.policy in ("mgwfbp", "adafusion", "osf"):
+    if args.policy in ("mgwfbp", "adafusion", "osf", "auto"):
         return {"compute_times": profile(args)}
     if args.policy == "libra":
         from aluminum_py.planning.libra import Plan
@@ -187,6 +187,9 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"step {step:4d}  loss {loss:.6f}", flush=True)
     elapsed = time.perf_counter() - t0
+    if sync.policy == "auto" and rank == 0:
+        print(f"auto: {'chose ' + sync.chosen if sync.chosen else 'still tuning'}"
+              f" after {sync.iteration} steps", flush=True)
 
     # every rank applied the same averaged gradients: parameters must be bitwise identical
     flat = np.concatenate([p.ravel() for p in params])

@@ -30,11 +30,14 @@ def check_match(out, nranks):
     assert out.rstrip().endswith("OK"), out
 
 
-@pytest.mark.parametrize("policy", ["adafusion", "fixed"])
+@pytest.mark.parametrize("policy", ["adafusion", "fixed", "auto"])
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_mlp_numpy(nranks, policy):
-    out = run_example("mlp_numpy.py", nranks, "--steps", "6", "--policy", policy)
+    steps = "40" if policy == "auto" else "6"        # auto: tuning takes up to 6 x 6 steps
+    out = run_example("mlp_numpy.py", nranks, "--steps", steps, "--policy", policy)
     check_match(out, nranks)
+    if policy == "auto":
+        assert "auto: chose " in out, out
     if policy == "fixed":                   # fused buckets: reduced in place as arena ranges
         assert "[[5, 4, 3, 2], [1, 0]]" in out, out
 
