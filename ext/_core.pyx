@@ -582,13 +582,23 @@ cdef int op_step(al_op* op, int block) noexcept nogil:
         op.nreqs = 0
     return op_finish(op)
 
+cdef inline int req_is_recv(al_op* op, int i) noexcept nogil:
+    """Whether op.reqs[i] is a receive (see sched_advance and mpi_start for the order)."""
+    if op.kind == K_SCHEDULE:
+        return i == 0 and op.cur < op.nsteps and op.steps[op.cur].recv_peer >= 0
+    return (op.kind == K_RECV or op.kind == K_SENDRECV) and i == 0
+
 cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
-    """Abandon an op (engine shutdown): cancel and free its outstanding MPI requests."""
+    """Abandon an op (engine shutdown): cancel its outstanding receives and free every
+    outstanding MPI request.  Sends and collectives are only freed: MPI-4 deprecates
+    cancelling sends (MPICH over UCX crashed cancelling a large, unmatched one) and forbids
+    cancelling collectives."""
     cdef int i
     if op.phase == PH_NEW:
         op.t_start = al_now()         # never started: Request.times reads (cancel, cancel)
     for i in range(op.nreqs):
-        mpi.MPI_Cancel(&op.reqs[i])
+        if req_is_recv(op, i):
+            mpi.MPI_Cancel(&op.reqs[i])
         mpi.MPI_Request_free(&op.reqs[i])
     op.nreqs = 0
     if op.kind == K_HOST_TRANSFER and op.flag != NULL:

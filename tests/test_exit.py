@@ -50,6 +50,26 @@ def test_exit_with_a_request_no_peer_ever_matches():
     assert elapsed < 50
 
 
+@pytest.mark.parametrize("what", ["ring", "recursive_doubling", "rabenseifner", "mpi", "isend"],
+                         ids=lambda w: f"via-{w}")     # an id "mpi" would read as pytest-mpi's mark
+def test_exit_with_a_large_unmatched_send(what):
+    """The same with a large message (rendezvous protocol): cancelling its pending send at
+    exit crashed MPICH over UCX (segfault); sends and collectives are now only freed."""
+    proc, elapsed = run_program(f"""
+        import numpy as np, aluminum_py as al
+        comm = al.Communicator()
+        x = np.ones(1 << 20, dtype=np.float32)
+        if comm.rank == 0:
+            keep = (comm.Isend(x, dest=1, tag=9) if "{what}" == "isend"
+                    else comm.Iallreduce(x, algorithm="{what}"))
+        print("exiting", comm.rank, flush=True)
+    """, AL_EXIT_GRACE="0.5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("exiting") == 2
+    assert "Segmentation fault" not in proc.stdout + proc.stderr
+    assert elapsed < 50
+
+
 def test_exit_after_engine_was_used_and_idle():
     proc, _ = run_program("""
         import numpy as np, aluminum_py as al
