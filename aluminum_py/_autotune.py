@@ -19,6 +19,9 @@ fastest:
   dropped (their fusion buffers are freed).
 * Results: every candidate's results equal plain per-gradient allreduces, so tuning changes
   timing only.  ``deft`` is never a candidate (it changes which gradients are applied).
+* GPU gradients: ``wait()`` only makes the stream wait, so during tuning each step is timed
+  after ``cupy.cuda.Device().synchronize()``; afterwards nothing synchronizes.  Every
+  candidate with multi-gradient buckets holds its own fusion buffers while tuning.
 """
 from __future__ import annotations
 
@@ -55,6 +58,11 @@ class AutoTune:
             raise ValueError(f"tune_steps: need warmup >= 0 and trials >= 1, got {warmup}, "
                              f"{trials}")
         self.comm = comm
+        from .overlap import _array_module
+        xp = _array_module(grads[0])
+        # GPU gradients: wait() only orders the stream, so a tuning step is timed after the
+        # device finishes it (the host would otherwise time its own enqueueing)
+        self._sync_device = None if xp is np else (lambda: xp.cuda.Device().synchronize())
         self.labels, self.syncs, seen = [], [], set()
         for label, policy, opts in candidates:
             if policy in ("auto", "deft"):
@@ -85,6 +93,8 @@ class AutoTune:
     def wait(self, timeout):
         c = self.order[self.step] if self.chosen is None else self.chosen
         info = self.syncs[c].wait(timeout)
+        if self.chosen is None and self._sync_device is not None:
+            self._sync_device()
         now = _now()
         if self.chosen is None:
             if self.last is not None and self.step >= self.measured_from:
