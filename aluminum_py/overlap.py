@@ -143,6 +143,9 @@ class GradientSynchronizer:
         self._auto = None
         if policy == "auto":
             from ._autotune import AutoTune, default_candidates
+            if groups is not None:
+                raise ValueError("groups= fixes the buckets; policy 'auto' chooses them (pass "
+                                 "candidates= to choose among explicit groupings)")
             if candidates is None:
                 candidates = default_candidates(dict(
                     compute_times=compute_times, forward_times=forward_times, cost=cost,

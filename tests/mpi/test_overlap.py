@@ -282,6 +282,8 @@ def test_auto_default_candidates_and_duplicates(comm):
                       "osf", "adafusion", "mgwfbp"]
     prof = GradientSynchronizer(comm, grads, policy="auto", compute_times=profile(), cost=cost)
     assert set(prof._auto.labels) <= set(labels) and len(prof._auto.labels) >= 2
+    with pytest.raises(ValueError, match="policy 'auto' chooses them"):
+        GradientSynchronizer(comm, grads, policy="auto", groups=[(0, 7)])
     with pytest.raises(ValueError, match="cannot be a candidate"):
         GradientSynchronizer(comm, grads, policy="auto", candidates=[("d", "deft", {})])
     sync.flush()
