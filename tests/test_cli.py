@@ -108,3 +108,4 @@ def test_bench_overlap_every_policy(tmp_path):
     assert rows["osf"]["predicted"] <= min(r["predicted"] for r in osf_rows) * (1 + 1e-9)
     assert "OSF prediction error over 11 policies" in proc.stdout
     assert "# auto: chose " in proc.stdout
+    assert rows["auto"]["chosen"] in rows["auto"]["tuning_report"]

@@ -164,7 +164,10 @@ def main(argv=None) -> int:
                     print(f"# auto: chose {sync.chosen} after {sync.iteration} steps; median "
                           "step ms: " + ", ".join(f"{k} {v * 1e3:.2f}"
                                                   for k, v in sync.tuning_report.items()))
-            runs.append({"policy": label, "sync": sync, **predict(sync, t_f, t_b, m, cost)})
+            extra = {"chosen": sync.chosen, "tuning_report": sync.tuning_report} \
+                if policy == "auto" else {}
+            runs.append({"policy": label, "sync": sync, **predict(sync, t_f, t_b, m, cost),
+                         **extra})
     # Iterations round-robin over the policies (and a compute-only row), so that slow drifts
     # of the machine affect every policy alike; the first round is a warm-up.
     rows = [{"policy": "compute only", "sync": None, "predicted": sum(t_f) + sum(t_b),
