@@ -190,10 +190,10 @@ ctypedef struct al_op:
     int nreqs
     double avg_div       # > 0: divide avg_buf[:avg_cnt] by it at the end (AVG), or each
                          # owned block after its step when avg_in_steps
-    int avg_in_steps
                          # avg_buf[:avg_cnt] is this rank's result region (reductions only)
     char* avg_buf
     int64_t avg_cnt
+    int avg_in_steps     # the schedule divides its owned blocks (Step.owned), not op_finish
     int done             # atomic completion flag
     double t_start       # al_now() when the op started (engine or caller) and completed;
     double t_done        # written before `done` is released, read after it is acquired
@@ -351,7 +351,8 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
     cdef al_step* st
     cdef char* dst
     cdef char* src
-    cdef int rc, flag, scale, es = op.esize
+    cdef char* other
+    cdef int rc, flag, es = op.esize
     cdef MPI_Comm comm = op.comm.coll
     while op.cur < op.nsteps:
         st = &op.steps[op.cur]
@@ -386,24 +387,19 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
             if not flag:
                 return 0
             op.nreqs = 0
-        # AVG: the owned block is divided in the same pass as its last reduction
-        scale = st.owned and op.avg_in_steps and op.avg_div > 0 and st.recv_cnt > 0
-        if st.recv_mode == RECV_TMP_REDUCE:
-            src = (op.sbuf if st.reduce_src == FROM_SEND else op.rbuf) + st.recv_off * es
-            if scale:
-                al_reduce_div(op.dtype, op.rbuf + st.recv_off * es, src, op.tmp,
-                              <size_t>st.recv_cnt, op.avg_div)
-            else:
-                al_reduce(op.dtype, op.rop, op.rbuf + st.recv_off * es, src, op.tmp, <size_t>st.recv_cnt)
-        elif st.recv_mode == RECV_INTO_REDUCE:
+        if st.recv_mode == RECV_TMP_REDUCE or st.recv_mode == RECV_INTO_REDUCE:
             dst = op.rbuf + st.recv_off * es
-            if scale:
-                al_reduce_div(op.dtype, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt,
-                              op.avg_div)
+            if st.recv_mode == RECV_TMP_REDUCE:     # dst = SRC[off] op scratch
+                src = (op.sbuf if st.reduce_src == FROM_SEND else op.rbuf) + st.recv_off * es
+                other = op.tmp
+            else:                                   # dst = sendbuf[off] op dst
+                src = op.sbuf + st.recv_off * es
+                other = dst
+            # AVG: an owned block (always a reducing step) is divided in the same pass
+            if st.owned and op.avg_in_steps and op.avg_div > 0:
+                al_reduce_div(op.dtype, dst, src, other, <size_t>st.recv_cnt, op.avg_div)
             else:
-                al_reduce(op.dtype, op.rop, dst, op.sbuf + st.recv_off * es, dst, <size_t>st.recv_cnt)
-        elif scale:
-            al_scale_div(op.dtype, op.rbuf + st.recv_off * es, <size_t>st.recv_cnt, op.avg_div)
+                al_reduce(op.dtype, op.rop, dst, src, other, <size_t>st.recv_cnt)
         op.posted = 0
         op.cur += 1
     return op_finish(op)
@@ -909,15 +905,13 @@ cdef int run_inline(al_op* op, double timeout) noexcept nogil:
         if not op_start(op, 1):
             while not op_step(op, 1):
                 pass
-        op.t_done = al_now()
-        al_store_release(&op.done, 1)
-        return 1
-    deadline = al_now() + timeout
-    if not op_start(op, 0):
-        while not op_step(op, 0):
-            n += 1
-            if (n & 255) == 0 and al_now() > deadline:
-                return 0
+    else:
+        deadline = al_now() + timeout
+        if not op_start(op, 0):
+            while not op_step(op, 0):
+                n += 1
+                if (n & 255) == 0 and al_now() > deadline:
+                    return 0
     op.t_done = al_now()
     al_store_release(&op.done, 1)
     return 1
