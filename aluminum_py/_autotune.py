@@ -53,12 +53,11 @@ class AutoTune:
     """The tuning state of one ``policy="auto"`` synchronizer."""
 
     def __init__(self, comm, grads, average, algorithm, candidates, warmup, trials):
-        from .overlap import GradientSynchronizer
+        from .overlap import GradientSynchronizer, _array_module
         if warmup < 0 or trials < 1:
             raise ValueError(f"tune_steps: need warmup >= 0 and trials >= 1, got {warmup}, "
                              f"{trials}")
         self.comm = comm
-        from .overlap import _array_module
         xp = _array_module(grads[0])
         # GPU gradients: wait() only orders the stream, so a tuning step is timed after the
         # device finishes it (the host would otherwise time its own enqueueing)
@@ -87,11 +86,16 @@ class AutoTune:
         self.report = None                      # label -> median step seconds, once chosen
 
     @property
+    def _index(self):
+        """The candidate that runs the current step."""
+        return self.order[self.step] if self.chosen is None else self.chosen
+
+    @property
     def active(self):
-        return self.syncs[self.chosen if self.chosen is not None else self.order[self.step]]
+        return self.syncs[self._index]
 
     def wait(self, timeout):
-        c = self.order[self.step] if self.chosen is None else self.chosen
+        c = self._index
         info = self.syncs[c].wait(timeout)
         if self.chosen is None and self._sync_device is not None:
             self._sync_device()

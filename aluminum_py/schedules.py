@@ -242,11 +242,6 @@ def build(algorithm: str, p: int, rank: int, count: int, inplace: bool):
     return tuple(steps), tmp
 
 
-def scales_owned(steps) -> bool:
-    """Whether a schedule marks its owned block (AVG then divides there, not at the end)."""
-    return any(st.owned for st in steps)
-
-
 def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = False,
              owned=None):
     """Execute the schedules of all ranks in one process (for tests): returns each rank's result.

@@ -50,8 +50,8 @@ def test_owned_blocks_scale_every_element_once(alg, p, inplace):
 def test_recursive_doubling_has_no_owned_block():
     for p in range(1, 9):
         for r in range(p):
-            assert not schedules.scales_owned(build("recursive_doubling", p, r, 50, False)[0])
-    assert not schedules.scales_owned(build("ring", 1, 0, 50, False)[0])
+            assert not any(st.owned for st in build("recursive_doubling", p, r, 50, False)[0])
+    assert not any(st.owned for st in build("ring", 1, 0, 50, False)[0])
 
 
 @settings(max_examples=60, deadline=None)

@@ -25,9 +25,8 @@ import time
 
 import numpy as np
 
+from .._autotune import DEFAULT_THRESHOLDS as FIXED_THRESHOLDS   # auto's fixed candidates
 from .timing import human
-
-FIXED_THRESHOLDS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
 def build_parser():
