@@ -237,22 +237,26 @@ def comm_async_error(uintptr_t comm):
     return err
 
 
+ctypedef ncclResult_t (*comm_int_query)(ncclComm_t, int*) noexcept nogil
+
+
+cdef int comm_int(comm_int_query query, uintptr_t comm, str what) except? -1:
+    """One of NCCL's integer queries of a communicator (count, rank, device)."""
+    cdef int v = 0
+    check(query(<ncclComm_t>comm, &v), <ncclComm_t>comm, what)
+    return v
+
+
 def comm_count(uintptr_t comm):
-    cdef int n = 0
-    check(api.CommCount(<ncclComm_t>comm, &n), <ncclComm_t>comm, "ncclCommCount")
-    return n
+    return comm_int(api.CommCount, comm, "ncclCommCount")
 
 
 def comm_user_rank(uintptr_t comm):
-    cdef int r = 0
-    check(api.CommUserRank(<ncclComm_t>comm, &r), <ncclComm_t>comm, "ncclCommUserRank")
-    return r
+    return comm_int(api.CommUserRank, comm, "ncclCommUserRank")
 
 
 def comm_cu_device(uintptr_t comm):
-    cdef int d = 0
-    check(api.CommCuDevice(<ncclComm_t>comm, &d), <ncclComm_t>comm, "ncclCommCuDevice")
-    return d
+    return comm_int(api.CommCuDevice, comm, "ncclCommCuDevice")
 
 
 def allreduce(uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, uintptr_t comm,
