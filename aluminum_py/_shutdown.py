@@ -2,7 +2,9 @@
 
 mpi4py finalizes MPI after Python's atexit handlers have run, so an atexit handler registered
 here runs first: pending ops get AL_EXIT_GRACE seconds (default 2) to complete, then their MPI
-requests are cancelled and freed, so an exiting program never hangs on them.
+requests are cancelled and freed, so an exiting program never hangs on them. Then the CUDA
+devices' pinned-buffer pools are released (after a device synchronize; never earlier, never on
+the engine's thread).
 """
 import atexit
 
@@ -11,6 +13,8 @@ from . import _core, config
 
 def _shutdown() -> None:
     _core.shutdown_engine(config.exit_grace())
+    from .gpu import release_pinned_pools
+    release_pinned_pools()          # only now: no host-transfer op can still take a buffer
 
 
 def install() -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,22 +45,36 @@ _NCCL_OPS = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "a
 
 
 _device_count = None
+_devices: dict = {}         # ordinal -> _core.CudaDevice, one per device for the process
 
 
 def cuda_device_count() -> int:
-    """CUDA devices visible to this process (0 without a driver); probed once."""
+    """CUDA devices visible to this process (0 without a driver); probed once, with cuInit and
+    cuDeviceGetCount only: no context is created or retained (AL_CUDA_LIBRARY selects the
+    driver library, e.g. the stand-in of aluminum_py.testing.cuda_standin)."""
     global _device_count
     if _device_count is None:
-        try:
-            import cupy
-            _device_count = int(cupy.cuda.runtime.getDeviceCount())
-        except Exception:
-            try:
-                _core.CudaDevice(0)
-                _device_count = 1
-            except Exception:
-                _device_count = 0
+        _device_count = _core.cuda_device_count()
     return _device_count
+
+
+def cuda_device(ordinal: int):
+    """The device interface of CUDA device `ordinal`, shared by every communicator on it (one
+    pinned-buffer pool per device; its primary context is retained once)."""
+    dev = _devices.get(ordinal)
+    if dev is None:
+        dev = _devices[ordinal] = _core.CudaDevice(ordinal)
+    return dev
+
+
+def release_pinned_pools() -> None:
+    """At exit, after the progress engine has stopped: free every device's cached pinned
+    buffers (after a device synchronize)."""
+    for dev in _devices.values():
+        try:
+            dev.release_pinned()
+        except Error:
+            pass
 
 
 def current_device() -> int:
@@ -100,6 +115,7 @@ class GpuArray:
     dtype: np.dtype
     readonly: bool
     obj: object
+    device: int | None = None       # the CUDA device ordinal of device memory, when known
 
     @property
     def nbytes(self) -> int:
@@ -123,7 +139,10 @@ def dlpack_array(t, name: str, writable: bool = False) -> GpuArray:
     checked GpuArray that keeps the tensor (and so the producer's buffer) alive."""
     dtype = _dlpack_dtype(t, name)
     strides = None if t.strides is None else tuple(st * dtype.itemsize for st in t.strides)
-    return _checked(name, t.ptr, t.shape, strides, dtype, t.readonly, writable, t)
+    arr = _checked(name, t.ptr, t.shape, strides, dtype, t.readonly, writable, t)
+    if t.device_type == _dlpack.CUDA:
+        arr.device = int(t.device_id)
+    return arr
 
 
 def as_gpu_array(obj, name: str, writable: bool = False, stream: int | None = None) -> GpuArray:
@@ -190,10 +209,12 @@ class GpuRequest:
     """Completion of a nonblocking GPU op: ``Wait`` makes the bound stream wait on the op's
     completion event; ``Test`` queries it. For a host-transfer op, both also report a failure
     of the op's host part (al.MPIError, or al.TimeoutError after AL_HANG_TIMEOUT) once it is
-    known; ``Wait(timeout=t)`` waits at most `t` seconds for the host part to finish."""
+    known; ``Wait(timeout=t)`` waits at most `t` seconds for the host part to finish. The op's
+    buffers are kept alive until it has completed on the device, whether or not the request
+    is kept."""
 
-    def __init__(self, backend: "GpuBackend", event: int, algorithm: str, keep, host_request=None):
-        self._b, self._event, self.algorithm, self._keep = backend, event, algorithm, keep
+    def __init__(self, backend: "GpuBackend", event: int, algorithm: str, host_request=None):
+        self._b, self._event, self.algorithm = backend, event, algorithm
         self._host = host_request
 
     def Wait(self, timeout: float | None = None) -> None:
@@ -236,6 +257,60 @@ class GpuRequest:
         return self.Test()
 
 
+class InFlight:
+    """The buffers of GPU ops enqueued on streams, kept alive until each op's completion event
+    has fired: the caller may drop its array right after a call (CuPy or PyTorch then reuse
+    the memory, possibly for work on another stream) while NCCL or a copy still reads it.
+    One queue per stream (events complete in stream order); events are reused."""
+
+    def __init__(self, device):
+        self.device = device
+        self.queues: dict = {}              # stream handle -> deque of (event, keep)
+        self.free_events: list = []
+
+    def track(self, stream: int, keep) -> None:
+        """Record an event on `stream` after the op just enqueued there; keep `keep` until it
+        has fired."""
+        ev = self.free_events.pop() if self.free_events else self.device.event_create()
+        try:
+            self.device.event_record(ev, stream)
+        except BaseException:
+            self.free_events.append(ev)
+            raise
+        self.queues.setdefault(stream, deque()).append((ev, keep))
+
+    def retire(self) -> None:
+        """Drop the buffers of the ops that have completed."""
+        for q in self.queues.values():
+            while q and self.device.event_query(q[0][0]):
+                self.free_events.append(q.popleft()[0])
+
+    @property
+    def pending(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def destroy_events(self) -> None:
+        """After every op has completed: destroy the events."""
+        for ev in self.free_events:
+            self.device.event_destroy(ev)
+        self.free_events.clear()
+
+
+_RETIRING: list = []    # InFlight of freed communicators whose ops had not completed at Free
+
+
+def _retire_freed() -> None:
+    """Release what freed communicators still held, once their ops have completed."""
+    keep = []
+    for f in _RETIRING:
+        f.retire()
+        if f.pending:
+            keep.append(f)
+        else:
+            f.destroy_events()
+    _RETIRING[:] = keep
+
+
 _ABANDONED: list = []     # host requests abandoned at AL_HANG_TIMEOUT, kept with their buffers
 
 
@@ -256,10 +331,11 @@ class GpuBackend:
         the tests pass an ``aluminum_py.host_transfer.CpuDevice`` and a CPU stream's handle."""
         if device is None:
             require_cuda("GPU communicator")
-            device = _core.CudaDevice(current_device())
+            device = cuda_device(current_device())
         self.comm = comm
         self.stream = stream_handle(stream)
         self.device = device
+        self.inflight = InFlight(device)    # buffers of enqueued ops, until they completed
         self._internal = None
         self._decider = None
         self._nccl_base = None
@@ -268,8 +344,15 @@ class GpuBackend:
         self._unreported: list = []         # Requests of blocking host-transfer ops
 
     def _arr(self, obj, name: str, writable: bool = False) -> GpuArray:
-        """as_gpu_array with this backend's stream (DLPack producers sync to it)."""
-        return as_gpu_array(obj, name, writable, stream=self.stream)
+        """as_gpu_array with this backend's stream (DLPack producers sync to it); device memory
+        must be on the communicator's device."""
+        a = as_gpu_array(obj, name, writable, stream=self.stream)
+        ordinal = getattr(self.device, "ordinal", None)
+        if a.device is not None and ordinal is not None and a.device != ordinal:
+            raise ValueError(f"{name} is on CUDA device {a.device} but the communicator uses CUDA "
+                             f"device {ordinal} (the device current when its GPU backend was "
+                             f"made: torch.cuda.set_device / cupy.cuda.Device(i).use() first)")
+        return a
 
     # -- failures of blocking host-transfer ops
     def report(self, r, timeout: float) -> None:
@@ -286,9 +369,12 @@ class GpuBackend:
             raise
 
     def check(self) -> None:
-        """Raise the first failure, not reported yet, of an earlier host-transfer op whose host
-        part has finished (blocking ops, and nonblocking ones whose Wait came first; called at
-        every GPU operation on the communicator)."""
+        """At every GPU operation on the communicator: release the buffers of completed ops,
+        then raise the first failure, not reported yet, of an earlier host-transfer op whose
+        host part has finished (blocking ops, and nonblocking ones whose Wait came first)."""
+        self.inflight.retire()
+        if _RETIRING:
+            _retire_freed()
         keep, failure = [], None
         for r in self._unreported:
             done = r.done                   # read once: the engine may finish r meanwhile
@@ -347,13 +433,29 @@ class GpuBackend:
     def _join(self, stream: int, algorithm: str, keep, host_request=None) -> GpuRequest:
         ev = self.device.event_create()
         self.device.event_record(ev, stream)
-        return GpuRequest(self, ev, algorithm, keep, host_request)
+        self.inflight.track(stream, keep)
+        return GpuRequest(self, ev, algorithm, host_request)
+
+    def _enqueued(self, stream: int, blocking: bool, algorithm: str, keep):
+        """After an op was enqueued on `stream`: keep its buffers until it has completed; a
+        request for nonblocking ops."""
+        if blocking:
+            self.inflight.track(stream, keep)
+            return None
+        return self._join(stream, algorithm, keep)
 
     def close(self) -> Error | None:
         """Communicator.Free (no host-transfer op is pending then): destroy the NCCL
         communicators, the internal stream (CUDA releases it once its queued work has run) and
-        the control communicator. Returns the first unreported failure of a blocking
-        host-transfer op, for Free to raise once everything is released."""
+        the control communicator; buffers of ops still running on the device stay referenced
+        until they complete; the device's pinned pool is freed if no host-transfer op is in
+        flight on it. Returns the first unreported failure of a blocking host-transfer op (or of
+        freeing the pool), for Free to raise once everything is released."""
+        self.inflight.retire()
+        if self.inflight.pending:
+            _RETIRING.append(self.inflight)     # released at a later GPU op, once complete
+        else:
+            self.inflight.destroy_events()
         for c in list(self._nccl_pool.values()) + [self._nccl_base]:
             if c is not None:
                 c.destroy()
@@ -365,11 +467,17 @@ class GpuBackend:
         if self._ctl is not None:
             self._ctl.Free()
             self._ctl = None
+        failure = None
+        if self.device.pinned_stats()["taken"] == 0:
+            try:            # no host-transfer op in flight on the device: free the pool
+                self.device.release_pinned()
+            except Error as e:
+                failure = e
         try:
             self.check()
         except Error as e:
-            return e
-        return None
+            failure = failure or e
+        return failure
 
     # -- NCCL communicators: the base one and the CTA-limited pool split from it
     @staticmethod
@@ -439,7 +547,7 @@ class GpuBackend:
             comm = self.nccl_comm(min_ctas, max_ctas)
             stream = self.stream if blocking else self._fork()
             comm.allreduce(s.ptr, r.ptr, s.count, str(s.dtype), _NCCL_OPS[op.name], stream)
-            return None if blocking else self._join(stream, alg, keep)
+            return self._enqueued(stream, blocking, alg, keep)
         from .host_transfer import host_algorithm
         stream = self.stream if blocking else self._fork()
         nop = self.comm._launcher.host_transfer_allreduce(
@@ -458,7 +566,7 @@ class GpuBackend:
         comm = self.nccl_comm()
         stream = self.stream if blocking else self._fork()
         launch(comm, stream)
-        return None if blocking else self._join(stream, "nccl", keep)
+        return self._enqueued(stream, blocking, "nccl", keep)
 
     def _pair(self, sendbuf, recvbuf, send_name="sendbuf"):
         s = self._arr(sendbuf, send_name)

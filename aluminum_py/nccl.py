@@ -142,12 +142,24 @@ def _op(op) -> int:
     return OPS[key]
 
 
+MAX_CHANNELS = 64      # NCCL's MAXCHANNELS: it caps minCTAs/maxCTAs there
+
+
 def _config(min_ctas, max_ctas, cga_cluster_size, blocking) -> dict:
+    """The communicator config, checked as NCCL 2.18+ checks ncclConfig_t. NCCL rejects a
+    minCTAs above maxCTAs, and an unset maxCTAs counts as below any minCTAs: with only
+    `min_ctas` given, `max_ctas` is set to max(min_ctas, MAX_CHANNELS) (NCCL's own cap)."""
     for name, v in (("min_ctas", min_ctas), ("max_ctas", max_ctas)):
-        if v is not None and (not isinstance(v, int) or v < 1):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name}: expected a positive int, got {v!r}")
     if min_ctas is not None and max_ctas is not None and min_ctas > max_ctas:
         raise ValueError(f"min_ctas ({min_ctas}) is larger than max_ctas ({max_ctas})")
+    if min_ctas is not None and max_ctas is None:
+        max_ctas = max(min_ctas, MAX_CHANNELS)
+    if cga_cluster_size is not None and (isinstance(cga_cluster_size, bool)
+                                         or not isinstance(cga_cluster_size, int)
+                                         or cga_cluster_size < 0):
+        raise ValueError(f"cga_cluster_size: expected an int >= 0, got {cga_cluster_size!r}")
     return {"min_ctas": min_ctas, "max_ctas": max_ctas, "cga_cluster_size": cga_cluster_size,
             "blocking": blocking}
 
@@ -221,10 +233,25 @@ class NcclComm:
 
     def split(self, color: int, key: int, *, min_ctas=None, max_ctas=None, cga_cluster_size=None,
               blocking=None) -> "NcclComm":
-        """ncclCommSplit with its own config (e.g. another max_ctas). Collective."""
+        """ncclCommSplit with its own config (e.g. another max_ctas). Collective.
+
+        With a nonblocking parent, NCCL completes the split on its own thread and writes the
+        new communicator only then; this waits for that (the parent's state leaves
+        ncclInProgress, at most AL_HANG_TIMEOUT)."""
         cfg = _config(min_ctas, max_ctas, cga_cluster_size, blocking)
-        handle, rc = _nccl.comm_split(self._h(), color, key, **_native(cfg))
-        return NcclComm._from_handle(_created(handle, rc, "ncclCommSplit"), cfg)
+        slot, rc = _nccl.comm_split(self._h(), color, key, **_native(cfg))
+        if rc == IN_PROGRESS:
+            settle(self.handle, "ncclCommSplit")   # a timeout leaks the slot: NCCL may write it
+        handle = _nccl.split_result(slot)
+        if handle == 0:
+            raise NcclError("ncclCommSplit returned no communicator", INVALID_USAGE)
+        state = _nccl.comm_async_error(handle)
+        if state not in (SUCCESS, IN_PROGRESS):
+            try:
+                _check(state, handle, "ncclCommSplit")      # raises, with NCCL's last error
+            finally:
+                _nccl.comm_abort(handle)
+        return NcclComm._from_handle(_created(handle, state, "ncclCommSplit"), cfg)
 
     def _done(self, rc: int, what: str) -> None:
         """After a call on this communicator: inside a group, NCCL reports the nonblocking

@@ -66,11 +66,15 @@ cdef extern from "al_device.h" nogil:
         int (*event_destroy)(void*, void*) noexcept nogil
         int (*wait_value32)(void*, void*, uint32_t*, uint32_t) noexcept nogil
         int (*write_value32)(void*, void*, uint32_t*, uint32_t) noexcept nogil
-        void* (*host_alloc)(void*, size_t) noexcept nogil
-        void (*host_free)(void*, void*) noexcept nogil
+        int (*host_alloc)(void*, size_t, void**) noexcept nogil
+        int (*host_free)(void*, void*) noexcept nogil
+        int (*synchronize)(void*) noexcept nogil
         int (*stream_create)(void*, void**) noexcept nogil
         int (*stream_destroy)(void*, void*) noexcept nogil
         int (*stream_wait_event)(void*, void*, void*) noexcept nogil
+        void (*describe)(void*, int, char*, size_t) noexcept nogil
+        size_t pool_cached
+        long pool_allocs, pool_reuses, pool_out
     ctypedef struct al_cpu_trace:
         int kind
         double t
@@ -78,11 +82,18 @@ cdef extern from "al_device.h" nogil:
     ctypedef struct al_cpu_ctx:
         al_cpu_trace* trace
         long ntrace
+        int strict, queues, nstreams
+        long pinned_live, sync_waits
     ctypedef struct al_cpu_stream:
         long executed
-    al_device* al_cpu_device_new()
+    int al_pinned_get(al_device*, size_t, void**)
+    void al_pinned_put(al_device*, void*)
+    int al_pinned_release(al_device*)
+    al_device* al_cpu_device_new_strict(int strict, int queues)
     al_device* al_cuda_device_new(int ordinal, char* err, size_t errlen)
     int al_cuda_current_device(int* ordinal, char* err, size_t errlen)
+    int al_cuda_device_count(int* count, char* err, size_t errlen)
+    void al_cuda_mark_engine_thread()
     int al_cpu_stream_sync(al_cpu_stream*, double)
     int al_cpu_memcpy_async(void*, void*, const void*, size_t, void*)
     int al_cpu_delay(void*, double)
@@ -203,7 +214,8 @@ ctypedef struct al_op:
     # host transfer (K_HOST_TRANSFER): device copies around an inner host allreduce
     al_device* dev
     void* stream
-    char* pinned         # host staging buffer (count * esize bytes) + the stream flag
+    char* pinned         # host staging buffer (count * esize bytes) + the stream flag, from
+                         # the device's pinned pool (al_pinned_get/put)
     uint32_t* flag       # the stream waits until *flag >= 1 before copying back
     void* ev_d2h
     void* ev_h2d
@@ -503,8 +515,8 @@ cdef int ht_step(al_op* op) noexcept nogil:
     op.ht_times[3] = al_now()
     op.dev.event_destroy(ctx, op.ev_d2h)
     op.dev.event_destroy(ctx, op.ev_h2d)
-    op.dev.host_free(ctx, op.pinned)              # only after the last copy completed
-    op.pinned = NULL
+    al_pinned_put(op.dev, op.pinned)              # only after the last copy completed; never
+    op.pinned = NULL                              # a (synchronizing) free on this thread
     return op_finish(op)
 
 cdef int ht_abandon(al_op* op) noexcept nogil:
@@ -732,6 +744,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
     cdef al_comm* blocked[64]
     cdef int nblocked = 0
     cdef double deadline = 0.0
+    al_cuda_mark_engine_thread()      # CUDA contexts stay current on this thread (al_device.h)
     while True:
         if active == NULL and deferred == NULL and g_idle_spin > 0:
             # idle: poll for new work for a short while before sleeping, so that a burst of
@@ -1133,19 +1146,25 @@ cdef class Schedule:
 
 cdef class Device:
     """A device behind the al_device interface (ext/al_device.h): streams and events are
-    handles (ints). Failures raise aluminum_py.Error naming the CUDA call."""
+    handles (ints). Failures raise aluminum_py.Error naming the call and the device's error
+    (CUDA: the CUresult's name, number and text)."""
     cdef al_device* dev
     cdef readonly str kind
 
-    cdef int fail(self, str call) except -1:
-        _hooks.fail(f"{call} failed" + ("" if self.kind == "cuda" else f" ({self.kind} device)"))
+    cdef int fail(self, str call, int code) except -1:
+        cdef char buf[256]
+        buf[0] = 0
+        self.dev.describe(self.dev.ctx, code, buf, sizeof(buf))
+        where = "" if self.kind == "cuda" else f" ({self.kind} device)"
+        _hooks.fail(f"{call} failed{where}: {(<bytes>buf).decode('utf-8', 'replace')}")
         return -1
 
     def stream_create(self):
         """A new stream (CUDA: non-blocking) as a handle."""
         cdef void* st = NULL
-        if self.dev.stream_create(self.dev.ctx, &st) != 0:
-            self.fail("cuStreamCreate")
+        cdef int rc = self.dev.stream_create(self.dev.ctx, &st)
+        if rc != 0:
+            self.fail("cuStreamCreate", rc)
         return <uintptr_t>st
 
     def stream_destroy(self, uintptr_t stream):
@@ -1155,23 +1174,25 @@ cdef class Device:
         with nogil:
             rc = self.dev.stream_destroy(self.dev.ctx, <void*>stream)
         if rc != 0:
-            self.fail("cuStreamDestroy")
+            self.fail("cuStreamDestroy", rc)
 
     def event_create(self):
         cdef void* ev = NULL
-        if self.dev.event_create(self.dev.ctx, &ev) != 0:
-            self.fail("cuEventCreate")
+        cdef int rc = self.dev.event_create(self.dev.ctx, &ev)
+        if rc != 0:
+            self.fail("cuEventCreate", rc)
         return <uintptr_t>ev
 
     def event_record(self, uintptr_t ev, uintptr_t stream):
-        if self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream) != 0:
-            self.fail("cuEventRecord")
+        cdef int rc = self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream)
+        if rc != 0:
+            self.fail("cuEventRecord", rc)
 
     def event_query(self, uintptr_t ev):
         """True once the event's latest record has run."""
         cdef int q = self.dev.event_query(self.dev.ctx, <void*>ev)
         if q < 0:
-            self.fail(f"cuEventQuery (CUresult {-q})")
+            self.fail("cuEventQuery", -q)
         return q == 1
 
     def event_destroy(self, uintptr_t ev):
@@ -1179,25 +1200,81 @@ cdef class Device:
 
     def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
         """Enqueue a copy (device or pinned addresses) on `stream`."""
-        if self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream) != 0:
-            self.fail("cuMemcpyAsync")
+        cdef int rc = self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream)
+        if rc != 0:
+            self.fail("cuMemcpyAsync", rc)
 
     def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
         """Work queued on `stream` later waits for the event's latest record so far."""
-        if self.dev.stream_wait_event(self.dev.ctx, <void*>stream, <void*>ev) != 0:
-            self.fail("cuStreamWaitEvent")
+        cdef int rc = self.dev.stream_wait_event(self.dev.ctx, <void*>stream, <void*>ev)
+        if rc != 0:
+            self.fail("cuStreamWaitEvent", rc)
+
+    def synchronize(self):
+        """Wait (without the GIL) until every stream of the device is idle (cuCtxSynchronize)."""
+        cdef int rc
+        with nogil:
+            rc = self.dev.synchronize(self.dev.ctx)
+        if rc != 0:
+            self.fail("cuCtxSynchronize", rc)
+
+    def pinned_stats(self):
+        """The pinned staging-buffer pool of host-transfer ops: {"allocs": buffers obtained
+        from the driver, "reuses": buffers taken from the pool, "taken": buffers in use by ops,
+        "cached_bytes": bytes in the pool}."""
+        return {"allocs": self.dev.pool_allocs, "reuses": self.dev.pool_reuses,
+                "taken": self.dev.pool_out, "cached_bytes": self.dev.pool_cached}
+
+    def release_pinned(self):
+        """Synchronize the device, then free the pool's cached pinned buffers (buffers taken by
+        ops in flight stay theirs). Called by Communicator.Free when no host-transfer op is in
+        flight on the device, and at exit; never on the progress engine's thread."""
+        cdef int rc
+        with nogil:
+            rc = al_pinned_release(self.dev)
+        if rc != 0:
+            self.fail("releasing pinned memory (cuMemFreeHost)", rc)
+
+    cdef int take_pinned(self, size_t nbytes, char** out) except -1:
+        """A pinned buffer of at least nbytes from the pool; a new one is allocated (an
+        implicitly synchronizing call) without the GIL, on this (the caller's) thread."""
+        cdef void* p = NULL
+        cdef int rc
+        with nogil:
+            rc = al_pinned_get(self.dev, nbytes, &p)
+        if rc != 0:
+            self.fail(f"allocating {nbytes} bytes of pinned memory (cuMemHostAlloc)", rc)
+        out[0] = <char*>p
+        return 0
 
 
 cdef class CpuDevice(Device):
     """The CPU implementation of the device interface: streams are worker threads that run
     queued copies, event records and value waits/writes in order; "device memory" is host
     memory. It lets the host-transfer state machine run under real MPI ranks without a GPU.
-    A device lives until the process exits; a stream until it is destroyed."""
-    def __cinit__(self):
-        self.dev = al_cpu_device_new()
+    A device lives until the process exits; a stream until it is destroyed.
+
+    ``strict=True`` adds what CUDA does that a careless caller can deadlock on or be serialized
+    by: allocating and freeing pinned memory, and ``synchronize``, wait until every stream of
+    the device has run what was queued on it; freeing a pointer that was not allocated as
+    pinned memory fails; ``queues=k`` (> 0) makes the streams share k hardware queues (stream i
+    on queue i % k, as CUDA_DEVICE_MAX_CONNECTIONS): a stream blocked on a flag stalls every
+    stream on its queue."""
+    cdef readonly bint strict
+    cdef readonly int queues
+
+    def __cinit__(self, bint strict=False, int queues=0):
+        if queues < 0 or queues > 64:
+            raise ValueError(f"queues: expected 0..64, got {queues}")
+        if queues and not strict:
+            raise ValueError("queues: hardware queues are modelled by the strict device only "
+                             "(CpuDevice(strict=True, queues=k))")
+        self.dev = al_cpu_device_new_strict(1 if strict else 0, queues)
         if self.dev == NULL:
             raise MemoryError()
         self.kind = "cpu"
+        self.strict = strict
+        self.queues = queues
 
     def stream(self):
         """A new stream as a CpuStream object (its `handle` is what stream_create returns)."""
@@ -1208,17 +1285,26 @@ cdef class CpuDevice(Device):
 
     def trace(self):
         """Executed commands in order: (kind, time, address). Kinds: 'copy', 'record', 'wait',
-        'write', 'wait_event', 'delay', 'free' (a pinned buffer released)."""
+        'write', 'wait_event', 'delay', 'free' / 'alloc' (a pinned buffer released /
+        allocated), 'sync' (an implicit or explicit device synchronization finished)."""
         cdef al_cpu_ctx* c = <al_cpu_ctx*>self.dev.ctx
         names = {1: "copy", 2: "record", 3: "wait", 4: "write", 5: "hostfn", 7: "wait_event",
-                 8: "delay", 100: "free"}
+                 8: "delay", 100: "free", 101: "alloc", 102: "sync"}
         return [(names.get(c.trace[i].kind, str(c.trace[i].kind)), c.trace[i].t,
                  <uintptr_t>c.trace[i].p) for i in range(c.ntrace)]
+
+    def strict_stats(self):
+        """Device counters: {"streams": streams created so far, "pinned_live" (strict): pinned
+        buffers allocated and not freed, "sync_waits" (strict): synchronizations (implicit ones
+        included) that found a stream busy}."""
+        cdef al_cpu_ctx* c = <al_cpu_ctx*>self.dev.ctx
+        return {"streams": c.nstreams, "pinned_live": c.pinned_live, "sync_waits": c.sync_waits}
 
 
 cdef class CudaDevice(Device):
     """The CUDA implementation of the device interface (driver API via dlopen of
-    libcuda.so.1), for device `ordinal`. Raises UnavailableError without a driver or device."""
+    libcuda.so.1, or AL_CUDA_LIBRARY), for device `ordinal`; it retains the device's primary
+    context. Raises UnavailableError without a driver or device."""
     cdef readonly int ordinal
 
     def __cinit__(self, int ordinal=0):
@@ -1229,6 +1315,17 @@ cdef class CudaDevice(Device):
             _hooks.unavailable((<bytes>err).decode("utf-8", "replace"))
         self.kind = "cuda"
         self.ordinal = ordinal
+
+
+def cuda_device_count():
+    """CUDA devices visible to this process: cuInit + cuDeviceGetCount only (no context is
+    created or retained). 0 without a driver."""
+    cdef char err[256]
+    cdef int n = 0
+    err[0] = 0
+    if al_cuda_device_count(&n, err, sizeof(err)) != 0:
+        return 0
+    return n
 
 
 def cuda_current_device():
@@ -1264,6 +1361,12 @@ cdef class CpuStream:
     def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes):
         """Enqueue a copy (addresses) after everything already queued."""
         if al_cpu_memcpy_async(NULL, <void*>dst, <const void*>src, nbytes, self.live()) != 0:
+            raise MemoryError()
+
+    def wait_value32(self, uintptr_t addr, uint32_t value):
+        """Enqueue a wait: the stream stops until the uint32 at `addr` is >= `value`."""
+        cdef int rc = self.device.dev.wait_value32(self.device.dev.ctx, self.live(), <uint32_t*>addr, value)
+        if rc != 0:
             raise MemoryError()
 
     def delay(self, double seconds):
@@ -1575,7 +1678,9 @@ cdef class Launcher:
         On the stream: copy dsend -> pinned, record an event, wait until the host writes the
         flag, copy pinned -> drecv, record an event.  The engine polls the first event, runs the
         host algorithm (`algorithm`, in place on the pinned buffer), writes the flag, polls the
-        second event, then frees the pinned buffer.  The host never waits for the device.
+        second event, then returns the pinned buffer to the device's pool (never a synchronizing
+        cuMemFreeHost on the engine thread: another stream may be blocked on a flag only the
+        engine writes).  The host never waits for the device.
         `timeout` > 0 (AL_HANG_TIMEOUT): the engine abandons the host part if it has not
         finished that many seconds after this call (ht_abandon).  Returns the NativeOp
         (submitted).
@@ -1584,14 +1689,17 @@ cdef class Launcher:
         cdef al_device* d = dev.dev
         cdef NativeOp outer, inner
         cdef char* pinned
+        cdef int rc
         if self.state.freed:
             _hooks.fail("host-transfer allreduce: the communicator has been freed")
         alg = self.resolve(algorithm, nbytes, esize)
-        pinned = <char*>d.host_alloc(d.ctx, nbytes + 64)
-        if pinned == NULL:
-            raise MemoryError(f"could not allocate {nbytes} bytes of pinned memory")
-        inner = self.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
-                                     opcode, alg, True, None)
+        dev.take_pinned(nbytes + 64, &pinned)
+        try:
+            inner = self.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
+                                         opcode, alg, True, None)
+        except BaseException:
+            al_pinned_put(d, pinned)              # nothing was enqueued: the buffer is free
+            raise
         outer = NativeOp.__new__(NativeOp)
         outer.op.kind = K_HOST_TRANSFER
         outer.op.phase = PH_NEW
@@ -1607,13 +1715,39 @@ cdef class Launcher:
             outer.op.deadline = al_now() + timeout
         outer.name = "allreduce/ht_" + alg
         outer.keep = (self.state, inner, (dev, keep))
-        if (d.event_create(d.ctx, &outer.op.ev_d2h) != 0 or d.event_create(d.ctx, &outer.op.ev_h2d) != 0
-                or d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.stream) != 0
-                or d.event_record(d.ctx, outer.op.ev_d2h, outer.op.stream) != 0
-                or d.wait_value32(d.ctx, outer.op.stream, outer.op.flag, 1) != 0
-                or d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.stream) != 0
-                or d.event_record(d.ctx, outer.op.ev_h2d, outer.op.stream) != 0):
-            _hooks.fail("host-transfer allreduce: enqueueing on the device stream failed")
+        rc = d.event_create(d.ctx, &outer.op.ev_d2h)
+        if rc == 0:
+            rc = d.event_create(d.ctx, &outer.op.ev_h2d)
+            if rc != 0:
+                d.event_destroy(d.ctx, outer.op.ev_d2h)
+        if rc != 0:
+            al_pinned_put(d, pinned)
+            outer.op.pinned = NULL
+            outer.op.phase = PH_DONE              # never submitted: nothing to cancel
+            dev.fail("host-transfer allreduce: cuEventCreate", rc)
+        what = "cuMemcpyAsync (device to pinned)"
+        rc = d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.stream)
+        if rc == 0:
+            what = "cuEventRecord"
+            rc = d.event_record(d.ctx, outer.op.ev_d2h, outer.op.stream)
+        if rc == 0:
+            what = "cuStreamWaitValue32"
+            rc = d.wait_value32(d.ctx, outer.op.stream, outer.op.flag, 1)
+        if rc == 0:
+            what = "cuMemcpyAsync (pinned to device)"
+            rc = d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.stream)
+        if rc == 0:
+            what = "cuEventRecord"
+            rc = d.event_record(d.ctx, outer.op.ev_h2d, outer.op.stream)
+        if rc != 0:
+            # part of the op may be queued: release the stream, leak the buffer (the stream
+            # may still copy from it), never submit
+            al_store_release(<int*>outer.op.flag, 1)
+            d.event_destroy(d.ctx, outer.op.ev_d2h)
+            d.event_destroy(d.ctx, outer.op.ev_h2d)
+            outer.op.pinned = NULL
+            outer.op.phase = PH_DONE
+            dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)
         outer.submit()
         return outer
 

@@ -9,6 +9,7 @@ the Python layer then polls the communicator with ``comm_wait``.
 """
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy
+from libc.stdlib cimport malloc, free
 
 cdef extern from "al_nccl.h" nogil:
     ctypedef int ncclResult_t
@@ -202,12 +203,34 @@ def comm_init_rank(int nranks, bytes unique_id, int rank, blocking=None, cga_clu
 
 def comm_split(uintptr_t comm, int color, int key, blocking=None, cga_cluster_size=None,
                min_ctas=None, max_ctas=None):
-    cdef ncclComm_t new = NULL
+    """ncclCommSplit; returns (slot, 0 or ncclInProgress). NCCL writes the new communicator
+    into *slot when the split is complete: at once for a blocking parent, later (from NCCL's
+    own thread) for a nonblocking one, whose split is complete once the parent's state is no
+    longer ncclInProgress. So the slot is heap memory that outlives this call: read it with
+    split_result once the split is complete (a slot whose split never completed is leaked,
+    never freed: NCCL may still write it)."""
+    cdef ncclComm_t* slot = <ncclComm_t*>malloc(sizeof(ncclComm_t))
     cdef ncclConfig_t cfg = make_config(blocking, cga_cluster_size, min_ctas, max_ctas)
     cdef ncclResult_t rc
+    if slot == NULL:
+        raise MemoryError()
+    slot[0] = NULL
     with nogil:
-        rc = api.CommSplit(<ncclComm_t>comm, color, key, &new, &cfg)
-    return <uintptr_t>new, check(rc, <ncclComm_t>comm, "ncclCommSplit")
+        rc = api.CommSplit(<ncclComm_t>comm, color, key, slot, &cfg)
+    try:
+        rc = check(rc, <ncclComm_t>comm, "ncclCommSplit")
+    except BaseException:
+        free(slot)
+        raise
+    return <uintptr_t>slot, rc
+
+
+def split_result(uintptr_t slot):
+    """The communicator a completed split wrote into `slot` (from comm_split); frees the slot."""
+    cdef ncclComm_t* p = <ncclComm_t*>slot
+    cdef uintptr_t h = <uintptr_t>p[0]
+    free(p)
+    return h
 
 
 def comm_finalize(uintptr_t comm):

@@ -197,3 +197,75 @@ def test_failed_nonblocking_creation_aborts_the_communicator(monkeypatch):
     with pytest.raises(al.NcclError, match="^ncclCommInitRankConfig failed"):
         nccl.NcclComm(2, bytes(128), 0, blocking=False)
     assert aborted == [44]
+
+
+# -- ncclConfig_t as NCCL 2.18+ checks it
+
+def test_min_ctas_alone_sets_max_ctas():
+    """NCCL rejects minCTAs > maxCTAs and an unset maxCTAs (INT_MIN) counts as smaller than
+    any minCTAs: min_ctas alone must also set maxCTAs, or ncclCommInitRankConfig and
+    ncclCommSplit fail with ncclInvalidArgument."""
+    from aluminum_py import _nccl
+    cfg = nccl._config(4, None, None, None)
+    assert cfg["min_ctas"] == 4 and cfg["max_ctas"] == nccl.MAX_CHANNELS
+    assert nccl._config(100, None, None, None)["max_ctas"] == 100
+    fields = _nccl.config_fields(**{k: v for k, v in cfg.items() if k != "cga_cluster_size"})
+    assert fields["minCTAs"] == 4 and fields["maxCTAs"] == nccl.MAX_CHANNELS
+    assert fields["minCTAs"] <= fields["maxCTAs"]          # what NCCL's config check requires
+    assert _nccl.config_fields(min_ctas=4)["maxCTAs"] == _nccl.UNDEF_INT   # the raw binding
+    assert nccl._config(None, 8, None, None)["min_ctas"] is None
+
+
+@pytest.mark.parametrize("kwargs, match", [({"min_ctas": 0}, "min_ctas"),
+                                           ({"max_ctas": -1}, "max_ctas"),
+                                           ({"min_ctas": 2.5}, "min_ctas"),
+                                           ({"max_ctas": True}, "max_ctas"),
+                                           ({"min_ctas": 9, "max_ctas": 8}, "larger"),
+                                           ({"cga_cluster_size": -1}, "cga_cluster_size")])
+def test_config_is_validated_with_a_clear_error(kwargs, match):
+    args = {"min_ctas": None, "max_ctas": None, "cga_cluster_size": None, "blocking": None}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        nccl._config(**args)
+
+
+# -- building against the real nccl.h with the CUDA header stubs
+
+@pytest.mark.parametrize("lang", ["c", "c++"])
+def test_wheel_header_compiles_with_the_cuda_stubs(tmp_path, lang):
+    """ext/cuda_stubs stands in for the CUDA headers nccl.h includes: cuda_runtime.h,
+    cuda_fp16.h, cuda_bf16.h and cuda_fp8.h (NCCL 2.24-2.27 include it from C whenever
+    CUDART_VERSION >= 11080, 2.28+ from C++). Compiles the installed wheel's nccl.h both ways."""
+    import shutil
+    import nvidia.nccl
+    compiler = shutil.which("g++" if lang == "c++" else "gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no compiler")
+    inc = [os.path.join(p, "include") for p in nvidia.nccl.__path__
+           if os.path.exists(os.path.join(p, "include", "nccl.h"))]
+    if not inc:
+        pytest.skip("the wheel has no nccl.h")
+    stubs = os.path.join(os.path.dirname(__file__), "..", "ext", "cuda_stubs")
+    src = tmp_path / ("t.cpp" if lang == "c++" else "t.c")
+    src.write_text("#include <nccl.h>\nint main(void) { ncclConfig_t c = NCCL_CONFIG_INITIALIZER;"
+                   " return c.maxCTAs == 0; }\n")
+    proc = subprocess.run([compiler, "-fsyntax-only", "-I", stubs, "-I", inc[0], str(src)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_fp8_stub_satisfies_the_2_24_header_form(tmp_path):
+    """NCCL 2.24-2.27's form, `#if CUDART_VERSION >= 11080 / #include <cuda_fp8.h>` from C,
+    with the stubs' CUDART_VERSION: the stub must exist and be includable."""
+    import shutil
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no compiler")
+    stubs = os.path.join(os.path.dirname(__file__), "..", "ext", "cuda_stubs")
+    src = tmp_path / "t.c"
+    src.write_text("#include <cuda_runtime.h>\n#include <cuda_fp16.h>\n#if CUDART_VERSION >= 11000\n"
+                   "#include <cuda_bf16.h>\n#endif\n#if CUDART_VERSION >= 11080\n"
+                   "#include <cuda_fp8.h>\n#endif\nint main(void) { return 0; }\n")
+    proc = subprocess.run([compiler, "-fsyntax-only", "-I", stubs, str(src)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

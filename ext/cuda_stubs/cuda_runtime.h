@@ -2,6 +2,7 @@
  * aluminum_py never links CUDA; it calls NCCL through dlopen and passes streams as handles. */
 #ifndef AL_CUDA_RUNTIME_STUB_H
 #define AL_CUDA_RUNTIME_STUB_H
+#include <stddef.h>     /* size_t, NULL: the real header brings them, nccl.h relies on it */
 #ifndef CUDART_VERSION
 #define CUDART_VERSION 12000
 #endif

@@ -255,3 +255,102 @@ def test_gradient_synchronizer_with_gpu_gradients(bound):
     ok = ok and all(np.array_equal(np.asarray(g), e) for g, e in zip(grads, expected))
     assert all_ranks_ok(ok)
     comm.Free()
+
+
+# ---------------------------------------------------------------- the strict CPU device
+@pytest.fixture
+def strict():
+    """A communicator bound to a stream of a fresh strict CPU device (pinned alloc/free wait
+    for every stream, as CUDA's do), and the device."""
+    device = ht.CpuDevice(strict=True)
+    comm = al.Communicator()
+    stream = device.stream()
+    ht.bind(comm, device, stream)
+    yield comm, stream, device
+    stream.destroy()
+
+
+def test_strict_device_reports_its_mode():
+    assert ht.CpuDevice(strict=True).strict and not ht.CpuDevice().strict
+    assert ht.CpuDevice(strict=True, queues=2).queues == 2
+    with pytest.raises(ValueError, match="strict"):
+        ht.CpuDevice(queues=2)
+    with pytest.raises(ValueError, match="queues"):
+        ht.CpuDevice(strict=True, queues=-1)
+    with pytest.raises(TypeError):
+        ht.CpuDevice(True, 2, 3)                        # no silently ignored arguments
+
+
+def test_strict_device_synchronize_waits_for_a_blocked_stream():
+    """What made the engine-thread free a deadlock on CUDA: a synchronizing call (here the
+    device synchronize that pinned alloc/free imply) waits for a stream blocked on a flag,
+    until the flag is written."""
+    import threading
+    device = ht.CpuDevice(strict=True)
+    stream = device.stream()
+    flag = np.zeros(1, dtype=np.uint32)
+    stream.wait_value32(al._core.addr(flag), 1)       # the stream blocks until flag >= 1
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (device.synchronize(), done.set()), daemon=True)
+    t.start()
+    assert not done.wait(0.5)                          # still waiting on the blocked stream
+    flag[0] = 1
+    assert done.wait(10)
+    assert device.strict_stats()["sync_waits"] >= 1
+    stream.destroy()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm", ["ht_ring", "ht_recursive_doubling", "ht_mpi"])
+def test_blocking_then_nonblocking_ht_on_the_strict_device(strict, algorithm):
+    """Regression (pinned free on the engine thread): a blocking host-transfer allreduce, then
+    a nonblocking one. The second op's stream waits on its flag while the engine finishes the
+    first; had the engine freed the first op's pinned buffer (an implicit device
+    synchronize), it would wait for that stream, which waits for the engine: a deadlock,
+    caught here by the timeouts. With the pool, buffers go back to it and are reused."""
+    comm, stream, device = strict
+    n = comm.size
+    for step in range(3):
+        x = np.full(1 << 14, comm.rank + 1.0 + step)
+        y = np.arange(1000, dtype=np.int64) + comm.rank + step
+        comm.Allreduce(DeviceArray(x), algorithm=algorithm)
+        req = comm.Iallreduce(DeviceArray(y), algorithm=algorithm)
+        req.Wait(timeout=30)
+        assert stream.synchronize(timeout=30)
+        assert np.all(x == sum(r + 1.0 + step for r in range(n)))
+        assert np.array_equal(y, n * np.arange(1000, dtype=np.int64) + sum(range(n)) + n * step)
+    comm._gpu.check()                                # every op completed: none left taken
+    assert device.pinned_stats()["taken"] == 0
+    assert device.pinned_stats()["reuses"] >= 3     # later steps reuse the pooled buffers
+    assert device.strict_stats()["pinned_live"] == device.pinned_stats()["allocs"]
+    comm.Free()                                      # no op in flight: the pool is released
+    assert device.strict_stats()["pinned_live"] == 0
+    assert [k for k, _, _ in device.trace()].count("free") == device.pinned_stats()["allocs"]
+
+
+@pytest.mark.timeout(90)
+def test_streams_per_communicator_are_bounded_with_shared_hardware_queues():
+    """Every stream of the device on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1): a
+    stream blocked on a flag stalls the others. Interleaved blocking and nonblocking
+    host-transfer ops on one communicator still complete, because the library uses one
+    internal stream per communicator whatever the number of ops, and the engine runs a
+    communicator's host parts in the order they were enqueued."""
+    device = ht.CpuDevice(strict=True, queues=1)
+    comm = al.Communicator()
+    stream = device.stream()
+    ht.bind(comm, device, stream)
+    xs, reqs = [], []
+    for i in range(16):
+        x = np.full(100 + i, comm.rank + i, dtype=np.int64)
+        xs.append(x)
+        if i % 2:
+            reqs.append(comm.Iallreduce(DeviceArray(x), algorithm="ht_ring"))
+        else:
+            comm.Allreduce(DeviceArray(x), algorithm="ht_recursive_doubling")
+    al.Waitall(reqs, timeout=60)
+    assert stream.synchronize(timeout=60)
+    for i, x in enumerate(xs):
+        assert np.all(x == sum(r + i for r in range(comm.size))), i
+    assert device.strict_stats()["streams"] == 2      # the bound stream + one internal stream
+    comm.Free()
+    stream.destroy()

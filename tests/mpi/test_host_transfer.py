@@ -42,7 +42,11 @@ def test_results_and_stream_order(comm, device, algorithm, count):
     assert np.array_equal(send, x)                      # out of place: input untouched
 
 
-def test_phase_ordering_and_pinned_freed_last(comm, device):
+def test_phase_ordering_and_pinned_buffer_pooled(comm):
+    """The phases run in order; the pinned buffer goes back to the device's pool after the
+    copy-back (never freed by the engine: a free is implicitly synchronizing on CUDA), and the
+    next op of its size class reuses it without allocating."""
+    device = ht.CpuDevice()
     stream = device.stream()
     n = 1 << 16
     send = np.full(n, comm.rank + 1.0, dtype=np.float64)
@@ -53,15 +57,23 @@ def test_phase_ordering_and_pinned_freed_last(comm, device):
     d2h_seen, host_done, flag, h2d_seen = ht.phase_times(req)
     assert d2h_seen <= host_done <= flag <= h2d_seen
     trace = device.trace()
-    # the stream's own record of what ran: the copy-back ran after the wait on the flag, which
-    # ended after the engine wrote it; the pinned buffer was freed after the copy-back's event
     kinds = [k for k, _, _ in trace]
-    last_free = max(i for i, k in enumerate(kinds) if k == "free")
+    # the stream's own record of what ran: the copy-back ran after the wait on the flag, which
+    # ended after the engine wrote it
     waits = [t for k, t, _ in trace if k == "wait"]
     assert waits and waits[-1] >= flag
-    records = [i for i, k in enumerate(kinds) if k == "record"]
-    assert last_free > records[-1]
+    assert kinds.count("alloc") == 1 and "free" not in kinds
+    assert device.pinned_stats() == {"allocs": 1, "reuses": 0, "taken": 0,
+                                     "cached_bytes": 1 << 20}   # 512 KiB + flag: 1 MiB class
     assert np.all(recv == comm.size)
+    req = ht.allreduce(comm, device, stream, recv, op=al.SUM, algorithm="ht_recursive_doubling")
+    req.Wait(timeout=60)
+    assert device.pinned_stats()["allocs"] == 1 and device.pinned_stats()["reuses"] == 1
+    assert np.all(recv == comm.size ** 2)
+    device.release_pinned()
+    assert device.pinned_stats()["cached_bytes"] == 0
+    assert [k for k, _, _ in device.trace()].count("free") == 1
+    stream.destroy()
 
 
 def test_many_in_flight_on_two_streams(comm, device):
