@@ -269,3 +269,134 @@ def test_cpu_device_streams_events_and_destroy():
     never = dev.event_create()
     assert dev.event_query(never)               # never recorded: complete, as in CUDA
     dev.event_destroy(never)
+
+
+# -- buffers stay referenced until their op has completed on the device
+
+def test_inflight_keeps_buffers_until_the_completion_event():
+    """An op's buffers (here a stand-in object) stay referenced until the event recorded after
+    the op has fired, although the caller dropped them at once; completed entries are dropped
+    in stream order and their events reused."""
+    import gc
+    import weakref
+
+    class Buffer:
+        pass
+
+    dev = al._core.CpuDevice()
+    s = dev.stream()
+    inflight = gpu.InFlight(dev)
+    s.delay(0.4)                                 # a long kernel before the op
+    buf = Buffer()
+    ref = weakref.ref(buf)
+    inflight.track(s.handle, (buf,))
+    del buf
+    gc.collect()
+    inflight.retire()
+    assert ref() is not None and inflight.pending == 1      # the stream has not run the op
+    assert s.synchronize(timeout=10)
+    inflight.retire()
+    gc.collect()
+    assert ref() is None and inflight.pending == 0
+    assert len(inflight.free_events) == 1
+    inflight.track(s.handle, ())                 # the event is reused
+    assert len(inflight.free_events) == 0
+    assert s.synchronize(timeout=10)
+    inflight.retire()
+    inflight.destroy_events()
+    s.destroy()
+
+
+def test_freed_communicator_keeps_buffers_of_running_ops(monkeypatch):
+    """Free with ops still running on the device: their buffers move to a list that later GPU
+    ops prune once the ops have completed."""
+    import weakref
+
+    class Buffer:
+        pass
+
+    dev = al._core.CpuDevice()
+    s = dev.stream()
+    f = gpu.InFlight(dev)
+    s.delay(0.3)
+    b = Buffer()
+    ref = weakref.ref(b)
+    f.track(s.handle, (b,))
+    del b
+    monkeypatch.setattr(gpu, "_RETIRING", [f])
+    gpu._retire_freed()
+    assert ref() is not None and gpu._RETIRING == [f]
+    assert s.synchronize(timeout=10)
+    gpu._retire_freed()
+    assert ref() is None and gpu._RETIRING == []
+    s.destroy()
+
+
+# -- the buffer's device must be the communicator's
+
+def test_dlpack_device_id_is_recorded_and_checked(monkeypatch):
+    import types
+    from aluminum_py import _dlpack
+    fake = types.SimpleNamespace(dtype_name="float32", ptr=0x1000, shape=(8,), strides=None,
+                                 readonly=False, device_type=_dlpack.CUDA, device_id=1)
+    assert gpu.dlpack_array(fake, "sendbuf").device == 1
+    host = types.SimpleNamespace(**{**vars(fake), "device_type": _dlpack.CUDA_HOST})
+    assert gpu.dlpack_array(host, "sendbuf").device is None        # pinned host memory: any
+    backend = gpu.GpuBackend.__new__(gpu.GpuBackend)
+    backend.stream = 0
+    backend.device = types.SimpleNamespace(ordinal=0)
+    monkeypatch.setattr(gpu, "as_gpu_array", lambda obj, name, writable, stream:
+                        gpu.dlpack_array(fake, name, writable))
+    with pytest.raises(ValueError, match="sendbuf is on CUDA device 1 but the communicator uses "
+                                         "CUDA device 0"):
+        backend._arr(object(), "sendbuf")
+    backend.device = types.SimpleNamespace(ordinal=1)
+    assert backend._arr(object(), "sendbuf").device == 1
+
+
+# -- the CUDA implementation against the driver stand-in (tests/standin runs it under mpiexec)
+
+def _standin_run(code: str):
+    import os
+    import subprocess
+    import sys
+    from aluminum_py.testing import cuda_standin
+    env = dict(os.environ, AL_CUDA_LIBRARY=cuda_standin.path())
+    for k in [k for k in env if k.startswith(("PMI_", "HYDRA_", "MPI_LOCALRANKID"))]:
+        del env[k]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_counting_devices_retains_no_context():
+    """gpu.cuda_device_count() uses cuInit + cuDeviceGetCount only: it must not retain GPU 0's
+    primary context (hundreds of MiB per rank on a real GPU); a device interface retains the
+    context of its own device, once per process."""
+    out = _standin_run(
+        "from aluminum_py import gpu\n"
+        "from aluminum_py.testing import cuda_standin as cs\n"
+        "L = cs.load()\n"
+        "n = gpu.cuda_device_count()\n"
+        "print(n, L.standin_primary_ctx_refcount(0), L.standin_current_ctx() or 0)\n"
+        "d = gpu.cuda_device(0)\n"
+        "assert gpu.cuda_device(0) is d\n"
+        "print(L.standin_primary_ctx_refcount(0), L.standin_current_ctx() or 0)\n")
+    first, second = out.split("\n")[:2]
+    assert first == "1 0 0"            # one device, no context retained, none current
+    assert second == "1 0"             # the device's context retained once, still none current
+
+
+def test_cuda_device_loads_the_library_in_al_cuda_library():
+    out = _standin_run(
+        "import aluminum_py as al\n"
+        "from aluminum_py import gpu\n"
+        "d = gpu.cuda_device(0)\n"
+        "s = d.stream_create(); e = d.event_create(); d.event_record(e, s)\n"
+        "d.synchronize(); print(d.event_query(e), d.kind, d.ordinal)\n"
+        "d.stream_destroy(s)\n"
+        "try:\n    d.stream_destroy(s)\nexcept al.Error as err:\n    print(err)\n")
+    lines = out.strip().split("\n")
+    assert lines[0] == "True cuda 0"
+    assert lines[1].startswith("cuStreamDestroy failed: CUDA_ERROR_INVALID_HANDLE (CUresult 400)")
