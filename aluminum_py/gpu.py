@@ -67,14 +67,26 @@ def cuda_device(ordinal: int):
     return dev
 
 
-def release_pinned_pools() -> None:
+def release_pinned_pools(timeout: float | None = None) -> bool:
     """At exit, after the progress engine has stopped: free every device's cached pinned
-    buffers (after a device synchronize)."""
-    for dev in _devices.values():
-        try:
-            dev.release_pinned()
-        except Error:
-            pass
+    buffers (after a device synchronize). The synchronize waits for whatever the program left
+    queued on its streams, so it runs in a helper thread, given at most `timeout` seconds
+    (default AL_EXIT_GRACE); past that the buffers are left to the process's end. Returns True
+    if every pool was released."""
+    import threading
+    if not _devices:
+        return True
+
+    def release():
+        for dev in list(_devices.values()):
+            try:
+                dev.release_pinned()
+            except Error:
+                pass
+    t = threading.Thread(target=release, name="aluminum_py-pinned-release", daemon=True)
+    t.start()
+    t.join(config.exit_grace() if timeout is None else timeout)
+    return not t.is_alive()
 
 
 def current_device() -> int:

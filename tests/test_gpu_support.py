@@ -273,24 +273,30 @@ def test_cpu_device_streams_events_and_destroy():
 
 # -- buffers stay referenced until their op has completed on the device
 
-def test_inflight_keeps_buffers_until_the_completion_event():
-    """An op's buffers (here a stand-in object) stay referenced until the event recorded after
-    the op has fired, although the caller dropped them at once; completed entries are dropped
-    in stream order and their events reused."""
-    import gc
+class _Buffer:
+    """Stands in for an array whose only reference, once the call returned, is the library's."""
+
+
+def _track_behind_a_long_kernel(seconds):
+    """A CPU-device stream busy for `seconds`, an InFlight tracking a buffer enqueued after
+    that, the caller's reference dropped: (stream, inflight, weakref to the buffer)."""
     import weakref
-
-    class Buffer:
-        pass
-
     dev = al._core.CpuDevice()
     s = dev.stream()
     inflight = gpu.InFlight(dev)
-    s.delay(0.4)                                 # a long kernel before the op
-    buf = Buffer()
+    s.delay(seconds)
+    buf = _Buffer()
     ref = weakref.ref(buf)
     inflight.track(s.handle, (buf,))
-    del buf
+    return s, inflight, ref
+
+
+def test_inflight_keeps_buffers_until_the_completion_event():
+    """An op's buffers stay referenced until the event recorded after the op has fired,
+    although the caller dropped them at once; completed entries are dropped in stream order
+    and their events reused."""
+    import gc
+    s, inflight, ref = _track_behind_a_long_kernel(0.4)
     gc.collect()
     inflight.retire()
     assert ref() is not None and inflight.pending == 1      # the stream has not run the op
@@ -310,19 +316,7 @@ def test_inflight_keeps_buffers_until_the_completion_event():
 def test_freed_communicator_keeps_buffers_of_running_ops(monkeypatch):
     """Free with ops still running on the device: their buffers move to a list that later GPU
     ops prune once the ops have completed."""
-    import weakref
-
-    class Buffer:
-        pass
-
-    dev = al._core.CpuDevice()
-    s = dev.stream()
-    f = gpu.InFlight(dev)
-    s.delay(0.3)
-    b = Buffer()
-    ref = weakref.ref(b)
-    f.track(s.handle, (b,))
-    del b
+    s, f, ref = _track_behind_a_long_kernel(0.3)
     monkeypatch.setattr(gpu, "_RETIRING", [f])
     gpu._retire_freed()
     assert ref() is not None and gpu._RETIRING == [f]

@@ -52,3 +52,19 @@ def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-6000:]
+
+
+@pytest.mark.parametrize("nranks", [n for n in RANKS if n <= 2] or [1])
+def test_cuda_standin_suite(nranks):
+    """tests/standin: the CUDA implementation of the device interface (the code that runs on a
+    GPU) against the CUDA driver stand-in, under mpiexec, with AL_CUDA_LIBRARY set."""
+    from aluminum_py.testing import cuda_standin
+    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
+               AL_CUDA_LIBRARY=cuda_standin.path())
+    cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest",
+           os.path.join(HERE, "standin"), "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
+           "--timeout=300", "--timeout-method=thread", "-o", "console_output_style=classic"]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=900)
+    print(proc.stdout[-20000:])
+    assert proc.returncode == 0, f"stand-in suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
