@@ -581,10 +581,14 @@ class GpuBackend:
         return self._enqueued(stream, blocking, "nccl", keep)
 
     def _pair(self, sendbuf, recvbuf, send_name="sendbuf"):
-        s = self._arr(sendbuf, send_name)
+        """The send and receive buffers; recvbuf None: in place, so sendbuf is written (it must
+        be writable). Distinct buffers must not overlap."""
+        s = self._arr(sendbuf, send_name, writable=recvbuf is None)
         r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
             raise TypeError(f"recvbuf has dtype {r.dtype} but {send_name} has dtype {s.dtype}")
+        if r is not s and r.ptr != s.ptr and s.ptr < r.ptr + r.nbytes and r.ptr < s.ptr + s.nbytes:
+            raise ValueError(f"{send_name} and recvbuf overlap partially")
         return s, r
 
     def bcast(self, buf, root: int, blocking: bool):
@@ -593,9 +597,14 @@ class GpuBackend:
             b.ptr, b.ptr, b.count, str(b.dtype), root, st))
 
     def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool):
-        s, r = self._pair(sendbuf, recvbuf)
-        if self.comm.rank == root and r.count < s.count:
-            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
+        """recvbuf matters at root only, as for host buffers: elsewhere it is not read (NCCL
+        ignores the receive pointer there), so a rank's bad recvbuf cannot fail it alone."""
+        if self.comm.rank == root:
+            s, r = self._pair(sendbuf, recvbuf)
+            if r.count < s.count:
+                raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
+        else:
+            s = r = self._arr(sendbuf, "sendbuf")
         op = op if isinstance(op, Op) else as_op(op)
         check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
         if op.name not in _NCCL_OPS:
@@ -605,6 +614,9 @@ class GpuBackend:
 
     def allgather(self, sendbuf, recvbuf, blocking: bool):
         s, r = self._pair(sendbuf, recvbuf)
+        if recvbuf is None and s.count % self.comm.size:
+            raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
+                             f"size {self.comm.size} (in place, it holds one block per rank)")
         n = s.count if recvbuf is not None else s.count // self.comm.size
         if r.count < n * self.comm.size:
             raise ValueError(f"recvbuf is too short: {r.count} elements, needs {n * self.comm.size}")
@@ -692,6 +704,10 @@ class GpuBackend:
         return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, blocking: bool):
+        if recvbuf is None:
+            raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
         s, r = self._pair(sendbuf, recvbuf)
+        if s.ptr == r.ptr and s.nbytes and r.nbytes:
+            raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
         return self.exchange([(dest, s.ptr, s.count, str(s.dtype))],
                              [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))

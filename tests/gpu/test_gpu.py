@@ -157,6 +157,18 @@ def assert_reduced(out, exp, op, name, size, scale, what) -> None:
         assert_same(out, exp, what)
 
 
+def check_reduction_output(stream, x, y, host, exp, op, dtype, dt, count, size, scale, what):
+    """The result of a reduction into `y` (None: in place, in `x`'s first `count` elements)
+    equals `exp`; out of place, `x` (the sendbuf) is unchanged and `y`'s tail is untouched."""
+    if y is None:
+        (out,) = fetch(stream, x)
+    else:
+        out, sent = fetch(stream, y, x)
+        assert_same(sent, host, what + ": sendbuf changed")
+        assert_same(out[count:], tail(dt), what + ": wrote past the count")
+    assert_reduced(out[:count], exp, op, dtype, size, scale, what)
+
+
 def to_gpu(host: np.ndarray, stream):
     """A CuPy copy of `host`, made on `stream` (the communicator's)."""
     try:
@@ -251,14 +263,7 @@ def test_allreduce(comm, place, count, op, dtype, algorithm):
         with stream:
             run(blocking, c.Allreduce, c.Iallreduce, x, y, op=getattr(al, op),
                 algorithm=algorithm)
-        if y is None:
-            (out,) = fetch(stream, x)
-        else:
-            out, sent = fetch(stream, y, x)
-            assert_same(sent, host, what + ": sendbuf changed")
-            assert_same(out[count:], tail(dt), what + ": wrote past the count")
-            out = out[:count]
-        assert_reduced(out, exp, op, dtype, c.size, scale, what)
+        check_reduction_output(stream, x, y, host, exp, op, dtype, dt, count, c.size, scale, what)
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES)
@@ -484,15 +489,7 @@ def test_reduce_scatter(comm, place, count, op, dtype):
         y = None if place == "inplace" else to_gpu(with_tail(garbage(exp, dt)), stream)
         with stream:
             run(blocking, c.Reduce_scatter, c.Ireduce_scatter, x, y, op=getattr(al, op))
-        if y is None:
-            (out,) = fetch(stream, x)
-            out = out[:count]
-        else:
-            out, sent = fetch(stream, y, x)
-            assert_same(sent, host, what + ": sendbuf changed")
-            assert_same(out[count:], tail(dt), what + ": wrote past the count")
-            out = out[:count]
-        assert_reduced(out, exp, op, dtype, c.size, scale, what)
+        check_reduction_output(stream, x, y, host, exp, op, dtype, dt, count, c.size, scale, what)
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES)

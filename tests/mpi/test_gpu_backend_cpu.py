@@ -354,3 +354,43 @@ def test_streams_per_communicator_are_bounded_with_shared_hardware_queues():
     assert device.strict_stats()["streams"] == 2      # the bound stream + one internal stream
     comm.Free()
     stream.destroy()
+
+
+class ReadOnlyDeviceArray(DeviceArray):
+    def __init__(self, a: np.ndarray):
+        super().__init__(a)
+        self.__cuda_array_interface__ = dict(self.__cuda_array_interface__, data=(a.ctypes.data, True))
+
+
+def test_gpu_collectives_check_their_buffers_before_nccl(bound):
+    """Checks that run before anything is enqueued, on every rank alike: in-place operations
+    write sendbuf (read-only: ValueError); in-place Allgather needs a length divisible by the
+    size; Sendrecv needs separate buffers; partial overlap is refused."""
+    comm, stream = bound
+    p = comm.size
+    ro = ReadOnlyDeviceArray(np.ones(4 * p, np.float32))
+    with pytest.raises(ValueError, match="read-only"):
+        comm.Reduce_scatter(ro)
+    with pytest.raises(ValueError, match="read-only"):
+        comm.Allgather(ro)
+    if p > 1:
+        with pytest.raises(ValueError, match="not divisible"):
+            comm.Allgather(DeviceArray(np.ones(4 * p + 1, np.float32)))
+    x = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="separate send and receive"):
+        comm.Sendrecv(DeviceArray(x), (comm.rank + 1) % p, None, (comm.rank - 1) % p)
+    with pytest.raises(ValueError, match="overlap partially"):
+        comm.Allgather(DeviceArray(x[:5]), DeviceArray(x[2:]))
+    assert np.all(x == 1)
+
+
+def test_gpu_reduce_reads_recvbuf_at_root_only(bound):
+    """A non-root rank's recvbuf is not read (too short and read-only here): every rank gets
+    the same outcome, here NCCL's own failure without a GPU, never a ValueError on some ranks
+    only (which would leave the others waiting in NCCL)."""
+    comm, stream = bound
+    x = DeviceArray(np.ones(8, np.float32))
+    recv = DeviceArray(np.zeros(8, np.float32)) if comm.rank == 0 else \
+        ReadOnlyDeviceArray(np.zeros(1, np.float32))
+    with pytest.raises((al.NcclError, al.UnavailableError)):
+        comm.Reduce(x, recv, root=0)
