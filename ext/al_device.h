@@ -380,19 +380,24 @@ static int al_cpu_stream_sync(al_cpu_stream *s, double timeout) {
  * (the implicit synchronization of CUDA's page-locked allocations and cuCtxSynchronize). */
 static int al_cpu_synchronize(void *ctx_) {
   al_cpu_ctx *c = (al_cpu_ctx *)ctx_;
-  al_cpu_stream *streams[256]; long targets[256]; int n = 0, i, waited = 0;
+  al_cpu_stream **streams; long *targets; al_cpu_stream *s;
+  int n = 0, i, waited = 0;
   if (!c->strict) return 0;
   pthread_mutex_lock(&c->lock);
-  for (al_cpu_stream *s = c->live; s && n < 256; s = s->next_live) {
+  for (s = c->live; s; s = s->next_live) n++;
+  streams = (al_cpu_stream **)malloc((size_t)(n ? n : 1) * sizeof(*streams));
+  targets = (long *)malloc((size_t)(n ? n : 1) * sizeof(*targets));
+  if (!streams || !targets) { pthread_mutex_unlock(&c->lock); free(streams); free(targets); return -1; }
+  for (s = c->live, i = 0; s; s = s->next_live, i++) {
     pthread_mutex_lock(&s->lock);
-    streams[n] = s; targets[n] = s->enqueued;
+    streams[i] = s; targets[i] = s->enqueued;
     if (s->executed < s->enqueued) waited = 1;
     pthread_mutex_unlock(&s->lock);
-    n++;
   }
   if (waited) c->sync_waits++;
   pthread_mutex_unlock(&c->lock);
   for (i = 0; i < n; i++) al_cpu_stream_wait_executed(streams[i], targets[i], -1.0);
+  free(streams); free(targets);
   al_cpu_log(c, AL_TRACE_SYNC, NULL);
   return 0;
 }
@@ -401,8 +406,7 @@ static int al_cpu_host_alloc(void *ctx_, size_t n, void **p) {
   al_cpu_ctx *c = (al_cpu_ctx *)ctx_;
   if (c->strict) {
     al_pinned_rec *r = (al_pinned_rec *)malloc(sizeof(*r));
-    if (!r) return -1;
-    al_cpu_synchronize(c);
+    if (!r || al_cpu_synchronize(c) != 0) { free(r); return -1; }
     r->p = malloc(n ? n : 1);
     if (!r->p) { free(r); return -1; }
     pthread_mutex_lock(&c->lock);
@@ -421,7 +425,7 @@ static int al_cpu_host_free(void *ctx_, void *p) {
   al_cpu_ctx *c = (al_cpu_ctx *)ctx_;
   if (c->strict) {
     al_pinned_rec **r, *found = NULL;
-    al_cpu_synchronize(c);
+    if (al_cpu_synchronize(c) != 0) return -1;
     pthread_mutex_lock(&c->lock);
     for (r = &c->pinned; *r; r = &(*r)->next)
       if ((*r)->p == p) { found = *r; *r = found->next; c->pinned_live--; break; }
