@@ -157,16 +157,16 @@ def assert_reduced(out, exp, op, name, size, scale, what) -> None:
         assert_same(out, exp, what)
 
 
-def check_reduction_output(stream, x, y, host, exp, op, dtype, dt, count, size, scale, what):
-    """The result of a reduction into `y` (None: in place, in `x`'s first `count` elements)
-    equals `exp`; out of place, `x` (the sendbuf) is unchanged and `y`'s tail is untouched."""
+def result(stream, x, y, host, n, dt, what) -> np.ndarray:
+    """The first `n` elements an operation wrote: into `y`, whose tail must be untouched, with
+    `x` (the sendbuf) still equal to `host`; or, `y` None (in place), into `x`."""
     if y is None:
         (out,) = fetch(stream, x)
     else:
         out, sent = fetch(stream, y, x)
         assert_same(sent, host, what + ": sendbuf changed")
-        assert_same(out[count:], tail(dt), what + ": wrote past the count")
-    assert_reduced(out[:count], exp, op, dtype, size, scale, what)
+        assert_same(out[n:], tail(dt), what + ": wrote past the end")
+    return out[:n]
 
 
 def to_gpu(host: np.ndarray, stream):
@@ -263,7 +263,8 @@ def test_allreduce(comm, place, count, op, dtype, algorithm):
         with stream:
             run(blocking, c.Allreduce, c.Iallreduce, x, y, op=getattr(al, op),
                 algorithm=algorithm)
-        check_reduction_output(stream, x, y, host, exp, op, dtype, dt, count, c.size, scale, what)
+        assert_reduced(result(stream, x, y, host, count, dt, what), exp, op, dtype, c.size,
+                       scale, what)
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES)
@@ -460,14 +461,9 @@ def test_reduce(comm, place, count, op, dtype):
         if c.rank != root:
             (sent,) = fetch(stream, x)
             assert_same(sent, host, what + ": sendbuf changed on a non-root")
-        elif y is None:
-            (out,) = fetch(stream, x)
-            assert_reduced(out, exp, op, dtype, c.size, scale, what)
         else:
-            out, sent = fetch(stream, y, x)
-            assert_same(sent, host, what + ": sendbuf changed")
-            assert_same(out[count:], tail(dt), what + ": wrote past the count")
-            assert_reduced(out[:count], exp, op, dtype, c.size, scale, what)
+            assert_reduced(result(stream, x, y, host, count, dt, what), exp, op, dtype, c.size,
+                           scale, what)
 
 
 # ----------------------------------------------------------------------------- reduce_scatter
@@ -489,7 +485,8 @@ def test_reduce_scatter(comm, place, count, op, dtype):
         y = None if place == "inplace" else to_gpu(with_tail(garbage(exp, dt)), stream)
         with stream:
             run(blocking, c.Reduce_scatter, c.Ireduce_scatter, x, y, op=getattr(al, op))
-        check_reduction_output(stream, x, y, host, exp, op, dtype, dt, count, c.size, scale, what)
+        assert_reduced(result(stream, x, y, host, count, dt, what), exp, op, dtype, c.size,
+                       scale, what)
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES)
@@ -547,14 +544,7 @@ def test_allgather(comm, place, count, dtype):
             x, y = to_gpu(mine, stream), to_gpu(with_tail(garbage(exp)), stream)
         with stream:
             run(blocking, c.Allgather, c.Iallgather, x, y)
-        if y is None:
-            (out,) = fetch(stream, x)
-        else:
-            out, sent = fetch(stream, y, x)
-            assert_same(sent, mine, what + ": sendbuf changed")
-            assert_same(out[exp.size:], tail(dt), what + ": wrote past the end")
-            out = out[:exp.size]
-        assert_same(out, exp, what)
+        assert_same(result(stream, x, y, mine, exp.size, dt, what), exp, what)
 
 
 @pytest.mark.parametrize("dtype", NCCL_DTYPES)
@@ -571,10 +561,7 @@ def test_alltoall(comm, count, dtype):
         x, y = to_gpu(mine, stream), to_gpu(with_tail(garbage(exp)), stream)
         with stream:
             run(blocking, c.Alltoall, c.Ialltoall, x, y)
-        out, sent = fetch(stream, y, x)
-        assert_same(sent, mine, what + ": sendbuf changed")
-        assert_same(out[exp.size:], tail(dt), what + ": wrote past the end")
-        assert_same(out[:exp.size], exp, what)
+        assert_same(result(stream, x, y, mine, exp.size, dt, what), exp, what)
 
 
 @pytest.mark.parametrize("dtype", NCCL_DTYPES)
@@ -595,10 +582,7 @@ def test_gather(comm, count, dtype):
             (sent,) = fetch(stream, x)
             assert_same(sent, mine, what + ": sendbuf changed")
             continue
-        out, sent = fetch(stream, y, x)
-        assert_same(sent, mine, what + ": sendbuf changed")
-        assert_same(out[exp.size:], tail(dt), what + ": wrote past the end")
-        assert_same(out[:exp.size], exp, what)
+        assert_same(result(stream, x, y, mine, exp.size, dt, what), exp, what)
 
 
 @pytest.mark.parametrize("dtype", NCCL_DTYPES)
