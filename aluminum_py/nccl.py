@@ -237,13 +237,14 @@ class NcclComm:
 
         With a nonblocking parent, NCCL completes the split on its own thread and writes the
         new communicator only then; this waits for that (the parent's state leaves
-        ncclInProgress, at most AL_HANG_TIMEOUT)."""
+        ncclInProgress, at most AL_HANG_TIMEOUT). ncclCommSplit answers ncclSuccess even then
+        (NCCL 2.28 returns its own result, not the group's), so the parent's state is polled
+        whatever the call returned."""
         cfg = _config(min_ctas, max_ctas, cga_cluster_size, blocking)
         slot, rc = _nccl.comm_split(self._h(), color, key, **_native(cfg))
-        if rc == IN_PROGRESS:
-            settle(self.handle, "ncclCommSplit")   # a timeout leaks the slot: NCCL may write it
+        settle(self.handle, "ncclCommSplit")       # a timeout leaks the slot: NCCL may write it
         handle = _nccl.split_result(slot)
-        if handle == 0:
+        if handle == 0:                            # the slot was left (not freed): see split_result
             raise NcclError("ncclCommSplit returned no communicator", INVALID_USAGE)
         state = _nccl.comm_async_error(handle)
         if state not in (SUCCESS, IN_PROGRESS):

@@ -214,11 +214,13 @@ ctypedef struct al_op:
     # host transfer (K_HOST_TRANSFER): device copies around an inner host allreduce
     al_device* dev
     void* stream
-    char* pinned         # host staging buffer (count * esize bytes) + the stream flag, from
-                         # the device's pinned pool (al_pinned_get/put)
-    uint32_t* flag       # the stream waits until *flag >= 1 before copying back
-    void* ev_d2h
-    void* ev_h2d
+    char* pinned         # host staging buffer (count * esize bytes) + three words, from the
+                         # device's pinned pool (al_pinned_get/put):
+    uint32_t* flag       # flag[0]: the stream waits until it is >= 1 before copying back;
+                         # flag[1], flag[2]: the stream writes 1 once the copy to pinned memory
+                         # (then the copy back) has completed. The engine polls them with plain
+                         # loads: it makes no driver call, so a thread blocked in the driver
+                         # (a pageable copy on the waiting stream) can never block it
     al_op* inner         # the host algorithm, in place on `pinned`
     int ht_phase         # 0 wait D2H, 1 host algorithm, 2 release stream, 3 wait H2D
     double ht_times[4]   # when each phase ended (al_now), for ordering checks
@@ -479,24 +481,17 @@ cdef int mpi_start(al_op* op) noexcept nogil:
     return 0
 
 cdef int ht_step(al_op* op) noexcept nogil:
-    """Host-transfer state machine (paper Figs. 5-6), polled by the engine; never blocks."""
-    cdef int q
-    cdef void* ctx = op.dev.ctx
+    """Host-transfer state machine (paper Figs. 5-6), polled by the engine; never blocks and
+    never calls the device driver (only loads and stores on the pinned words)."""
     if op.ht_phase <= 1 and op.hang > 0 and al_now() > op.deadline:
         return ht_abandon(op)
     if op.ht_phase == 0:                          # device -> pinned copy done?
-        q = op.dev.event_query(ctx, op.ev_d2h)
-        if q == 0:
+        if not al_load_acquire(<int*>&op.flag[1]):
             return 0
         op.ht_times[0] = al_now()
-        if q < 0:
-            op.err = -1
-            snprintf(op.errmsg, 256, "device event query failed (%d)", q)
+        op.ht_phase = 1
+        if op_start(op.inner, 0):
             op.ht_phase = 2
-        else:
-            op.ht_phase = 1
-            if op_start(op.inner, 0):
-                op.ht_phase = 2
     if op.ht_phase == 1:                          # the host algorithm on the pinned buffer
         if not op_step(op.inner, 0):
             return 0
@@ -509,12 +504,9 @@ cdef int ht_step(al_op* op) noexcept nogil:
         al_store_release(<int*>op.flag, 1)
         op.ht_times[2] = al_now()
         op.ht_phase = 3
-    q = op.dev.event_query(ctx, op.ev_h2d)        # pinned -> device copy done?
-    if q == 0:
+    if not al_load_acquire(<int*>&op.flag[2]):  # pinned -> device copy done?
         return 0
     op.ht_times[3] = al_now()
-    op.dev.event_destroy(ctx, op.ev_d2h)
-    op.dev.event_destroy(ctx, op.ev_h2d)
     al_pinned_put(op.dev, op.pinned)              # only after the last copy completed; never
     op.pinned = NULL                              # a (synchronizing) free on this thread
     return op_finish(op)
@@ -524,10 +516,18 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
 
     The inner algorithm's point-to-point requests are cancelled; an MPI collective request is
     left to MPI (freeing or cancelling one is erroneous).  The pinned buffer and the inner
-    op's scratch are leaked: the device or MPI may still write into them.  The events are
-    destroyed (both device implementations free an event once its queued uses have run)."""
+    op's scratch are leaked: the device or MPI may still write into them."""
     cdef al_op* inner = op.inner
     cdef int i
+    cdef char where[160]
+    if op.ht_phase == 0:
+        snprintf(where, 160, "the stream had not reached it (device-to-pinned copy not complete)")
+    elif inner.kind == K_SCHEDULE and inner.phase == PH_RUNNING and inner.cur < inner.nsteps:
+        snprintf(where, 160, "host algorithm at step %d/%d (recv from rank %d, send to rank %d, tag %d)",
+                 inner.cur + 1, inner.nsteps, inner.steps[inner.cur].recv_peer,
+                 inner.steps[inner.cur].send_peer, inner.tag)
+    else:
+        snprintf(where, 160, "host algorithm (MPI call) not complete")
     if inner.phase == PH_RUNNING:
         if inner.kind == K_SCHEDULE:
             for i in range(inner.nreqs):
@@ -537,12 +537,9 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
         inner.tmp = NULL
         inner.phase = PH_DONE
     op.err = AL_ERR_TIMEOUT
-    snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT; a peer that never "
-             "joined, or a stream that never reached the operation?); the stream was released and "
-             "the result is undefined", op.hang)
+    snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT): %s; the stream "
+             "was released and the result is undefined", op.hang, where)
     al_store_release(<int*>op.flag, 1)
-    op.dev.event_destroy(op.dev.ctx, op.ev_d2h)
-    op.dev.event_destroy(op.dev.ctx, op.ev_h2d)
     op.pinned = NULL
     return op_finish(op)
 
@@ -1176,37 +1173,50 @@ cdef class Device:
         if rc != 0:
             self.fail("cuStreamDestroy", rc)
 
+    # Every device call releases the GIL: it may wait inside the driver (another thread in a
+    # synchronizing call), and the thread that would unblock it may need the GIL.
     def event_create(self):
         cdef void* ev = NULL
-        cdef int rc = self.dev.event_create(self.dev.ctx, &ev)
+        cdef int rc
+        with nogil:
+            rc = self.dev.event_create(self.dev.ctx, &ev)
         if rc != 0:
             self.fail("cuEventCreate", rc)
         return <uintptr_t>ev
 
     def event_record(self, uintptr_t ev, uintptr_t stream):
-        cdef int rc = self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream)
+        cdef int rc
+        with nogil:
+            rc = self.dev.event_record(self.dev.ctx, <void*>ev, <void*>stream)
         if rc != 0:
             self.fail("cuEventRecord", rc)
 
     def event_query(self, uintptr_t ev):
         """True once the event's latest record has run."""
-        cdef int q = self.dev.event_query(self.dev.ctx, <void*>ev)
+        cdef int q
+        with nogil:
+            q = self.dev.event_query(self.dev.ctx, <void*>ev)
         if q < 0:
             self.fail("cuEventQuery", -q)
         return q == 1
 
     def event_destroy(self, uintptr_t ev):
-        self.dev.event_destroy(self.dev.ctx, <void*>ev)
+        with nogil:
+            self.dev.event_destroy(self.dev.ctx, <void*>ev)
 
     def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
         """Enqueue a copy (device or pinned addresses) on `stream`."""
-        cdef int rc = self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream)
+        cdef int rc
+        with nogil:
+            rc = self.dev.memcpy_async(self.dev.ctx, <void*>dst, <const void*>src, nbytes, <void*>stream)
         if rc != 0:
             self.fail("cuMemcpyAsync", rc)
 
     def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
         """Work queued on `stream` later waits for the event's latest record so far."""
-        cdef int rc = self.dev.stream_wait_event(self.dev.ctx, <void*>stream, <void*>ev)
+        cdef int rc
+        with nogil:
+            rc = self.dev.stream_wait_event(self.dev.ctx, <void*>stream, <void*>ev)
         if rc != 0:
             self.fail("cuStreamWaitEvent", rc)
 
@@ -1360,12 +1370,19 @@ cdef class CpuStream:
 
     def memcpy(self, uintptr_t dst, uintptr_t src, size_t nbytes):
         """Enqueue a copy (addresses) after everything already queued."""
-        if al_cpu_memcpy_async(NULL, <void*>dst, <const void*>src, nbytes, self.live()) != 0:
+        cdef al_cpu_stream* s = self.live()
+        cdef int rc
+        with nogil:
+            rc = al_cpu_memcpy_async(self.device.dev.ctx, <void*>dst, <const void*>src, nbytes, s)
+        if rc != 0:
             raise MemoryError()
 
     def wait_value32(self, uintptr_t addr, uint32_t value):
         """Enqueue a wait: the stream stops until the uint32 at `addr` is >= `value`."""
-        cdef int rc = self.device.dev.wait_value32(self.device.dev.ctx, self.live(), <uint32_t*>addr, value)
+        cdef al_cpu_stream* s = self.live()
+        cdef int rc
+        with nogil:
+            rc = self.device.dev.wait_value32(self.device.dev.ctx, s, <uint32_t*>addr, value)
         if rc != 0:
             raise MemoryError()
 
@@ -1675,12 +1692,15 @@ cdef class Launcher:
                                 int opcode, str algorithm, keep, double timeout=-1.0):
         """Enqueue a host-transfer allreduce on `stream` and hand it to the engine.
 
-        On the stream: copy dsend -> pinned, record an event, wait until the host writes the
-        flag, copy pinned -> drecv, record an event.  The engine polls the first event, runs the
-        host algorithm (`algorithm`, in place on the pinned buffer), writes the flag, polls the
-        second event, then returns the pinned buffer to the device's pool (never a synchronizing
-        cuMemFreeHost on the engine thread: another stream may be blocked on a flag only the
-        engine writes).  The host never waits for the device.
+        On the stream: copy dsend -> pinned, write 1 to a pinned word (cuStreamWriteValue32),
+        wait until the host writes the flag, copy pinned -> drecv, write 1 to another word.  The
+        engine polls the first word, runs the host algorithm (`algorithm`, in place on the
+        pinned buffer), writes the flag, polls the second word, then returns the pinned buffer
+        to the device's pool.  The engine makes no driver call for the op: a thread inside the
+        driver waiting on this stream (a pageable cudaMemcpy, cuMemFreeHost, a synchronize)
+        may hold locks an event query would need, and the engine must stay free to write the
+        flag that stream waits for (the deadlock the first 2-rank GPU run hit).  The host
+        never waits for the device.
         `timeout` > 0 (AL_HANG_TIMEOUT): the engine abandons the host part if it has not
         finished that many seconds after this call (ht_abandon).  Returns the NativeOp
         (submitted).
@@ -1708,28 +1728,20 @@ cdef class Launcher:
         outer.op.stream = <void*>stream
         outer.op.pinned = pinned
         outer.op.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
-        outer.op.flag[0] = 0
+        outer.op.flag[0] = 0                      # release: written by the engine
+        outer.op.flag[1] = 0                      # copy to pinned done: written by the stream
+        outer.op.flag[2] = 0                      # copy back done: written by the stream
         outer.op.inner = inner.op
         if timeout > 0:
             outer.op.hang = timeout
             outer.op.deadline = al_now() + timeout
         outer.name = "allreduce/ht_" + alg
         outer.keep = (self.state, inner, (dev, keep))
-        rc = d.event_create(d.ctx, &outer.op.ev_d2h)
-        if rc == 0:
-            rc = d.event_create(d.ctx, &outer.op.ev_h2d)
-            if rc != 0:
-                d.event_destroy(d.ctx, outer.op.ev_d2h)
-        if rc != 0:
-            al_pinned_put(d, pinned)
-            outer.op.pinned = NULL
-            outer.op.phase = PH_DONE              # never submitted: nothing to cancel
-            dev.fail("host-transfer allreduce: cuEventCreate", rc)
         what = "cuMemcpyAsync (device to pinned)"
         rc = d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.stream)
         if rc == 0:
-            what = "cuEventRecord"
-            rc = d.event_record(d.ctx, outer.op.ev_d2h, outer.op.stream)
+            what = "cuStreamWriteValue32"
+            rc = d.write_value32(d.ctx, outer.op.stream, &outer.op.flag[1], 1)
         if rc == 0:
             what = "cuStreamWaitValue32"
             rc = d.wait_value32(d.ctx, outer.op.stream, outer.op.flag, 1)
@@ -1737,14 +1749,12 @@ cdef class Launcher:
             what = "cuMemcpyAsync (pinned to device)"
             rc = d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.stream)
         if rc == 0:
-            what = "cuEventRecord"
-            rc = d.event_record(d.ctx, outer.op.ev_h2d, outer.op.stream)
+            what = "cuStreamWriteValue32"
+            rc = d.write_value32(d.ctx, outer.op.stream, &outer.op.flag[2], 1)
         if rc != 0:
             # part of the op may be queued: release the stream, leak the buffer (the stream
             # may still copy from it), never submit
             al_store_release(<int*>outer.op.flag, 1)
-            d.event_destroy(d.ctx, outer.op.ev_d2h)
-            d.event_destroy(d.ctx, outer.op.ev_h2d)
             outer.op.pinned = NULL
             outer.op.phase = PH_DONE
             dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)

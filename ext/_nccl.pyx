@@ -29,6 +29,7 @@ cdef extern from "al_nccl.h" nogil:
         int cgaClusterSize
         int minCTAs
         int maxCTAs
+    ncclComm_t al_nccl_slot_load(ncclComm_t*)
     ctypedef struct al_nccl_api:
         void* handle
         ncclResult_t (*GetVersion)(int*) noexcept nogil
@@ -226,10 +227,12 @@ def comm_split(uintptr_t comm, int color, int key, blocking=None, cga_cluster_si
 
 
 def split_result(uintptr_t slot):
-    """The communicator a completed split wrote into `slot` (from comm_split); frees the slot."""
+    """The communicator a completed split wrote into `slot` (from comm_split); frees the slot.
+    A slot still NULL is not freed (0 is returned): NCCL may still write it from its thread."""
     cdef ncclComm_t* p = <ncclComm_t*>slot
-    cdef uintptr_t h = <uintptr_t>p[0]
-    free(p)
+    cdef uintptr_t h = <uintptr_t>al_nccl_slot_load(p)
+    if h != 0:
+        free(p)
     return h
 
 

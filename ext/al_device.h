@@ -159,7 +159,12 @@ static int al_pinned_release(al_device *d) {
  * that many hardware queues (stream i on queue i % queues, CUDA_DEVICE_MAX_CONNECTIONS): the
  * commands of a queue run one at a time in the order they were enqueued, whatever their
  * stream, so a stream blocked in wait_value32 stalls every command enqueued after it on its
- * queue (event waits cannot deadlock this way: the record was enqueued first). */
+ * queue (event waits cannot deadlock this way: the record was enqueued first). A thread
+ * inside a synchronizing call holds the device's driver lock while it waits, and every other
+ * call (copies, events, value waits and writes) takes that lock: as in CUDA, where a thread
+ * blocked in the driver (a pageable cudaMemcpy, cuMemFreeHost, a synchronize) can hold locks
+ * another thread's cuEventQuery needs, so code that must keep running while a stream waits
+ * on it (the progress engine) may make no device call. */
 enum { AL_CMD_MEMCPY = 1, AL_CMD_RECORD, AL_CMD_WAIT, AL_CMD_WRITE, AL_CMD_HOSTFN, AL_CMD_STOP,
        AL_CMD_WAIT_EVENT, AL_CMD_DELAY };
 enum { AL_TRACE_FREE = 100, AL_TRACE_ALLOC = 101, AL_TRACE_SYNC = 102 };
@@ -214,8 +219,20 @@ typedef struct al_cpu_ctx {
   al_cpu_stream *live;                     /* strict: every stream not destroyed */
   al_pinned_rec *pinned;                   /* strict: live host_alloc pointers */
   long pinned_live, sync_waits;            /* strict: counters */
+  pthread_mutex_t driver;                  /* strict: the driver lock (recursive) */
   al_cpu_queue hw[AL_CPU_MAX_QUEUES];
 } al_cpu_ctx;
+
+/* Strict device: a device call holds the driver lock for its duration. */
+static void al_cpu_enter(void *ctx) {
+  al_cpu_ctx *c = (al_cpu_ctx *)ctx;
+  if (c->strict) pthread_mutex_lock(&c->driver);
+}
+static int al_cpu_leave(void *ctx, int rc) {
+  al_cpu_ctx *c = (al_cpu_ctx *)ctx;
+  if (c->strict) pthread_mutex_unlock(&c->driver);
+  return rc;
+}
 
 static double al_dev_now(void) {
   struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -312,7 +329,8 @@ static al_cmd *al_cpu_cmd(int kind) { al_cmd *c = (al_cmd *)calloc(1, sizeof(al_
 
 static int al_cpu_memcpy_async(void *ctx, void *dst, const void *src, size_t n, void *stream) {
   al_cmd *c = al_cpu_cmd(AL_CMD_MEMCPY); if (!c) return -1;
-  c->dst = dst; c->src = src; c->n = n; return al_cpu_push((al_cpu_stream *)stream, c);
+  c->dst = dst; c->src = src; c->n = n;
+  al_cpu_enter(ctx); return al_cpu_leave(ctx, al_cpu_push((al_cpu_stream *)stream, c));
 }
 static int al_cpu_event_create(void *ctx, void **ev) {
   al_cpu_event *e = (al_cpu_event *)calloc(1, sizeof(al_cpu_event));
@@ -322,21 +340,27 @@ static int al_cpu_event_create(void *ctx, void **ev) {
 static int al_cpu_event_record(void *ctx, void *ev, void *stream) {
   al_cpu_event *e = (al_cpu_event *)ev;
   al_cmd *c = al_cpu_cmd(AL_CMD_RECORD); if (!c) return -1;
+  al_cpu_enter(ctx);
   c->ev = e; c->gen = __atomic_add_fetch(&e->recorded, 1, __ATOMIC_ACQ_REL);
   __atomic_add_fetch(&e->refs, 1, __ATOMIC_ACQ_REL);
-  return al_cpu_push((al_cpu_stream *)stream, c);
+  return al_cpu_leave(ctx, al_cpu_push((al_cpu_stream *)stream, c));
 }
 static int al_cpu_event_query(void *ctx, void *ev) {
   al_cpu_event *e = (al_cpu_event *)ev;
-  return __atomic_load_n(&e->completed, __ATOMIC_ACQUIRE) >= __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE);
+  al_cpu_enter(ctx);
+  return al_cpu_leave(ctx, __atomic_load_n(&e->completed, __ATOMIC_ACQUIRE) >=
+                               __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE));
 }
-static int al_cpu_event_destroy(void *ctx, void *ev) { al_cpu_event_unref((al_cpu_event *)ev); return 0; }
+static int al_cpu_event_destroy(void *ctx, void *ev) {
+  al_cpu_enter(ctx); al_cpu_event_unref((al_cpu_event *)ev); return al_cpu_leave(ctx, 0);
+}
 static int al_cpu_stream_wait_event(void *ctx, void *stream, void *ev) {
   al_cpu_event *e = (al_cpu_event *)ev;
   al_cmd *c = al_cpu_cmd(AL_CMD_WAIT_EVENT); if (!c) return -1;
+  al_cpu_enter(ctx);
   c->ev = e; c->gen = __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE);
   __atomic_add_fetch(&e->refs, 1, __ATOMIC_ACQ_REL);
-  return al_cpu_push((al_cpu_stream *)stream, c);
+  return al_cpu_leave(ctx, al_cpu_push((al_cpu_stream *)stream, c));
 }
 /* A command that keeps the stream busy for `secs` (stands in for a long kernel in tests). */
 static int al_cpu_delay(void *stream, double secs) {
@@ -345,11 +369,13 @@ static int al_cpu_delay(void *stream, double secs) {
 }
 static int al_cpu_wait_value32(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value) {
   al_cmd *c = al_cpu_cmd(AL_CMD_WAIT); if (!c) return -1;
-  c->addr = addr; c->value = value; return al_cpu_push((al_cpu_stream *)stream, c);
+  c->addr = addr; c->value = value;
+  al_cpu_enter(ctx); return al_cpu_leave(ctx, al_cpu_push((al_cpu_stream *)stream, c));
 }
 static int al_cpu_write_value32(void *ctx, void *stream, volatile uint32_t *addr, uint32_t value) {
   al_cmd *c = al_cpu_cmd(AL_CMD_WRITE); if (!c) return -1;
-  c->addr = addr; c->value = value; return al_cpu_push((al_cpu_stream *)stream, c);
+  c->addr = addr; c->value = value;
+  al_cpu_enter(ctx); return al_cpu_leave(ctx, al_cpu_push((al_cpu_stream *)stream, c));
 }
 
 /* Wait until `s` has executed `target` commands; timeout in seconds (< 0: forever).
@@ -396,7 +422,9 @@ static int al_cpu_synchronize(void *ctx_) {
   }
   if (waited) c->sync_waits++;
   pthread_mutex_unlock(&c->lock);
+  al_cpu_enter(c);                         /* held while waiting: see the section comment */
   for (i = 0; i < n; i++) al_cpu_stream_wait_executed(streams[i], targets[i], -1.0);
+  al_cpu_leave(c, 0);
   free(streams); free(targets);
   al_cpu_log(c, AL_TRACE_SYNC, NULL);
   return 0;
@@ -488,6 +516,13 @@ static al_device *al_cpu_device_new_strict(int strict, int queues) {
   int i;
   if (!d || !c || queues < 0 || queues > AL_CPU_MAX_QUEUES) { free(d); free(c); return NULL; }
   pthread_mutex_init(&c->lock, NULL);
+  {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);   /* host_alloc -> synchronize */
+    pthread_mutex_init(&c->driver, &a);
+    pthread_mutexattr_destroy(&a);
+  }
   for (i = 0; i < AL_CPU_MAX_QUEUES; i++) {
     pthread_mutex_init(&c->hw[i].lock, NULL); pthread_cond_init(&c->hw[i].cond, NULL);
   }

@@ -112,4 +112,9 @@ static ncclConfig_t al_nccl_config_init(void) {
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
   return c;
 }
+/* The communicator NCCL's init thread stores into a split's slot (acquire: pairs with its
+   release store). */
+static inline ncclComm_t al_nccl_slot_load(ncclComm_t *slot) {
+  return __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+}
 #endif

@@ -300,6 +300,55 @@ def test_strict_device_synchronize_waits_for_a_blocked_stream():
     stream.destroy()
 
 
+def test_strict_device_calls_wait_for_a_thread_inside_a_synchronize():
+    """The strict device's driver lock: while one thread waits inside a synchronizing call,
+    another thread's device calls (here an event query) wait too, as CUDA's may."""
+    import threading
+    device = ht.CpuDevice(strict=True)
+    stream = device.stream()
+    ev = device.event_create()
+    flag = np.zeros(1, dtype=np.uint32)
+    stream.wait_value32(al._core.addr(flag), 1)
+    syncing = threading.Thread(target=device.synchronize, daemon=True)
+    syncing.start()
+    wait_until(lambda: device.strict_stats()["sync_waits"] >= 1)
+    queried = threading.Event()
+    t = threading.Thread(target=lambda: (device.event_query(ev), queried.set()), daemon=True)
+    t.start()
+    assert not queried.wait(0.5)                      # held up by the synchronize
+    flag[0] = 1
+    assert queried.wait(10)
+    syncing.join(10)
+    device.event_destroy(ev)
+    stream.destroy()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("algorithm", ["ht_mpi", "ht_recursive_doubling", "ht_ring"])
+def test_synchronizing_call_right_after_ht_ops_on_the_strict_device(strict, algorithm):
+    """Regression (the 2-rank GPU run, 2026-11-22): a blocking and a nonblocking host-transfer
+    allreduce, then at once a call that waits inside the driver for the stream (CuPy's
+    asnumpy into pageable memory; here the device synchronize). Had the engine polled CUDA
+    events, its query would wait for that thread, which waits for the stream, which waits
+    for the flag only the engine writes: a deadlock. The engine polls words the stream
+    writes instead, and the synchronize returns."""
+    import threading
+    comm, stream, device = strict
+    n = comm.size
+    for step in range(5):
+        x = np.full(7, comm.rank + 1.0 + step)
+        y = np.arange(5, dtype=np.int64) + comm.rank + step
+        comm.Allreduce(DeviceArray(x), algorithm=algorithm)
+        comm.Iallreduce(DeviceArray(y), algorithm=algorithm).Wait()
+        synced = threading.Event()
+        threading.Thread(target=lambda: (device.synchronize(), synced.set()), daemon=True).start()
+        assert synced.wait(30), f"step {step}: the synchronize never returned (deadlock)"
+        assert np.all(x == sum(r + 1.0 + step for r in range(n)))
+        assert np.array_equal(y, n * np.arange(5, dtype=np.int64) + sum(range(n)) + n * step)
+    comm._gpu.check()
+    comm.Free()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("algorithm", ["ht_ring", "ht_recursive_doubling", "ht_mpi"])
 def test_blocking_then_nonblocking_ht_on_the_strict_device(strict, algorithm):
