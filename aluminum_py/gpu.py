@@ -181,8 +181,15 @@ def as_gpu_array(obj, name: str, writable: bool = False, stream: int | None = No
     if cai is None:
         raise TypeError(f"{name}: not a GPU buffer")
     ptr, readonly = cai["data"]
-    return _checked(name, ptr, tuple(cai["shape"]), cai.get("strides"), np.dtype(cai["typestr"]),
-                    readonly, writable, obj)
+    dtype = np.dtype(cai["typestr"])
+    own = getattr(obj, "dtype", None)
+    if dtype.kind == "V" and own is not None:
+        # the interface has no typestr for bfloat16 (it says "|V2"); the array's own dtype does
+        own = np.dtype(own) if not isinstance(own, np.dtype) else own
+        if own.itemsize == dtype.itemsize:
+            dtype = own
+    return _checked(name, ptr, tuple(cai["shape"]), cai.get("strides"), dtype, readonly,
+                    writable, obj)
 
 
 def _checked(name, ptr, shape, strides, dtype, readonly, writable, keep) -> GpuArray:

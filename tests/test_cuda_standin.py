@@ -174,8 +174,11 @@ def test_path_is_stable_keyed_by_the_source_and_is_what_load_opened(L):
     assert p == cs.path() and os.path.isabs(p) and os.path.isfile(p)
     name = os.path.basename(p)
     assert name.startswith("libcuda_standin-") and name.endswith(".so")
-    with open(cs._SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read() + " ".join(cs._CFLAGS).encode()).hexdigest()[:16]
+    source = b""
+    for src in cs._SOURCES:                  # the CUDA and the NCCL stand-in: one library
+        with open(src, "rb") as f:
+            source += f.read()
+    key = hashlib.sha256(source + " ".join(cs._CFLAGS).encode()).hexdigest()[:16]
     assert key in name
     assert L._name == p and cs.load() is L
 
@@ -188,12 +191,13 @@ def test_module_main_prints_the_path_and_nothing_else():
 
 
 def test_an_edited_source_is_rebuilt_and_a_failed_build_says_why(tmp_path, monkeypatch):
-    with open(cs._SOURCE) as f:
+    cuda_src, nccl_src = cs._SOURCES
+    with open(cuda_src) as f:
         source = f.read()
     src = tmp_path / "cuda_standin.c"
     src.write_text(source)
     monkeypatch.setenv("AL_CUDA_STANDIN_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cs, "_SOURCE", str(src))
+    monkeypatch.setattr(cs, "_SOURCES", [str(src), nccl_src])
     first = cs.path()
     src.write_text(source + "\n/* edited */\n")
     second = cs.path()
@@ -202,7 +206,7 @@ def test_an_edited_source_is_rebuilt_and_a_failed_build_says_why(tmp_path, monke
     src.write_text(source + "\nint this_is_not_c = ;\n")
     with pytest.raises(RuntimeError, match=r"(?s)building the CUDA stand-in failed.*this_is_not_c"):
         cs.path()
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MPICC", str(tmp_path / "no-such-compiler"))
     src.write_text(source + "\n/* edited again */\n")
     with pytest.raises(RuntimeError, match="no-such-compiler"):
         cs.path()

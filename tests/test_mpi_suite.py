@@ -68,3 +68,30 @@ def test_cuda_standin_suite(nranks):
                           text=True, timeout=900)
     print(proc.stdout[-20000:])
     assert proc.returncode == 0, f"stand-in suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
+
+
+@pytest.mark.parametrize("nranks", [n for n in RANKS if n in (1, 2, 4)] or [1])
+def test_gpu_suite_on_standins(nranks):
+    """The GPU suite (tests/gpu: every collective x op x NCCL dtype, blocking and nonblocking,
+    every GPU algorithm, written for CuPy) and tests/standin/test_nccl_path.py (what reaches
+    NCCL: launch records, thread limits, nonblocking communicators) on the CUDA and NCCL
+    stand-ins, with the CuPy stand-in as ``cupy`` (-p aluminum_py.testing.pytest_standins).
+    Four ranks run the NCCL-path file and the allreduce tests only: oversubscribed on two
+    cores, the whole suite takes minutes there."""
+    from aluminum_py.testing import cuda_standin
+    path = cuda_standin.path()
+    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_CUDA_LIBRARY=path,
+               AL_NCCL_LIBRARY=path)
+    cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest",
+           "-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
+           os.path.join(HERE, "standin", "test_nccl_path.py"), "--with-mpi", "-q", "-x",
+           "-p", "no:cacheprovider", "--timeout=300", "--timeout-method=thread",
+           "-o", "console_output_style=classic"]
+    if nranks > 2:
+        cmd += ["-k", "test_nccl_path or test_allreduce_blocking_and_nonblocking or "
+                      "(test_allreduce and float32)"]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=1200)
+    print(proc.stdout[-20000:])
+    assert proc.returncode == 0, f"GPU suite on the stand-ins failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
+    assert " passed" in proc.stdout and " failed" not in proc.stdout

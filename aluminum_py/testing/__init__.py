@@ -1,8 +1,24 @@
 """Test doubles of aluminum_py's environment.
 
-* :mod:`aluminum_py.testing.cuda_standin`: a CUDA driver stand-in (a small C library, built on
-  first use) that the library loads instead of libcuda.so.1 when ``AL_CUDA_LIBRARY`` names it,
-  so that the CUDA code path runs, with CUDA's semantics, on machines without a GPU.
+* :mod:`aluminum_py.testing.cuda_standin`: a CUDA driver stand-in and an NCCL stand-in (one
+  small C library, built on first use) that the library loads instead of libcuda.so.1 and
+  libnccl.so.2 when ``AL_CUDA_LIBRARY`` and ``AL_NCCL_LIBRARY`` name it, so that the CUDA and
+  NCCL code paths run, with their semantics, on machines without a GPU; NCCL's collectives
+  run over MPI.
+* :func:`nccl_launches`: the NCCL launches the stand-in recorded (collective, count, dtype, op,
+  the communicator's minCTAs/maxCTAs, ...).
 
 Importing this package builds nothing.
 """
+
+
+def nccl_launches():
+    """Every NCCL launch the stand-in recorded in this process (see
+    :func:`aluminum_py.testing.cuda_standin.nccl_launches`)."""
+    from .cuda_standin import nccl_launches as launches
+    return launches()
+
+
+def reset_nccl_launches() -> None:
+    from .cuda_standin import reset_nccl_launches as reset
+    reset()

@@ -26,6 +26,8 @@
  *     destroyed or made-up handle is always CUDA_ERROR_INVALID_HANDLE. Stream structs are never
  *     freed (events and other streams' queued commands may still point at them); event structs
  *     are freed on destroy (nothing queued points at them).
+ * NCCL: nccl_standin.c, built into the same library, runs its collectives as host commands on
+ * these streams (standin_enqueue_host).
  * Not modelled: kernels, device (non-host) memory, timing events, callbacks, graphs, the
  * per-thread default stream, and resetting a primary context's streams when its count hits 0. */
 #define _POSIX_C_SOURCE 200809L
@@ -92,10 +94,11 @@ static atomic_int g_initialized;
 struct stream;
 struct dep { struct stream *s; uint64_t seq; };   /* met once s->done >= seq */
 
-enum cmd_kind { CMD_NOP, CMD_COPY, CMD_WAIT_VALUE, CMD_WRITE_VALUE };
+enum cmd_kind { CMD_NOP, CMD_COPY, CMD_WAIT_VALUE, CMD_WRITE_VALUE, CMD_HOST };
 struct cmd {
   struct cmd *next;
   enum cmd_kind kind;
+  void (*fn)(void *); void *arg;                       /* CMD_HOST: the NCCL stand-in's work */
   void *dst; const void *src; size_t n;               /* CMD_COPY */
   _Atomic uint32_t *addr; uint32_t value; unsigned cond; /* CMD_WAIT_VALUE / CMD_WRITE_VALUE */
   int ndeps;
@@ -246,6 +249,9 @@ static void run_command(struct stream *s, struct cmd *c) {
     pthread_mutex_lock(&g_mu);
     s->in_value_wait = 0; g_blocked--;
     pthread_mutex_unlock(&g_mu);
+    break;
+  case CMD_HOST:
+    c->fn(c->arg);
     break;
   case CMD_NOP:
     break;
@@ -627,6 +633,24 @@ CUresult cuStreamWriteValue32(CUstream h, CUdeviceptr addr, uint32_t value, unsi
   (void)h; (void)addr; (void)value; (void)flags;
   ENTER(cuStreamWriteValue32);
   return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ------------------------------------------------------------------ for nccl_standin.c
+ * (the same library): run fn(arg) on stream h's worker when the stream reaches it, as a
+ * kernel would run; and the device of the calling thread's current context (0 without one,
+ * as cudaGetDevice answers before any cudaSetDevice). */
+__attribute__((visibility("hidden")))
+CUresult standin_enqueue_host(CUstream h, void (*fn)(void *), void *arg) {
+  if (!atomic_load(&g_initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+  struct cmd c = { .kind = CMD_HOST, .fn = fn, .arg = arg };
+  return enqueue_on(h, &c, NULL, NULL, NULL);
+}
+__attribute__((visibility("hidden")))
+int standin_current_device(void) {
+  pthread_mutex_lock(&g_mu);
+  int d = t_depth ? t_stack[t_depth - 1]->ordinal : 0;
+  pthread_mutex_unlock(&g_mu);
+  return d;
 }
 
 /* ------------------------------------------------------------------ events */

@@ -1,4 +1,4 @@
-"""The CUDA driver stand-in: build it, load it, and drive it from tests.
+"""The CUDA driver and NCCL stand-ins: build them, load them, and drive them from tests.
 
 ``cuda_standin.c`` (next to this file) is a small C library that exports the CUDA driver API
 entry points aluminum_py uses, with CUDA's semantics, where "device memory" is host memory:
@@ -7,6 +7,11 @@ misuse gets CUDA's error codes. aluminum_py loads it instead of libcuda.so.1 whe
 ``AL_CUDA_LIBRARY`` names it::
 
     AL_CUDA_LIBRARY=$(python -m aluminum_py.testing.cuda_standin) python prog.py
+
+``nccl_standin.c`` is built into the same library: it exports the NCCL API the binding uses and
+runs the collectives over MPI on the stand-in's streams (``AL_NCCL_LIBRARY`` = the same path
+selects it). The library is built with ``MPICC``, else ``mpicc`` on PATH, else ``CC`` with the
+``mpi.h`` and ``libmpi`` of the prefix the ``mpich`` wheel installs into.
 
 Environment: ``AL_CUDA_STANDIN_DIR`` (where the .so is built; default ``~/.cache/aluminum_py``),
 ``CC`` (the compiler; default ``cc``/``gcc``), and, read by the library itself,
@@ -18,6 +23,7 @@ aluminum_py loads through ``AL_CUDA_LIBRARY``, as both open :func:`path`.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import os
@@ -34,9 +40,11 @@ import numpy as np
 __all__ = ["path", "load", "error_name", "CudaStandinError", "make_current", "stream_create",
            "stream_synchronize", "stream_destroy", "primary_ctx_refcount", "current_ctx",
            "live_streams", "calls", "pinned_live", "sync_waits", "blocked_streams",
-           "reset_counters", "HostBackedArray", "main"]
+           "reset_counters", "HostBackedArray", "nccl_launches", "reset_nccl_launches",
+           "nccl_stall", "NcclLaunch", "main"]
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_standin.c")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = [os.path.join(_HERE, "cuda_standin.c"), os.path.join(_HERE, "nccl_standin.c")]
 _CFLAGS = ["-shared", "-fPIC", "-O2", "-pthread"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -80,6 +88,10 @@ _INTROSPECTION = {
     "standin_sync_waits": (c_long, []),
     "standin_blocked_streams": (c_int, []),
     "standin_reset_counters": (None, []),
+    "standin_nccl_launch_count": (c_long, []),
+    "standin_nccl_launch_get": (c_int, [c_long, c_char_p, POINTER(c_long)]),
+    "standin_nccl_reset": (None, []),
+    "standin_nccl_stall": (None, [c_int]),
 }
 
 
@@ -108,10 +120,21 @@ def _cache_dir() -> str:
 
 
 def _compiler() -> list[str]:
+    """The MPI compiler wrapper (the NCCL stand-in calls MPI), else CC with the mpi.h and libmpi
+    of a prefix on sys.path (the layout of the `mpich` wheel)."""
+    mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
+    if mpicc:
+        return shlex.split(mpicc)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise RuntimeError("cannot build the CUDA stand-in: no C compiler (set CC, or install cc/gcc)")
-    return shlex.split(cc)
+    prefixes = [sys.prefix] + [os.path.abspath(os.path.join(p, "..", "..", "..")) for p in sys.path]
+    for prefix in prefixes:
+        if os.path.exists(os.path.join(prefix, "include", "mpi.h")):
+            lib = os.path.join(prefix, "lib")
+            return shlex.split(cc) + [f"-I{prefix}/include", f"-L{lib}", f"-Wl,-rpath,{lib}", "-lmpi"]
+    raise RuntimeError("cannot build the CUDA/NCCL stand-in: no mpicc and no mpi.h found "
+                       "(install the mpich wheel, or set MPICC)")
 
 
 def path() -> str:
@@ -120,8 +143,10 @@ def path() -> str:
     The file name carries a hash of the C source (and flags), so an edited source is rebuilt.
     The build goes to a private temporary name and is moved into place with os.replace, so
     concurrent callers (several MPI ranks) each see either no file or a complete one."""
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for src in _SOURCES:
+        with open(src, "rb") as f:
+            source += f.read()
     key = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:16]
     d = _cache_dir()
     out = os.path.join(d, f"libcuda_standin-{key}.so")
@@ -129,7 +154,8 @@ def path() -> str:
         return out
     os.makedirs(d, exist_ok=True)
     tmp = f"{out}.{os.getpid()}.{threading.get_ident()}.tmp"
-    cmd = _compiler() + _CFLAGS + ["-o", tmp, _SOURCE]
+    compiler = _compiler()
+    cmd = compiler[:1] + _CFLAGS + ["-o", tmp] + _SOURCES + compiler[1:]
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as e:
@@ -268,6 +294,50 @@ class HostBackedArray:
 
     def __repr__(self) -> str:
         return f"HostBackedArray(shape={self.shape}, dtype={self.dtype}, ptr={self.ptr:#x})"
+
+
+NcclLaunch = collections.namedtuple("NcclLaunch", (
+    "coll", "count", "dtype", "op", "root", "peer", "min_ctas", "max_ctas", "nranks", "rank",
+    "comm", "stream", "grouped"))
+NcclLaunch.__doc__ = """One NCCL launch the stand-in recorded (at the call): ``coll`` ("AllReduce",
+"Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv"), ``count`` (elements),
+``dtype`` (numpy name), ``op`` ("sum", ..., or None), ``root`` and ``peer`` (or None),
+``min_ctas`` and ``max_ctas`` (the communicator's config; None: unset), ``nranks``, ``rank``,
+``comm`` (an id unique in the process), ``stream`` (the handle), ``grouped`` (inside a group)."""
+
+
+_NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+                "float64", "bfloat16")
+_NCCL_OPS = ("sum", "prod", "max", "min", "avg")
+_UNSET = -(1 << 31)
+
+
+def nccl_launches() -> list[NcclLaunch]:
+    """Every NCCL launch recorded since load (or :func:`reset_nccl_launches`), in call order."""
+    lib = load()
+    out = []
+    coll = ctypes.create_string_buffer(16)
+    vals = (c_long * 13)()
+    for i in range(lib.standin_nccl_launch_count()):
+        if lib.standin_nccl_launch_get(i, coll, vals) != 0:
+            break
+        v = list(vals)
+        out.append(NcclLaunch(*(
+            coll.value.decode(), v[0], _NCCL_DTYPES[v[1]], _NCCL_OPS[v[2]] if v[2] >= 0 else None,
+            v[3] if v[3] >= 0 else None, v[4] if v[4] >= 0 else None,
+            None if v[5] == _UNSET else v[5], None if v[6] == _UNSET else v[6],
+            v[7], v[8], v[9], v[10] & ((1 << 64) - 1), bool(v[11]))))
+    return out
+
+
+def reset_nccl_launches() -> None:
+    load().standin_nccl_reset()
+
+
+def nccl_stall(on: bool = True) -> None:
+    """While on, nonblocking NCCL communicators that would settle stay ncclInProgress (a peer
+    that never joins): creations, splits and operations."""
+    load().standin_nccl_stall(1 if on else 0)
 
 
 def main() -> int:

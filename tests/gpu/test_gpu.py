@@ -14,6 +14,8 @@ The parametrization is built from constants (dtype and op names as strings): it 
 on every rank (so the collectives match) and does not depend on CuPy or ml_dtypes being
 importable. Anything a test skips on, it skips on every rank alike.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -746,33 +748,67 @@ def test_nonblocking_nccl_communicator_under_hang_timeout(monkeypatch):
     c.Free()
 
 
+SYNC_SHAPES = [(300,), (64, 64), (7,), (1 << 16,)]
+
+
+def synchronize_steps(c, stream, grads, sync, steps):
+    """`steps` training steps: set each gradient, report them in backward order, wait, and
+    check every gradient is the average over ranks (numpy, from every rank's inputs)."""
+    from mpi4py import MPI
+    for step in range(steps):
+        host = [(np.arange(np.prod(g.shape), dtype=np.float32).reshape(g.shape) % 13) + c.rank + step
+                for g in grads]
+        for g, h in zip(grads, host):
+            g.set(h, stream=stream)
+        for i in reversed(range(len(grads))):
+            sync.grad_ready(i)
+        sync.wait()
+        out = [cp.asnumpy(g, stream=stream) for g in grads]
+        stream.synchronize()
+        for o, h in zip(out, host):
+            exp = np.sum(np.stack(MPI.COMM_WORLD.allgather(h)), axis=0) / c.size
+            assert np.array_equal(o, exp)
+
+
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
 def test_gradient_synchronizer_gpu(comm, policy):
     """GradientSynchronizer over CuPy gradients: every step's average equals numpy's; policy
     "auto" finishes tuning (device-synchronised step timings) and keeps one candidate."""
-    from mpi4py import MPI
     from aluminum_py.overlap import GradientSynchronizer
     c, stream = comm
-    shapes = [(300,), (64, 64), (7,), (1 << 16,)]
     with stream:
-        grads = [cp.zeros(s, dtype=cp.float32) for s in shapes]
+        grads = [cp.zeros(s, dtype=cp.float32) for s in SYNC_SHAPES]
         opts = {"threshold": 1 << 14} if policy == "fixed" else {"tune_steps": (1, 2)}
         sync = GradientSynchronizer(c, grads, policy=policy, **opts)
-        for step in range(12):
-            host = [(np.arange(np.prod(s), dtype=np.float32).reshape(s) % 13) + c.rank + step
-                    for s in shapes]
-            for g, h in zip(grads, host):
-                g.set(h, stream=stream)
-            for i in reversed(range(len(grads))):
-                sync.grad_ready(i)
-            sync.wait()
-            out = [cp.asnumpy(g, stream=stream) for g in grads]
-            stream.synchronize()
-            for o, h in zip(out, host):
-                exp = np.sum(np.stack(MPI.COMM_WORLD.allgather(h)), axis=0) / c.size
-                assert np.array_equal(o, exp)
+        synchronize_steps(c, stream, grads, sync, 12)
     if policy == "auto":
         assert sync.chosen is not None
+
+
+def test_libra_plan_limits_each_bucket(comm):
+    """GradientSynchronizer with policy "libra" on device gradients: each bucket's allreduce
+    runs on a communicator with its planned maxCTAs (threads / 512, rounded up); on the NCCL
+    stand-in the launches themselves are checked (aluminum_py.testing.nccl_launches)."""
+    from aluminum_py import nccl
+    from aluminum_py.overlap import GradientSynchronizer
+    from aluminum_py.planning.libra import Plan
+    c, stream = comm
+    plan = Plan(groups=[(0, 1), (2, 3)], threads=[1024, 4000], predicted_time=0.0)
+    standin = nccl.library_path() == os.environ.get("AL_CUDA_LIBRARY")
+    if standin:
+        from aluminum_py.testing import nccl_launches, reset_nccl_launches
+        reset_nccl_launches()
+    with stream:
+        grads = [cp.zeros(s, dtype=cp.float32) for s in SYNC_SHAPES]
+        sync = GradientSynchronizer(c, grads, policy="libra", plan=plan, algorithm="nccl")
+        assert sync.max_ctas == plan.max_ctas() == [2, 8]
+        synchronize_steps(c, stream, grads, sync, 3)
+    assert {(None, 2), (None, 8)} <= set(c._gpu._nccl_pool)
+    if standin:
+        launches = [l for l in nccl_launches() if l.coll == "AllReduce"]
+        sizes = [sum(int(np.prod(SYNC_SHAPES[i])) for i in members) for members in sync.buckets]
+        assert [(l.count, l.max_ctas) for l in launches] == \
+            [(sizes[b], sync.max_ctas[b]) for _ in range(3) for b in range(len(sync.buckets))]
 
 
 # ----------------------------------------------------------------------------- PyTorch
