@@ -1,6 +1,5 @@
 """The host-transfer allreduce state machine on the CPU device implementation, under real MPI
 ranks: results, and the ordering the GPU version relies on."""
-import time
 
 import numpy as np
 import pytest
@@ -91,21 +90,21 @@ def test_many_in_flight_on_two_streams(comm, device):
 
 
 def test_host_is_not_blocked_by_the_stream(comm, device):
-    """The call returns while the stream is still busy with earlier work (a large copy), and
-    the op completes once the stream gets to it."""
+    """The call returns while the stream is still busy with earlier work (here blocked until
+    the test opens a gate: a call that waited for the stream would never return), and the op
+    completes once the stream gets to it."""
     stream = device.stream()
-    big_src = np.ones(32 << 20, dtype=np.uint8)
-    big_dst = np.empty_like(big_src)
-    for _ in range(4):
-        stream.memcpy(al._core.addr(big_dst), al._core.addr(big_src), big_src.nbytes)
-    x = np.full(10, 1.0)
-    t0 = time.perf_counter()
+    gate = np.zeros(1, dtype=np.uint32)
+    stream.wait_value32(al._core.addr(gate), 1)
+    x = np.arange(10, dtype=np.float64) + comm.rank
+    expected = gather_all(x).sum(axis=0)
     req = ht.allreduce(comm, device, stream, x, algorithm="ht_recursive_doubling")
-    enqueue = time.perf_counter() - t0
+    assert not req.done and not stream.synchronize(timeout=0)
+    assert ht.phase_times(req)[0] == 0                 # the copy out has not run
+    gate[0] = 1
     req.Wait(timeout=60)
-    assert np.all(x == comm.size)
     assert stream.synchronize(timeout=60)
-    assert enqueue < 1.0
+    assert np.array_equal(x, expected)
 
 
 def test_bad_arguments(comm, device):
