@@ -4,6 +4,8 @@ import pytest
 import aluminum_py as al
 from aluminum_py.algorithms import MODELLED, Selector, model_choice, model_time
 
+import cost_reference
+
 
 def test_names():
     host = al.algorithms("allreduce", "host")
@@ -28,19 +30,45 @@ def test_model_formulas():
     assert model_time("ring", 1, n, (a, b, g)) == 0.0
 
 
-def test_model_choice_small_and_large():
+PARAMS = [(2e-6, 1.6e-10, 1e-10), (5e-5, 1e-11, 1e-12), (1e-7, 1e-9, 1e-9), (3e-6, 2e-10, 0.0)]
+SIZES = [1, 4, 100, 1 << 10, 12345, 1 << 16, 1 << 20, 3 << 20, 1 << 26, 1 << 30]
+
+
+def test_known_winners():
+    """Cases worked out by hand from the formulas (docs/algorithms.md)."""
     params = (2e-6, 1.6e-10, 1e-10)
-    assert model_choice(4, 8, params) == "recursive_doubling"
-    assert model_choice(4, 64 << 20, params) in ("rabenseifner", "ring")
-    assert model_choice(2, 64 << 20, params) in ("rabenseifner", "ring")
+    assert model_choice(4, 8, params) == "recursive_doubling"       # log2(p) alphas, tiny n
+    # p = 4: Rabenseifner moves what ring moves with 4 alphas instead of 6: strictly cheaper
+    assert model_choice(4, 64 << 20, params) == "rabenseifner"
+    # p = 2: Rabenseifner and ring cost the same; the tie goes to Rabenseifner
+    assert model_choice(2, 64 << 20, params) == "rabenseifner"
+    # p = 3: the fold costs Rabenseifner a full extra exchange; ring has none
+    assert model_choice(3, 64 << 20, params) == "ring"
+    assert model_choice(3, 8, params) == "recursive_doubling"
+    assert model_choice(1, 1 << 20, params) == "recursive_doubling"  # all cost 0: the tie rule
 
 
-def test_selector_without_table_uses_the_model():
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 64])
+def test_model_choice_is_the_argmin_of_the_formulas(p, params):
+    for n in SIZES:
+        for alg in MODELLED:
+            assert model_time(alg, p, n, params) == pytest.approx(cost_reference.cost(alg, p, n, params),
+                                                                  rel=1e-12, abs=0.0), (alg, n)
+        assert model_choice(p, n, params) == cost_reference.cheapest(p, n, params), n
+
+
+def test_the_winner_changes_with_size_and_rank_count():
+    """The grid above is not trivial: every modelled algorithm wins somewhere in it."""
+    winners = {cost_reference.cheapest(p, n, prm) for p in (2, 3, 4, 8) for n in SIZES for prm in PARAMS}
+    assert winners == set(MODELLED)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_selector_without_table_uses_the_model(params):
     from aluminum_py.tuning import Decider
-    params = (2e-6, 1.6e-10, 1e-10)
-    s1 = Selector(4, Decider(4, {}, {}, params, ("mpi",) + MODELLED))
-    s2 = Selector(4, Decider(4, {}, {}, params, ("mpi",) + MODELLED))
-    sizes = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 26]
-    assert [s1.choose(n, 4) for n in sizes] == [model_choice(4, n, params) for n in sizes]
-    assert [s1.choose(n, 4) for n in sizes] == [s2.choose(n, 4) for n in sizes]
-    assert s1.explain(4, 4).source == "model"
+    for p in (2, 3, 4, 6):
+        s = Selector(p, Decider(p, {}, {}, params, ("mpi",) + MODELLED))
+        for n in SIZES:
+            assert s.choose(n, 4) == cost_reference.cheapest(p, n, params), (p, n)
+            assert s.explain(n, 4).source == "model"

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from test_mpi_suite import mpiexec
 
 
@@ -51,7 +53,7 @@ def test_bad_algorithm_is_reported():
 def test_cuda_buffers_without_a_gpu_are_reported():
     from aluminum_py.gpu import cuda_device_count
     if cuda_device_count():
-        return
+        pytest.skip("a CUDA device is present: CUDA buffers work here")
     proc = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "aluminum_py", "bench",
                            "crossover", "--buffer", "cuda"], capture_output=True, text=True,
                           timeout=120)
@@ -98,7 +100,14 @@ def test_bench_overlap_every_policy(tmp_path):
     assert set(rows) == {"compute only", "none", "fixed 1 MiB", "fixed 4 MiB", "fixed 16 MiB",
                          "fixed 64 MiB", "mgwfbp", "adafusion", "adafusion-ca", "osf", "libra",
                          "deft", "auto"}
-    assert rows["none"]["buckets"] == 107 and rows["fixed 64 MiB"]["buckets"] == 1
+    # "none": one bucket per trainable layer. ResNet-50: a stem conv, 3 convs in each of the
+    # 3 + 4 + 6 + 3 bottleneck blocks and a projection conv in each of the 4 stages, each conv
+    # with its batch norm, then fc. "fixed 64 MiB": its 25.6 M float32 gradients at --scale
+    # 0.002 are 0.2 MB, one bucket.
+    blocks = (3, 4, 6, 3)
+    convs = 1 + 3 * sum(blocks) + len(blocks)
+    assert rows["fixed 64 MiB"]["buckets"] == 1
+    assert rows["none"]["buckets"] == 2 * convs + 1
     assert rows["deft"]["model"] == "DeFT sim" and rows["osf"]["model"] == "OSF"
     for r in rows.values():
         assert r["measured"] > 0 and r["predicted"] > 0

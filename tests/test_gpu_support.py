@@ -186,8 +186,7 @@ class CudaClaim:
 
 def test_as_gpu_array_dlpack_protocol():
     from aluminum_py.buffers import is_gpu_buffer
-    torch = _torch()
-    cpu = torch.ones(4)
+    cpu = CudaClaim(np.ones(4), device=1)               # a DLPack producer on the CPU (kDLCPU)
     assert not is_gpu_buffer(cpu) and not is_gpu_buffer(np.ones(2))   # CPU DLPack: host buffers
     with pytest.raises(TypeError, match="sendbuf: not a GPU buffer"):
         gpu.as_gpu_array(cpu, "sendbuf")

@@ -13,11 +13,9 @@ pytest.importorskip("nvidia.nccl", reason="nvidia-nccl-cu12 is not installed")
 
 
 def has_gpu() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    """The library's own probe (the CUDA driver's device count): needs no CuPy."""
+    from aluminum_py.gpu import cuda_device_count
+    return cuda_device_count() > 0
 
 
 def test_library_found_in_the_wheel():
@@ -88,9 +86,26 @@ def test_destroyed_communicator_and_bad_arguments():
         null.allreduce(0, 0, 1, "float32", "band", 0)
 
 
-def test_empty_group():
+def test_groups_nest_and_always_end(monkeypatch):
+    """The real ncclGroupStart/End on an empty group (NCCL accepts it without a GPU), then the
+    bookkeeping: nested groups make nested calls, and an exception inside still ends the group
+    (an unbalanced ncclGroupStart would swallow every later NCCL call into a group)."""
+    from aluminum_py import _nccl
     with nccl.group():
         pass
+    assert nccl._group.depth == 0
+    calls = []
+    monkeypatch.setattr(_nccl, "group_start", lambda: calls.append("start") or nccl.SUCCESS)
+    monkeypatch.setattr(_nccl, "group_end", lambda: calls.append("end") or nccl.SUCCESS)
+    with nccl.group():
+        with nccl.group():
+            assert nccl._group.depth == 2
+    assert calls == ["start", "start", "end", "end"] and nccl._group.depth == 0
+    calls.clear()
+    with pytest.raises(KeyError):
+        with nccl.group():
+            raise KeyError("inside")
+    assert calls == ["start", "end"] and nccl._group.depth == 0
 
 
 def test_error_is_picklable():

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from aluminum_py import tuning
-from aluminum_py.algorithms import MODELLED, model_choice, model_time
+from aluminum_py.algorithms import MODELLED, model_time
 from aluminum_py.bench.plots import crossover_map, format_map
 from aluminum_py.bench.timing import parse_bytes, size_sweep
 from aluminum_py.tuning import Decider, TuningWarning
+
+from cost_reference import cheapest
 
 MPI_NAME = "MPICH Version: 5.0.2"
 USABLE = ("mpi",) + MODELLED
@@ -64,7 +66,7 @@ def test_corrupt_or_old_files_warn_and_fall_back(tmp_path, content):
     assert table["entries"] == {}
     exact, fitted = tuning.find_data(table, 2, 2, "host", MPI_NAME)
     choice = Decider(2, exact, fitted, PARAMS, USABLE).decide(1024, 4)
-    assert choice.source == "model" and choice.algorithm == model_choice(2, 1024, PARAMS)
+    assert choice.source == "model" and choice.algorithm == cheapest(2, 1024, PARAMS)
 
 
 def test_bad_entry_is_dropped_others_kept(tmp_path):
@@ -107,13 +109,25 @@ def test_lookup_interpolates_between_sizes():
 
 
 def test_lookup_beyond_the_table():
-    e = synthetic_entry(sizes=[4, 64, 1024, 16384])
+    """Below the smallest size: the smallest size's winner. Above the largest: each
+    algorithm's time at the largest size plus its fitted beta times the extra bytes, so a
+    slower start with a smaller slope takes over past the crossing (here near 22 KB)."""
+    sizes = [4, 64, 1024, 16384]
+    # exactly linear times, so the fitted betas are the slopes written here
+    steep = [1e-6 + 1e-10 * n for n in sizes]           # fastest at every measured size
+    flat = [3e-6 + 1e-11 * n for n in sizes]
+    e = tuning.make_entry(2, 2, "host", 4, MPI_NAME, sizes, {"ring": steep, "rabenseifner": flat})
+    assert e["fit"]["ring"]["beta"] == pytest.approx(1e-10) and e["fit"]["rabenseifner"]["beta"] == pytest.approx(1e-11)
     d = decider_for([e])
-    below = d.decide(1, 4)
-    assert below.algorithm == d.decide(4, 4).algorithm
-    above = d.decide(1 << 30, 4)
-    assert above.source == "table-extrapolated"
-    assert above.algorithm in e["times"]
+    assert d.decide(1, 4).algorithm == "ring" and d.decide(1, 4).source == "table"
+    assert d.decide(16384, 4).algorithm == "ring"
+    near = d.decide(20000, 4)                     # ring 3.0 us, rabenseifner 3.2 us
+    assert (near.algorithm, near.source) == ("ring", "table-extrapolated")
+    far = d.decide(1 << 20, 4)                    # ring 105.9 us, rabenseifner 13.5 us
+    assert (far.algorithm, far.source) == ("rabenseifner", "table-extrapolated")
+    crossing = 16384 + (flat[-1] - steep[-1]) / (1e-10 - 1e-11)
+    assert d.decide(int(crossing * 0.99), 4).algorithm == "ring"
+    assert d.decide(int(crossing * 1.01), 4).algorithm == "rabenseifner"
 
 
 def test_unknown_rank_count_uses_fitted_model():
@@ -123,7 +137,7 @@ def test_unknown_rank_count_uses_fitted_model():
     for n in [4, 1 << 12, 1 << 20, 1 << 26]:
         c = d.decide(n, 4)
         assert c.source == "model-fitted"
-        assert c.algorithm == model_choice(4, n, truth)
+        assert c.algorithm == cheapest(4, n, truth)
 
 
 def test_fit_machine_recovers_parameters():

@@ -4,7 +4,7 @@ import pytest
 
 import aluminum_py as al
 from aluminum_py import tuning
-from conftest import WORLD
+from conftest import WORLD, all_ranks_ok, gather_all
 
 pytestmark = pytest.mark.mpi
 
@@ -48,3 +48,108 @@ def test_bad_model_parameter_raises_on_every_rank(monkeypatch):
     monkeypatch.setenv("AL_ALPHA", "abc")
     with pytest.raises(ValueError, match="AL_ALPHA"):
         al.Communicator()
+
+
+# -- auto runs what the table says, at every size class, blocking and nonblocking
+
+# Exactly linear times (seconds = intercept + slope * bytes): the lower envelope is
+# recursive doubling below ~1.4 KB, mpi to ~11 KB, Rabenseifner to ~200 KB, ring above.
+LINES = {"recursive_doubling": (1e-6, 1e-9), "mpi": (2e-6, 3e-10),
+         "rabenseifner": (4e-6, 1.2e-10), "ring": (8e-6, 1e-10)}
+MEASURED = [8, 64, 512, 4096, 32768, 131072, 1 << 20]          # bytes of float64
+# (bytes, winner, how the table answers), worked out from LINES by hand
+CASES = [(8, "recursive_doubling", "table"), (512, "recursive_doubling", "table"),
+         (3000, "mpi", "interpolated"), (4096, "mpi", "table"),
+         (32768, "rabenseifner", "table"), (131072, "rabenseifner", "table"),
+         (1 << 20, "ring", "table"), (4 << 20, "ring", "table-extrapolated")]
+
+
+def linear_table(tmp_path_factory, monkeypatch, comm_size, local_size, buffer, prefix=""):
+    """Every rank writes the same table and points AL_TUNING_FILE at it."""
+    times = {prefix + a: [i + s * n for n in MEASURED] for a, (i, s) in LINES.items()}
+    entry = tuning.make_entry(comm_size, local_size, buffer, 8, tuning.mpi_version(), MEASURED, times)
+    path = tmp_path_factory.mktemp(f"table{WORLD.rank}") / "tuning.json"
+    tuning.save(tuning.merge(tuning.empty_table(), entry), str(path))
+    monkeypatch.setenv("AL_TUNING_FILE", str(path))
+
+
+def cases_input(nbytes: int) -> np.ndarray:
+    """float64 values of mixed magnitudes: the algorithms add them in different orders, so
+    at 3+ ranks their results differ in the last bits (which algorithm ran shows there)."""
+    rng = np.random.default_rng([WORLD.rank, nbytes])
+    return rng.standard_normal(nbytes // 8) * 10.0 ** rng.integers(-8, 8, nbytes // 8)
+
+
+def results_by_algorithm(comm, x) -> dict:
+    out = {}
+    for alg in LINES:
+        r = np.empty_like(x)
+        comm.Allreduce(x, r, algorithm=alg)
+        out[alg] = r.tobytes()
+    return out
+
+
+def test_auto_runs_the_table_winner_at_every_size_class(tmp_path_factory, monkeypatch):
+    probe = al.Communicator()
+    linear_table(tmp_path_factory, monkeypatch, probe.size, probe.local_size, "host")
+    probe.Free()
+    comm = al.Communicator()
+    problems, told_apart = [], 0
+    for nbytes, winner, how in CASES:
+        choice = comm.explain(nbytes, "float64")
+        if choice.algorithm != winner or not (choice.source == how or how in choice.detail):
+            problems.append(f"{nbytes} B: explain says {choice}, expected {winner} ({how})")
+        x = cases_input(nbytes)
+        exact = results_by_algorithm(comm, x)
+        others = [a for a in exact if exact[a] != exact[winner]]
+        told_apart += len(others) == len(exact) - 1
+        blocking = np.empty_like(x)
+        comm.Allreduce(x, blocking)
+        nonblocking = np.empty_like(x)
+        req = comm.Iallreduce(x, nonblocking)
+        req.Wait(timeout=60)
+        if req.algorithm != winner:
+            problems.append(f"{nbytes} B: Iallreduce ran {req.algorithm}, expected {winner}")
+        for name, got in (("Allreduce", blocking), ("Iallreduce", nonblocking)):
+            if got.tobytes() != exact[winner]:
+                ran = [a for a in exact if exact[a] == got.tobytes()]
+                problems.append(f"{nbytes} B: {name}'s result has the bits of {ran}, not of {winner}")
+        stack = gather_all(x)
+        if np.any(np.abs(blocking - stack.sum(axis=0)) > 1e-12 * np.abs(stack).sum(axis=0)):
+            problems.append(f"{nbytes} B: Allreduce's result is not the sum")
+    assert all_ranks_ok(not problems), problems
+    if comm.size >= 4:
+        # the bits identify Rabenseifner and ring (recursive doubling and MPICH's own agree)
+        assert told_apart >= 4
+    comm.Free()
+
+
+def test_gpu_auto_runs_the_cuda_table_winner_at_every_size_class(tmp_path_factory, monkeypatch):
+    """The same on the GPU backend (CPU device): auto for GPU buffers reads the "cuda"
+    entries, whose host-transfer algorithms run the host algorithm of the same name."""
+    from aluminum_py import host_transfer as ht
+    from test_gpu_backend_cpu import DeviceArray
+    comm = al.Communicator()
+    linear_table(tmp_path_factory, monkeypatch, comm.size, comm.local_size, "cuda", prefix="ht_")
+    device = ht.CpuDevice()
+    stream = device.stream()
+    ht.bind(comm, device, stream)
+    problems = []
+    for nbytes, winner, _ in CASES:
+        x = cases_input(nbytes)
+        exact = results_by_algorithm(comm, x)
+        blocking, nonblocking = x.copy(), x.copy()
+        comm.Allreduce(DeviceArray(blocking))
+        req = comm.Iallreduce(DeviceArray(nonblocking))
+        req.Wait(timeout=60)
+        if not stream.synchronize(timeout=60):
+            problems.append(f"{nbytes} B: the stream did not drain")
+        if req.algorithm != "ht_" + winner:
+            problems.append(f"{nbytes} B: Iallreduce ran {req.algorithm}, expected ht_{winner}")
+        for name, got in (("Allreduce", blocking), ("Iallreduce", nonblocking)):
+            if got.tobytes() != exact[winner]:
+                ran = [a for a in exact if exact[a] == got.tobytes()]
+                problems.append(f"{nbytes} B: GPU {name}'s result has the bits of {ran}, not of {winner}")
+    assert all_ranks_ok(not problems), problems
+    comm.Free()
+    stream.destroy()
