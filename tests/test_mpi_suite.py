@@ -1,4 +1,5 @@
-"""Run the multi-rank suite (tests/mpi) under mpiexec at 1, 2, 3 and 4 ranks.
+"""Run the multi-rank suite (tests/mpi) under mpiexec at 1, 2, 3 and 4 ranks, and its
+allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).
 
 Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
 by the subprocess timeout here.  Set AL_TEST_RANKS=2,4 to choose rank counts.
@@ -34,6 +35,24 @@ def test_mpi_suite(nranks):
     out = proc.stdout
     print(out[-20000:])
     assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{out[-8000:]}"
+
+
+def test_allreduce_at_six_ranks_oversubscribed():
+    """The allreduce matrix (every algorithm x dtype x op x size, in and out of place, blocking
+    and nonblocking) and the bit-identity checks at 6 ranks: not a power of two (recursive
+    doubling and Rabenseifner fold two ranks in, ring blocks are uneven), more ranks than the
+    1-4 runs, and (on this 2-core machine) oversubscribed, with the progress engine yielding
+    after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any machine)."""
+    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_ENGINE_YIELD="1")
+    cmd = [mpiexec(), "-n", "6", sys.executable, "-m", "pytest",
+           os.path.join(HERE, "mpi", "test_allreduce.py"), "-k", "matrix or identical or nan",
+           "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=600",
+           "--timeout-method=thread", "-o", "console_output_style=classic"]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=900)
+    print(proc.stdout[-20000:])
+    assert proc.returncode == 0, f"allreduce at 6 ranks failed:\n{proc.stdout[-8000:]}"
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
 
 
 def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
