@@ -4,6 +4,9 @@ Every test skips cleanly without a CUDA device; the CuPy tests skip without CuPy
 tests without a CUDA-enabled PyTorch. Collection needs neither CuPy nor ml_dtypes, so the
 parametrization (and the test count) is the same everywhere.
 
+AL_TUNING_FILE is pointed at a missing file for the session, so that "auto" does not depend on
+the tuning tables of the machine.
+
 Fixtures:
 
 * ``gpu_index`` (session): the device this rank uses, its local rank (MPI_COMM_TYPE_SHARED
@@ -12,11 +15,20 @@ Fixtures:
   been imported) before the test runs, so that any ``-k`` selection runs on the right device on
   a node with several GPUs, whatever test ran first.
 """
+import os
 import sys
+import tempfile
 
 import pytest
 
 from aluminum_py.gpu import cuda_device_count
+
+
+def pytest_configure(config):
+    """No tuning table: "auto" for GPU buffers then has one documented answer (NCCL when it
+    loads, else host transfer) whatever tables this machine holds."""
+    os.environ["AL_TUNING_FILE"] = os.path.join(tempfile.mkdtemp(prefix="al-gpu-suite-"),
+                                                "no-tuning-table.json")
 
 
 def pytest_collection_modifyitems(config, items):
