@@ -1623,8 +1623,10 @@ cdef class Launcher:
             with nogil:
                 ok = run_inline(o.op, timeout)
             if not ok:
-                o.submit(adopt=True)        # the engine finishes it; buffers stay alive
+                # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
+                # where submit raises) it stays posted and MPI may still write its buffers
                 o.orphan()
+                o.submit(adopt=True)
                 _hooks.raise_timeout(o, timeout)
             check_error(o)
             return None

@@ -103,11 +103,12 @@ def test_gpu_suite_on_standins(nranks):
                AL_NCCL_LIBRARY=path)
     cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest",
            "-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
-           os.path.join(HERE, "standin", "test_nccl_path.py"), "--with-mpi", "-q", "-x",
+           os.path.join(HERE, "standin", "test_nccl_path.py"),
+           os.path.join(HERE, "standin", "test_nccl_api.py"), "--with-mpi", "-q", "-x",
            "-p", "no:cacheprovider", "--timeout=300", "--timeout-method=thread",
            "-o", "console_output_style=classic"]
     if nranks > 2:
-        cmd += ["-k", "test_nccl_path or test_allreduce_blocking_and_nonblocking or "
+        cmd += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
                       "(test_allreduce and float32)"]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=1200)

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import aluminum_py as al
-from conftest import DTYPES, WORLD, all_ranks_ok, gather_all, make_input, ops_for, reference
+from conftest import (DTYPES, all_ranks_ok, differences, every_rank, gather_all, make_input,
+                      ops_for, ramp, ramp_reference, reference)
 
 pytestmark = pytest.mark.mpi
 
@@ -13,8 +14,28 @@ ALGORITHMS = ["mpi", "recursive_doubling", "rabenseifner", "ring", "auto"]
 SIZES = [0, 1, 2, 3, 7, 64, 1001, 65537]
 
 
-def run_allreduce(comm, x, op, algorithm, inplace, blocking):
-    """Returns the result array; checks the input was not modified out of place."""
+_AUTO_CHOICE = {}
+
+
+def expected_algorithm(comm, x, algorithm):
+    """The algorithm that must run: auto's choice for this message (Communicator.explain), else
+    the one asked for."""
+    if algorithm != "auto":
+        return algorithm
+    key = (id(comm), x.nbytes, x.dtype.str)
+    if key not in _AUTO_CHOICE:
+        _AUTO_CHOICE[key] = comm.explain(x.nbytes, x.dtype).algorithm
+    return _AUTO_CHOICE[key]
+
+
+def run_allreduce(comm, x, op, algorithm, inplace, blocking, failures):
+    """Returns the result array. Appends to `failures` (asserted by the caller with
+    all_ranks_ok) if the input was modified out of place, or if a nonblocking call reports an
+    algorithm other than the requested one (auto: the one Communicator.explain names).  The
+    blocking call does not say which algorithm ran."""
+    def what():
+        return f"{op.name} {x.dtype} n={x.size} {algorithm} inplace={inplace} blocking={blocking}"
+    req = None
     if inplace:
         buf = x.copy()
         if blocking:
@@ -22,16 +43,21 @@ def run_allreduce(comm, x, op, algorithm, inplace, blocking):
         else:
             req = comm.Iallreduce(buf, op=op, algorithm=algorithm)
             req.Wait(timeout=60)
-        return buf
-    src = x.copy()
-    out = np.full_like(x, 7)
-    if blocking:
-        comm.Allreduce(src, out, op=op, algorithm=algorithm)
+        out = buf
     else:
-        req = comm.Iallreduce(src, out, op=op, algorithm=algorithm)
-        assert req.algorithm in al.algorithms("allreduce", "host")
-        req.Wait(timeout=60)
-    assert np.array_equal(src, x, equal_nan=True), "out-of-place input was modified"
+        src = x.copy()
+        out = np.full_like(x, 7)
+        if blocking:
+            comm.Allreduce(src, out, op=op, algorithm=algorithm)
+        else:
+            req = comm.Iallreduce(src, out, op=op, algorithm=algorithm)
+            req.Wait(timeout=60)
+        if not np.array_equal(src, x, equal_nan=True):
+            failures.append(f"{what()}: out-of-place input was modified")
+    if req is not None and req.algorithm != expected_algorithm(comm, x, algorithm):
+        failures.append(f"{what()}: req.algorithm is {req.algorithm!r}, expected "
+                        f"{expected_algorithm(comm, x, algorithm)!r} "
+                        f"(auto: {comm.explain(x.nbytes, x.dtype)})")
     return out
 
 
@@ -45,13 +71,13 @@ def test_allreduce_matrix(comm, algorithm, dtype):
             expected = reference(op, gather_all(x), comm.size)
             for inplace in (False, True):
                 for blocking in (True, False):
-                    got = run_allreduce(comm, x, op, algorithm, inplace, blocking)
+                    got = run_allreduce(comm, x, op, algorithm, inplace, blocking, failures)
                     if not np.array_equal(got, expected):
                         bad = np.flatnonzero(got != expected)[:5]
                         failures.append(f"{op.name} n={count} inplace={inplace} "
                                         f"blocking={blocking}: at {bad} got {got[bad]} "
                                         f"expected {expected[bad]}")
-    assert all_ranks_ok(not failures), failures[:10]
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -60,9 +86,11 @@ def test_allreduce_large(comm, algorithm):
     n = (4 << 20) + 5
     x = make_input("float32", al.SUM, n, seed=5, rank=comm.rank)
     expected = reference(al.SUM, gather_all(x), comm.size)
+    failures = []
     for inplace in (False, True):
-        got = run_allreduce(comm, x, al.SUM, algorithm, inplace, blocking=inplace)
-        assert np.array_equal(got, expected)
+        got = run_allreduce(comm, x, al.SUM, algorithm, inplace, inplace, failures)
+        failures += differences(f"inplace={inplace}", got, expected)
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -70,68 +98,93 @@ def test_results_identical_on_all_ranks(comm, algorithm):
     """Arbitrary floats (not exact): every rank must hold bit-identical results."""
     rng = np.random.default_rng(comm.rank)
     x = rng.standard_normal(10007).astype(np.float64)
+    exact = np.sum(gather_all(x), axis=0)
     comm.Allreduce(x, algorithm=algorithm)
     stack = gather_all(x)
-    assert all(np.array_equal(stack[0], s) for s in stack)
-    exact = np.sum(np.stack(WORLD.allgather(np.random.default_rng(comm.rank).standard_normal(10007))),
-                   axis=0)
-    np.testing.assert_allclose(x, exact, rtol=1e-12, atol=1e-12)
+    failures = [f"rank {r} differs from rank 0 at {np.flatnonzero(s != stack[0])[:5]}"
+                for r, s in enumerate(stack) if not np.array_equal(stack[0], s)]
+    if not np.allclose(x, exact, rtol=1e-12, atol=1e-12):
+        bad = np.flatnonzero(~np.isclose(x, exact, rtol=1e-12, atol=1e-12))[:5]
+        failures.append(f"rank {comm.rank}: at {bad} got {x[bad]} expected about {exact[bad]}")
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 def test_buffer_protocol_objects(comm):
     """bytearray, array.array and memoryview work like numpy arrays."""
     import array
-    a = array.array("d", [float(comm.rank)] * 5)
+    p, r = comm.size, comm.rank
+    failures = []
+    a = array.array("d", ramp(5, 0, r, np.float64))
     comm.Allreduce(a, algorithm="ring")
-    assert list(a) == [float(sum(range(comm.size)))] * 5
-    b = bytearray([comm.rank + 1] * 3)
+    failures += differences("array.array SUM", np.array(a), ramp_reference(5, 0, p, np.float64))
+
+    def bvals(q):                                        # distinct per position and rank
+        return np.array([1 + 3 * i + 40 * q for i in range(3)], dtype=np.uint8)
+    b = bytearray(bvals(r).tobytes())
     out = bytearray(3)
     comm.Allreduce(b, out, op=al.MAX)
-    assert list(out) == [comm.size] * 3
-    m = memoryview(np.full(4, comm.rank, dtype=np.int32))
+    failures += differences("bytearray MAX", np.frombuffer(out, np.uint8),
+                            np.max([bvals(q) for q in range(p)], axis=0))
+    m = memoryview(ramp(4, 2, r, np.int32))
     comm.Allreduce(m, op=al.MIN, algorithm="rabenseifner")
-    assert np.array_equal(np.asarray(m), np.zeros(4, np.int32))
+    failures += differences("memoryview MIN", np.asarray(m),
+                            np.min([ramp(4, 2, q, np.int32) for q in range(p)], axis=0))
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 def test_many_in_flight(comm):
     """Many concurrent nonblocking ops of different algorithms on one communicator."""
     algs = ["recursive_doubling", "rabenseifner", "ring", "mpi"]
-    xs = [np.full(1000 + 37 * i, comm.rank + i, dtype=np.int64) for i in range(40)]
+    # position-, rank- and op-dependent inputs: a misplaced block or two ops' data mixed up shows
+    xs = [ramp(1000 + 37 * i, i, comm.rank, np.int64) for i in range(40)]
     reqs = [comm.Iallreduce(x, algorithm=algs[i % 4]) for i, x in enumerate(xs)]
     al.Waitall(reqs, timeout=60)
-    for i, x in enumerate(xs):
-        assert np.all(x == sum(r + i for r in range(comm.size)))
+    failures = []
+    for i, (x, req) in enumerate(zip(xs, reqs)):
+        failures += differences(f"op {i} ({algs[i % 4]})", x,
+                                ramp_reference(x.size, i, comm.size, np.int64))
+        if req.algorithm != algs[i % 4]:
+            failures.append(f"op {i}: req.algorithm {req.algorithm!r}, expected {algs[i % 4]!r}")
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 def test_two_communicators_progress_concurrently(comm):
     other = al.Communicator()
-    a = np.full(100000, comm.rank, dtype=np.float64)
-    b = np.full(100000, 2 * comm.rank, dtype=np.float64)
+    n = 100000
+    a = ramp(n, 0, comm.rank, np.float64)
+    b = ramp(n, 1, comm.rank, np.float64)     # same size, different data: a swap shows
     ra = comm.Iallreduce(a, algorithm="ring")
     rb = other.Iallreduce(b, algorithm="rabenseifner")
     rb.Wait(timeout=60)
     ra.Wait(timeout=60)
-    s = sum(range(comm.size))
-    assert np.all(a == s) and np.all(b == 2 * s)
+    p = comm.size
+    failures = (differences("ring on comm", a, ramp_reference(n, 0, p, np.float64))
+                + differences("rabenseifner on other", b, ramp_reference(n, 1, p, np.float64)))
     other.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 def test_blocking_after_nonblocking_keeps_order(comm):
     """A blocking op issued while nonblocking ops are pending is ordered behind them, and it
     matches the peers' blocking op whether this rank still had ops pending or not (some ranks
-    are made to finish their nonblocking op first)."""
-    import time
-    s = sum(range(comm.size))
+    are made to finish their nonblocking op first: every rank has issued its Iallreduce before
+    its Allreduce, so waiting for it here cannot deadlock, and this rank's Allreduce then runs
+    inline with nothing pending, while the others' may queue behind theirs)."""
+    failures = []
+    p = comm.size
     for it in range(30):
-        for alg in ("mpi", "ring"):
-            x = np.full(5000, comm.rank, dtype=np.float32)
-            y = np.full(10, comm.rank, dtype=np.float32)
+        for j, alg in enumerate(("mpi", "ring")):
+            k = 4 * it + 2 * j
+            x = ramp(5000, k, comm.rank)
+            y = ramp(10, k + 1, comm.rank)      # not x's first 10 elements: a mix-up shows
             req = comm.Iallreduce(x, algorithm=alg)
             if (comm.rank + it) % 2:
-                time.sleep(0.002)       # this rank's Iallreduce likely done: runs inline
+                req.Wait(timeout=60)            # nothing pending: the Allreduce runs inline
             comm.Allreduce(y, algorithm=alg)
             req.Wait(timeout=60)
-            assert np.all(x == s) and np.all(y == s)
+            failures += differences(f"it {it} {alg} nonblocking", x, ramp_reference(5000, k, p))
+            failures += differences(f"it {it} {alg} blocking", y, ramp_reference(10, k + 1, p))
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 @settings(max_examples=40, derandomize=True, database=None, deadline=None,
@@ -144,8 +197,11 @@ def test_allreduce_hypothesis(comm, count, seed, algorithm, dtype, inplace, bloc
     op = al.SUM
     x = make_input(dtype, op, count, seed=seed, rank=comm.rank)
     expected = reference(op, gather_all(x), comm.size)
-    got = run_allreduce(comm, x, op, algorithm, inplace, blocking)
-    assert all_ranks_ok(np.array_equal(got, expected))
+    failures = []
+    got = run_allreduce(comm, x, op, algorithm, inplace, blocking, failures)
+    failures += differences(f"{dtype} n={count} {algorithm} inplace={inplace} blocking={blocking}",
+                            got, expected)
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 @settings(max_examples=25, derandomize=True, database=None, deadline=None,
@@ -157,10 +213,14 @@ def test_allreduce_hypothesis_values(comm, values, algorithm, op):
     x = np.array(values, dtype=np.float64) * (comm.rank + 1)
     stack = gather_all(x)
     expected = reference(op, stack, comm.size)
-    got = run_allreduce(comm, x, op, algorithm, inplace=False, blocking=True)
+    failures = []
+    got = run_allreduce(comm, x, op, algorithm, False, True, failures)
     same = gather_all(got)
-    ok = np.allclose(got, expected, rtol=1e-12, atol=1e-6) and all(np.array_equal(same[0], s) for s in same)
-    assert all_ranks_ok(ok)
+    if not np.allclose(got, expected, rtol=1e-12, atol=1e-6):
+        failures.append(f"{op.name} {algorithm}: got {got[:5]} expected about {expected[:5]}")
+    if not all(np.array_equal(same[0], s) for s in same):
+        failures.append(f"{op.name} {algorithm}: results differ between ranks")
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner", "ring"])
@@ -172,10 +232,12 @@ def test_min_max_nan_and_signed_zero(comm, algorithm, op):
     stack_in = gather_all(x)
     comm.Allreduce(x, op=op, algorithm=algorithm)
     stack = gather_all(x)
-    assert all(s.tobytes() == stack[0].tobytes() for s in stack)
-    assert np.array_equal(np.isnan(x), np.isnan(stack_in).any(axis=0))
+    failures = [f"rank {r}'s bits differ from rank 0's" for r, s in enumerate(stack)
+                if s.tobytes() != stack[0].tobytes()]
+    failures += differences("NaN positions", np.isnan(x), np.isnan(stack_in).any(axis=0))
     with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
         __import__("warnings").simplefilter("ignore", RuntimeWarning)   # all-NaN columns
         ref = (np.nanmin if op is al.MIN else np.nanmax)(stack_in, axis=0)
     finite = ~np.isnan(x)
-    assert np.array_equal(x[finite], ref[finite])
+    failures += differences("non-NaN values", x[finite], ref[finite])
+    assert all_ranks_ok(not failures), every_rank(failures)

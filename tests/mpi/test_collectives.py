@@ -297,9 +297,30 @@ def test_barrier_orders_ranks(comm, blocking):
 
 
 def test_barrier_many_nonblocking(comm):
+    """20 Ibarriers in flight.  Rank 0 is held at a gate (a barrier on MPI.COMM_WORLD) and
+    enters them only after the other ranks checked theirs: there no Ibarrier may complete
+    (Test() False, all 20 pending) until rank 0 has entered; then all complete."""
+    from conftest import every_rank, phase, wait_for
+    failures = []
+    gated = comm.size > 1 and comm.rank > 0
+    wait_for(lambda: comm._state.pending == 0)      # ops an earlier test left (none expected)
+    if comm.size > 1 and comm.rank == 0:
+        WORLD.Barrier()                      # the gate
     reqs = [comm.Ibarrier() for _ in range(20)]
+    if gated:
+        # give the engine every chance to (wrongly) complete one: wait until it started all
+        if not wait_for(lambda: all(phase(q) != "new" for q in reqs)):
+            failures.append(f"Ibarriers not started: {[phase(q) for q in reqs]}")
+        done = [i for i, q in enumerate(reqs) if q.Test()]
+        if done or comm._state.pending != 20:
+            failures.append(f"Ibarriers {done} complete and pending {comm._state.pending} "
+                            f"before rank 0 entered")
+        WORLD.Barrier()                      # open the gate
     al.Waitall(reqs, timeout=60)
-    assert all_ranks_ok(all(q.Test() for q in reqs))
+    if not all(q.Test() for q in reqs) or comm._state.pending != 0:
+        failures.append(f"after Waitall: Test {[q.Test() for q in reqs]}, pending "
+                        f"{comm._state.pending}")
+    assert all_ranks_ok(not failures), every_rank(failures)
 
 
 # ---------------------------------------------------------------------------- point to point

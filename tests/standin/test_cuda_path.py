@@ -6,7 +6,6 @@ alloc/free, per-thread contexts, _v2 entry points, real error codes.
 
 Run by tests/test_mpi_suite.py::test_cuda_standin_suite with AL_CUDA_LIBRARY set to the
 stand-in (the library reads it when it first loads the driver)."""
-import ctypes
 import os
 import threading
 

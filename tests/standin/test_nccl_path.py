@@ -9,7 +9,6 @@ aluminum_py.testing.pytest_standins (AL_CUDA_LIBRARY and AL_NCCL_LIBRARY name th
 ``import cupy`` gives aluminum_py.testing.cupy_standin). The rest of the NCCL path (every
 collective x op x dtype, blocking and nonblocking, nccl and auto) is tests/gpu, run the same
 way."""
-import os
 
 import numpy as np
 import pytest
@@ -20,18 +19,10 @@ from aluminum_py import config, nccl
 from aluminum_py.testing import cuda_standin as cs
 from aluminum_py.testing import nccl_launches, reset_nccl_launches
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("standins")]
 WORLD = MPI.COMM_WORLD
 
 
-@pytest.fixture(scope="module", autouse=True)
-def standins():
-    if os.environ.get("AL_NCCL_LIBRARY") != cs.path():
-        pytest.skip("needs the NCCL stand-in (-p aluminum_py.testing.pytest_standins)")
-    import cupy
-    assert cupy.__name__ == "aluminum_py.testing.cupy_standin"
-    assert nccl.library_path() == cs.path()
-    return cupy
 
 
 @pytest.fixture
