@@ -1,7 +1,7 @@
 """DeFT pieces for the synchronizer (single process)."""
 import pytest
 
-from aluminum_py._delayed import Piece, split_pieces
+from aluminum_py.overlap.delayed import Piece, split_pieces
 
 
 def test_pieces_forward_order_and_partition():

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .._autotune import DEFAULT_THRESHOLDS as FIXED_THRESHOLDS   # auto's fixed candidates
+from ..overlap.autotune import DEFAULT_THRESHOLDS as FIXED_THRESHOLDS  # auto's fixed candidates
 from .timing import human
 
 

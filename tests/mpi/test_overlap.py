@@ -242,7 +242,7 @@ def test_auto_tries_each_candidate_then_keeps_the_fastest(comm, monkeypatch):
     round-robin; the one with the shortest measured steps (a fake clock charges "medium" 0.5 s
     a step, the others 1 s or more, differently per rank) is kept on every rank; the others
     are dropped."""
-    from aluminum_py import _autotune
+    from aluminum_py.overlap import autotune as _autotune
     grads = [np.zeros(s) for s in SHAPES]
     cands = [("one each", "none", {}), ("medium", "fixed", {"threshold": 1024}),
              ("all", "fixed", {"threshold": 1 << 30})]
@@ -275,7 +275,7 @@ def test_auto_default_candidates_and_duplicates(comm):
     grads = [np.zeros(s) for s in SHAPES]
     sync = GradientSynchronizer(comm, grads, policy="auto")
     assert sync._auto.labels == ["none", "fixed 1 MiB"]
-    from aluminum_py._autotune import default_candidates
+    from aluminum_py.overlap.autotune import default_candidates
     cost = lambda n: 2e-4 + n * 1e-9    # noqa: E731
     labels = [c[0] for c in default_candidates({"compute_times": profile(), "cost": cost})]
     assert labels == ["none", "fixed 1 MiB", "fixed 4 MiB", "fixed 16 MiB", "fixed 64 MiB",

@@ -1,8 +1,8 @@
-"""DeFT's delayed updates inside the GradientSynchronizer (policy ``"deft"``).
+"""The delayed-update strategy (policy ``"deft"``): DeFT's plans carried out on real buffers
+with real nonblocking allreduces.
 
 The plans come from :class:`aluminum_py.planning.deft.DelayedUpdateScheduler` (the four cases of
-DeFT section III-B); this module carries them out on real buffers with real nonblocking
-allreduces:
+DeFT section III-B).  How they are carried out:
 
 * DeFT's items are *pieces*: a synchronizer bucket, or an element range of it when the bucket's
   allreduce would not fit the smallest knapsack (section III-D's partition).  Pieces are listed
@@ -33,7 +33,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .errors import Error
+from ..errors import Error
+from ..ops import SUM
+from ..planning.deft import DelayedUpdateScheduler
+from .buckets import Buckets, array_module
+from .strategy import Strategy, StepResult, SyncOptions
 
 
 class Piece(NamedTuple):
@@ -81,36 +85,52 @@ def split_pieces(sizes, itemsizes, cost, forward, backward):
     return pieces, comm, fwd, bwd
 
 
-class DelayedUpdates:
-    """The DeFT runtime of one GradientSynchronizer (see the module docstring)."""
+class DelayedUpdates(Strategy):
+    """The delayed-update strategy of one synchronizer (see the module docstring).
 
-    def __init__(self, sync, cost, capacity_scale=1.0):
-        self.sync = sync
-        n = len(sync.grads)
-        fwd_g = sync.forward_times if sync.forward_times is not None else [0.0] * n
-        sizes = [sum(sync._flat[i].size for i in m) for m in sync.buckets]
-        itemsizes = [sync.grads[m[0]].dtype.itemsize for m in sync.buckets]
-        fwd_b = [sum(fwd_g[i] for i in m) for m in sync.buckets]
-        bwd_b = [sum(sync.compute_times[i] for i in m) for m in sync.buckets]
+    Args:
+        layout: the synchronizer's buckets.
+        algorithm: all-reduce algorithm of every piece.
+        average: divide the applied sums by ranks times iterations.
+        cost: all-reduce seconds of a byte count (sizes DeFT's items).
+        capacity_scale: multiplies DeFT's knapsack capacities.
+    """
+
+    op = SUM                               # pieces are summed; averaging happens when applied
+
+    def __init__(self, layout: Buckets, algorithm: str, average: bool, cost,
+                 capacity_scale: float = 1.0):
+        self.layout = layout
+        self.buckets = layout.buckets
+        self.algorithm = algorithm
+        self.average = average
+        n = len(layout.grads)
+        fwd_g = layout.forward_times if layout.forward_times is not None else [0.0] * n
+        sizes = [sum(layout.flat[i].size for i in m) for m in self.buckets]
+        itemsizes = [layout.grads[m[0]].dtype.itemsize for m in self.buckets]
+        fwd_b = [sum(fwd_g[i] for i in m) for m in self.buckets]
+        bwd_b = [sum(layout.compute_times[i] for i in m) for m in self.buckets]
         self.pieces, comm, f, b = split_pieces(sizes, itemsizes, cost, fwd_b, bwd_b)
         self._sched_args = (comm, f, b, float(capacity_scale))
-        from .overlap import _array_module
-        self.xp = _array_module(sync.grads[0])
-        self.slots = [[self.xp.empty(s, dtype=sync.grads[m[0]].dtype)
-                       for m, s in zip(sync.buckets, sizes)] for _ in range(2)]
+        self.xp = array_module(layout.grads[0])
+        self.slots = [[self.xp.empty(s, dtype=layout.grads[m[0]].dtype)
+                       for m, s in zip(self.buckets, sizes)] for _ in range(2)]
         # each bucket's layout in its slot buffers: its gradients in memory order when they
         # form one memory range (so that range reduces straight into the slot), else in
         # bucket order
-        self._layout = [sorted(m, key=lambda i: sync._flat[i].__array_interface__["data"][0])
-                        if sync._views[b] is not None else list(m)
-                        for b, m in enumerate(sync.buckets)]
+        self._slot_order = [
+            sorted(m, key=lambda i: layout.flat[i].__array_interface__["data"][0])
+            if layout.views[b] is not None else list(m) for b, m in enumerate(self.buckets)]
         self._bucket_pieces = [[k for k, p in enumerate(self.pieces) if p.bucket == bk]
-                               for bk in range(len(sync.buckets))]
+                               for bk in range(len(self.buckets))]
         self.broken = None
         self._restart(0)
 
+    @property
+    def views(self):
+        return self.layout.views
+
     def _restart(self, base):
-        from .planning.deft import DelayedUpdateScheduler
         comm, f, b, scale = self._sched_args
         self.scheduler = DelayedUpdateScheduler(comm, f, b, capacity_scale=scale)
         self.base = base                   # absolute iteration of the scheduler's iteration 0
@@ -133,8 +153,8 @@ class DelayedUpdates:
         buf = self.slots[slot][p.bucket][p.start:p.stop]
         send = buf if src is None else src[p.start:p.stop]
         recv = None if src is None else buf
-        self.requests.append(self.sync.comm.Iallreduce(send, recv, op=self.sync._sum_op,
-                                                       algorithm=self.sync.algorithm))
+        self.requests.append(self.layout.comm.Iallreduce(send, recv, op=self.op,
+                                                         algorithm=self.algorithm))
 
     def _launch_current(self, transfers):
         for x in transfers:
@@ -157,16 +177,20 @@ class DelayedUpdates:
         p = self.scheduler.plan(self.t)
         self._launch_current([x for x in p.backward if self.t not in x.iterations])
 
-    def bucket_ready(self, b):
+    def grad_ready(self, i: int) -> None:
+        self.layout.mark_ready(i)
+        for b in self.layout.complete_buckets():
+            self._bucket_ready(b)
+
+    def _bucket_ready(self, b):
         """Bucket b's gradients are final: add them to the future group; launch its pieces
         that this iteration sends now."""
         self.begin_backward()
-        sync = self.sync
         p = self.scheduler.plan(self.t)
         now = [x.bucket for x in p.backward
                if self.t in x.iterations and self.pieces[x.bucket].bucket == b]
         dst = self.slots[self.future][b]
-        src = self.sync._views[b]           # the bucket as one memory range, or None
+        src = self.layout.views[b]          # the bucket as one memory range, or None
         if not self.slot_iters[self.future] and src is not None:
             # a fresh group and one memory range: the pieces sent now are reduced out of
             # place from the gradients into the slot (no copy); the others are copied
@@ -178,8 +202,8 @@ class DelayedUpdates:
                 self._launch(k, self.future, src)
             return
         off = 0
-        for i in self._layout[b]:
-            f = sync._flat[i]
+        for i in self._slot_order[b]:
+            f = self.layout.flat[i]
             if self.slot_iters[self.future]:
                 dst[off:off + f.size] += f
             else:
@@ -200,16 +224,15 @@ class DelayedUpdates:
 
     def _apply(self, slots):
         """Write the sum of the groups in `slots` into the gradients; return their iterations."""
-        sync = self.sync
         iters = tuple(sorted(x for s in slots for x in self.slot_iters[s]))
-        scale = sync.comm.size * len(iters) if sync.average else 1
-        for b, members in enumerate(self._layout):
+        scale = self.layout.comm.size * len(iters) if self.average else 1
+        for b, members in enumerate(self._slot_order):
             acc = self.slots[slots[0]][b] if slots else None
             for s in slots[1:]:
                 acc += self.slots[s][b]
             off = 0
             for i in members:
-                f = sync._flat[i]
+                f = self.layout.flat[i]
                 if acc is None:
                     f[...] = 0
                 elif scale == 1:
@@ -221,8 +244,17 @@ class DelayedUpdates:
             self.slot_iters[s] = ()
         return iters
 
-    def wait(self, timeout):
-        """Finish the step: returns ``(update, applied iterations)``."""
+    def wait(self, iteration: int, timeout) -> StepResult:
+        self.layout.check_all_ready()
+        try:
+            update, applied = self._finish_step(timeout)
+        finally:
+            self.layout.reset()
+        return StepResult(update, applied, self.buckets, [])   # transfers span iterations
+
+    def _finish_step(self, timeout):
+        """Wait for the step's transfers and apply what the plan says: returns ``(update,
+        applied iterations)``."""
         self._check()
         self.begin_backward()
         p = self.scheduler.plan(self.t)
@@ -259,8 +291,8 @@ class DelayedUpdates:
             self._launch_current(p.next_forward)
         return bool(done), applied
 
-    def flush(self, timeout):
-        """Synchronise and apply everything held; returns the applied iterations."""
+    def flush(self, timeout) -> tuple[int, ...]:
+        self.layout.check_between_steps()
         self._check()
         self._wait_all(timeout)
         if self.current is not None:
@@ -276,6 +308,13 @@ class DelayedUpdates:
         return applied
 
     @property
-    def held_iterations(self):
-        """Iterations whose gradients are not applied yet."""
+    def held_iterations(self) -> tuple[int, ...]:
         return tuple(sorted(x for s in (0, 1) for x in self.slot_iters[s]))
+
+
+def create(comm, grads, policy: str, average: bool, algorithm: str,
+           options: SyncOptions) -> DelayedUpdates:
+    """The strategy of policy ``"deft"`` (buckets formed as for ``"fixed"``)."""
+    layout = Buckets(comm, grads, policy, average, options)
+    layout.need_profile(policy)
+    return DelayedUpdates(layout, algorithm, average, layout.cost_fn(), options.capacity_scale)
