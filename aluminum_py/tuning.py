@@ -14,7 +14,7 @@ File format (JSON, versioned)::
 The key is ``"<comm_size>/<local_size>/<buffer>/<dtype_size>/<mpi>"``.  Writing merges into the
 existing file: entries for other keys are kept, the entry for the same key is replaced.
 
-Lookup (:class:`Choice`): for a measured configuration, sizes between measured points are
+Lookup (:class:`Chooser`): for a measured configuration, sizes between measured points are
 decided by interpolating every algorithm's time log-linearly between its neighbours; sizes
 beyond the largest measured size use each algorithm's fitted alpha + beta n; sizes below the
 smallest use the smallest size's winner.  For an unmeasured rank count, the machine parameters
@@ -235,8 +235,9 @@ class Choice:
         return f"{self.algorithm} ({self.source}: {self.detail})"
 
 
-class Decider:
-    """Decides auto's algorithm for one communicator from the data rank 0 found."""
+class Chooser:
+    """``algorithm="auto"`` for one communicator and one kind of buffer: chooses from the data
+    rank 0 found (:func:`shared_data`), so every rank chooses alike."""
 
     def __init__(self, comm_size: int, entries: dict, fitted: dict, default_params, usable):
         self.comm_size = comm_size
@@ -245,7 +246,12 @@ class Decider:
         self.default_params = default_params
         self.usable = tuple(usable)     # algorithms auto may pick
 
-    def decide(self, nbytes: int, dtype_size: int) -> Choice:
+    def choose(self, nbytes: int, dtype_size: int) -> str:
+        """The algorithm for a message of `nbytes` bytes of `dtype_size`-byte elements."""
+        return self.explain(nbytes, dtype_size).algorithm
+
+    def explain(self, nbytes: int, dtype_size: int) -> Choice:
+        """The choice for a message of `nbytes` bytes of `dtype_size`-byte elements, and why."""
         entry = self.entries.get(dtype_size)
         if entry is not None:
             return self._from_table(entry, nbytes)
@@ -294,6 +300,23 @@ class Decider:
         best = min(est, key=est.get)
         return Choice(best, "table", f"interpolated between {lo} B and {hi} B: "
                       f"{est[best] * 1e6:.1f} us")
+
+
+def shared_data(mpi_comm, size: int, local_size: int, buffer: str):
+    """(exact entries, fitted parameters, model parameters) for `buffer` ("host"/"cuda"): rank
+    0 of `mpi_comm` reads the tuning table and broadcasts it, so every rank chooses alike
+    (collective; an error on rank 0 is raised on every rank, or the others would wait forever)."""
+    data = None
+    if mpi_comm.Get_rank() == 0:
+        try:
+            exact, fitted = find_data(load(), size, local_size, buffer, mpi_version())
+            data = (exact, fitted, config.model_params())
+        except Exception as e:
+            data = e
+    data = mpi_comm.bcast(data, root=0)
+    if isinstance(data, Exception):
+        raise data
+    return data
 
 
 def find_data(table: dict, comm_size: int, local_size: int, buffer: str, mpi: str):
