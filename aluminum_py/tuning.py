@@ -1,29 +1,7 @@
-"""The tuning table: what the crossover benchmark measured, and how ``algorithm="auto"`` uses it.
-
-File format (JSON, versioned)::
-
-    {"format": "aluminum_py.tuning", "version": 1,
-     "entries": {"<key>": {
-         "comm_size": 2, "local_size": 2, "buffer": "host", "dtype_size": 4,
-         "mpi": "MPICH Version: 5.0.2", "created": "2026-11-22T00:10:00Z",
-         "sizes": [4, 8, ...],                       # message sizes measured (bytes)
-         "times": {"ring": [s, s, ...], ...},        # median seconds per size and algorithm
-         "ranges": [{"algorithm": "recursive_doubling", "min_bytes": 4, "max_bytes": 4096}, ...],
-         "fit": {"ring": {"alpha": s, "beta": s_per_byte}, ...}}}}
-
-The key is ``"<comm_size>/<local_size>/<buffer>/<dtype_size>/<mpi>"``.  Writing merges into the
-existing file: entries for other keys are kept, the entry for the same key is replaced.
-
-Lookup (:class:`Chooser`): for a measured configuration, sizes between measured points are
-decided by interpolating every algorithm's time log-linearly between its neighbours; sizes
-beyond the largest measured size use each algorithm's fitted alpha + beta n; sizes below the
-smallest use the smallest size's winner.  For an unmeasured rank count, the machine parameters
-(alpha, beta, gamma) are fitted by least squares to the nearest measured entry's times through
-the cost model of :mod:`aluminum_py.algorithms`, and the model decides for the real rank count.
-With nothing tuned, the model decides with AL_ALPHA / AL_BETA / AL_GAMMA.
-
-Rank 0 reads the file and broadcasts what it found when a Communicator is created, so every rank
-decides from the same data: a rank-divergent choice (which would deadlock) cannot happen.
+"""The tuning table (what ``bench crossover --tune`` measured: JSON, per configuration) and
+:class:`Chooser`, which chooses ``algorithm="auto"``'s algorithm from it or, where it has nothing
+that applies, from the cost model of :mod:`aluminum_py.algorithms`. The file format and the
+lookup rules are in docs/tuning.md.
 """
 from __future__ import annotations
 
