@@ -1,11 +1,5 @@
 """aluminum_py: MPI-style collectives for Python with fast allreduce algorithms and a native
-progress engine.  See docs/quickstart.md.
-
-    import aluminum_py as al
-    comm = al.Communicator()
-    comm.Allreduce(x)                     # in place
-    req = comm.Iallreduce(x); req.Wait()
-"""
+progress engine: the public API (docs/api.md; start with docs/quickstart.md)."""
 from mpi4py import MPI as _MPI  # noqa: F401  (initialises MPI and loads libmpi before _core)
 
 from . import _core

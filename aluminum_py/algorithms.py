@@ -1,4 +1,10 @@
-"""Algorithm names and the alpha-beta-gamma selection rule used by ``algorithm="auto"``.
+"""The allreduce algorithm registry, and the alpha-beta-gamma cost model of ``algorithm="auto"``.
+
+:data:`REGISTRY` is the one list of algorithm names: for each, the devices whose buffers take it,
+the backend that runs it, the host algorithm a host-transfer (``ht_*``) name runs, whether
+``"auto"`` may choose it and whether the cost model has a formula for it. Every other list of
+names (``al.algorithms()``, error messages, the backends, the crossover benchmark's defaults) is
+derived from it.
 
 Costs for p ranks and n bytes (paper section III-B, plus a reduction term gamma per byte
 reduced; non-powers of two add the fold: one extra exchange of n bytes in and out):
@@ -12,12 +18,53 @@ with p' = 2^floor(log2 p).  The parameters come from AL_ALPHA / AL_BETA / AL_GAM
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from . import config
 
-HOST_ALLREDUCE = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring")
-GPU_ALLREDUCE = ("auto", "nccl", "ht_mpi", "ht_recursive_doubling", "ht_rabenseifner", "ht_ring")
-MODELLED = ("recursive_doubling", "rabenseifner", "ring")
+
+class Algorithm(NamedTuple):
+    """One allreduce algorithm name."""
+
+    name: str
+    devices: tuple[str, ...]    # buffers that take it: "host", "cuda"
+    backend: str                # what runs it: "host", "nccl", "host_transfer" ("auto": chosen)
+    host: str | None = None     # ht_*: the host algorithm it runs on the pinned buffer
+    candidate: bool = False     # "auto" may choose it (the tuning table times it)
+    modelled: bool = False      # the cost model has a formula for it
+    listed: bool = True         # a name users pass; False: internal (what "auto" reports)
+
+
+REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("auto", ("host", "cuda"), "auto"),
+    Algorithm("mpi", ("host",), "host", candidate=True),
+    Algorithm("recursive_doubling", ("host",), "host", candidate=True, modelled=True),
+    Algorithm("rabenseifner", ("host",), "host", candidate=True, modelled=True),
+    Algorithm("ring", ("host",), "host", candidate=True, modelled=True),
+    Algorithm("nccl", ("cuda",), "nccl", candidate=True),
+    # host transfer with the host "auto" inside: what GPU "auto" falls back to without NCCL
+    # (reported as a request's algorithm) and what aluminum_py.host_transfer.allreduce takes;
+    # not a name the Communicator accepts, so not listed by al.algorithms()
+    Algorithm("ht_auto", ("cuda",), "host_transfer", host="auto", listed=False),
+    Algorithm("ht_mpi", ("cuda",), "host_transfer", host="mpi", candidate=True),
+    Algorithm("ht_recursive_doubling", ("cuda",), "host_transfer", host="recursive_doubling",
+              candidate=True),
+    Algorithm("ht_rabenseifner", ("cuda",), "host_transfer", host="rabenseifner", candidate=True),
+    Algorithm("ht_ring", ("cuda",), "host_transfer", host="ring", candidate=True),
+)}
+
+
+def _names(device: str, **want) -> tuple[str, ...]:
+    return tuple(a.name for a in REGISTRY.values()
+                 if device in a.devices and all(getattr(a, k) == v for k, v in want.items()))
+
+
+HOST_ALLREDUCE = _names("host", listed=True)             # auto, mpi, recursive_doubling, ...
+GPU_ALLREDUCE = _names("cuda", listed=True)              # auto, nccl, ht_mpi, ...
+HOST_CANDIDATES = _names("host", candidate=True)         # what host "auto" chooses from
+GPU_CANDIDATES = _names("cuda", candidate=True)          # what GPU "auto" chooses from
+HOST_TRANSFER = _names("cuda", backend="host_transfer")  # ht_auto, ht_mpi, ..., ht_ring
+MODELLED = _names("host", modelled=True)                 # recursive_doubling, rabenseifner, ring
 
 
 def algorithms(op: str = "allreduce", device: str | None = None) -> tuple[str, ...]:
@@ -31,6 +78,18 @@ def algorithms(op: str = "allreduce", device: str | None = None) -> tuple[str, .
     if device is None:
         return HOST_ALLREDUCE + tuple(a for a in GPU_ALLREDUCE if a not in HOST_ALLREDUCE)
     raise ValueError(f"device: expected 'host', 'cuda' or None, got {device!r}")
+
+
+def host_algorithm(algorithm: str) -> str:
+    """The host algorithm a host-transfer name runs: 'ht_ring' -> 'ring' (and 'auto' -> 'auto',
+    the host "auto" inside)."""
+    if algorithm == "auto":
+        return "auto"
+    a = REGISTRY.get(algorithm)
+    if a is None or a.backend != "host_transfer":
+        raise ValueError(f"algorithm: {algorithm!r} is not a host-transfer algorithm; choose "
+                         f"from {', '.join(HOST_TRANSFER)}")
+    return a.host
 
 
 def model_time(algorithm: str, p: int, nbytes: int, params=None) -> float:
@@ -54,23 +113,3 @@ def model_time(algorithm: str, p: int, nbytes: int, params=None) -> float:
 def model_choice(p: int, nbytes: int, params=None) -> str:
     """The modelled algorithm with the lowest predicted time (ties: the first in MODELLED)."""
     return min(MODELLED, key=lambda alg: model_time(alg, p, nbytes, params))
-
-
-class Selector:
-    """auto's choice for one communicator, from a :class:`aluminum_py.tuning.Decider`.
-
-    The decider is built from data rank 0 read and broadcast, so every rank makes the same
-    choice for the same message.  The native call path caches choices per (bytes, itemsize).
-    """
-
-    __slots__ = ("size", "decider")
-
-    def __init__(self, size: int, decider):
-        self.size = size
-        self.decider = decider
-
-    def explain(self, nbytes: int, itemsize: int):
-        return self.decider.decide(nbytes, itemsize)
-
-    def choose(self, nbytes: int, itemsize: int) -> str:
-        return self.decider.decide(nbytes, itemsize).algorithm

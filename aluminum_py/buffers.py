@@ -1,40 +1,17 @@
-"""One buffer-normalisation path for every op.
-
-A user's buffer argument becomes a C-contiguous numpy array view (no copy) plus its dtype code,
-or a clear TypeError/ValueError naming the argument.  Accepted: numpy arrays and any
-C-contiguous buffer-protocol object (bytearray, memoryview, array.array, ...).  GPU arrays
-(``__cuda_array_interface__`` or a CUDA DLPack capsule) are recognised and rejected with
-:class:`UnavailableError` until a GPU backend handles them.
-"""
+"""Host buffer normalisation: a user's buffer argument (a numpy array or a C-contiguous
+buffer-protocol object) as a C-contiguous numpy view, or a clear TypeError/ValueError naming the
+argument; and the argument checks every host op shares (dtypes, lengths, overlap, counts).
+A GPU buffer given where a host buffer is expected is refused here."""
 from __future__ import annotations
 
 import numpy as np
 
 from . import _core
 from .errors import UnavailableError
+from .gpu import cuda_device_count, is_gpu_buffer
 from .ops import DTYPE_CODES
 
 _ndarray = np.ndarray
-CUDA_DLPACK_DEVICES = {2, 3, 13}   # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-
-
-def dlpack_device_type(obj) -> int | None:
-    """The DLDeviceType of a DLPack producer (``__dlpack_device__()[0]``), else None."""
-    dev = getattr(obj, "__dlpack_device__", None)
-    if dev is None or isinstance(obj, _ndarray):
-        return None
-    try:
-        return int(dev()[0])
-    except Exception:
-        return None
-
-
-def is_gpu_buffer(obj) -> bool:
-    """An object with __cuda_array_interface__, or a DLPack producer on a CUDA device (DLPack
-    producers on the CPU, such as PyTorch CPU tensors, are host buffers)."""
-    if hasattr(obj, "__cuda_array_interface__"):
-        return True
-    return dlpack_device_type(obj) in CUDA_DLPACK_DEVICES
 
 
 def as_array(obj, name: str, writable: bool = False) -> np.ndarray:
@@ -43,7 +20,6 @@ def as_array(obj, name: str, writable: bool = False) -> np.ndarray:
         if obj is None:
             raise TypeError(f"{name}: expected a numpy array or buffer, got None")
         if is_gpu_buffer(obj):
-            from .gpu import cuda_device_count
             if cuda_device_count() == 0:
                 raise UnavailableError(f"{name} is a GPU buffer: no CUDA device is available")
             raise TypeError(f"{name} is a GPU buffer but the other buffer is a host buffer; "
@@ -72,6 +48,16 @@ def as_array(obj, name: str, writable: bool = False) -> np.ndarray:
         raise TypeError(f"{name}: dtype {arr.dtype} is not supported (supported: "
                         f"{', '.join(str(d) for d in DTYPE_CODES)})")
     return arr
+
+
+MAX_COUNT = 2**31 - 1        # elements per operation (MPI's int count)
+
+
+def check_count(n: int, name: str) -> int:
+    """`n` if it is at most MAX_COUNT elements, else ValueError naming `name`."""
+    if n > MAX_COUNT:
+        raise ValueError(f"{name}: {n} elements exceeds the limit of 2**31-1 per operation")
+    return n
 
 
 def dtype_code(arr: np.ndarray) -> int:

@@ -1,126 +1,31 @@
-"""The Communicator: every collective, blocking and I-prefixed nonblocking.
+"""The Communicator: the public API of every collective, blocking and I-prefixed nonblocking.
 
-Every method has the same shape: normalise and check the buffers (``buffers``), check op and
-dtype (``ops``), pick the algorithm, build one native op (``_core.make_op``), then ``_launch``
-runs it in the caller (blocking, GIL released) or hands it to the progress engine (nonblocking).
+Every method has one shape: check what does not depend on the buffers (ranks, roots), pick the
+backend from the buffer (:mod:`aluminum_py.backends`: host buffers to the host backend, GPU
+buffers to the GPU backend, made on first use) and delegate. Allreduce of a numpy array calls
+the host backend's native entry directly (``HostBackend.fast_allreduce``): that is the
+latency-critical path.
 """
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _core, config, schedules, tuning
-from .algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, Selector
-from .buffers import addr, as_array, at_least, no_overlap, no_partial_overlap, same_dtype
-from .errors import Error, TimeoutError, UnavailableError
-from .ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, SUM, Op, as_op, check_op
-from .request import Request, _check
-from .buffers import is_gpu_buffer
-from .gpu import GpuBackend, cuda_device_count, require_cuda
+from . import _core, config
+from .backends.gpu import GpuBackend
+from .backends.host import HostBackend
+from .backends.host_transfer import HostTransfer
+from .errors import Error
+from .gpu import is_gpu_buffer, require_cuda
+from .ops import SUM, Op, as_op
+from .request import Request
 
-K = _core.KINDS
+if TYPE_CHECKING:
+    from .tuning import Choice
+
 _ndarray = np.ndarray
-_MAX_COUNT = 2**31 - 1
-
-
-class _Hooks:
-    """What the native call path calls back for: unusual buffers, and every error message."""
-
-    as_array = staticmethod(as_array)
-    same_dtype = staticmethod(same_dtype)
-    at_least = staticmethod(at_least)
-    no_partial_overlap = staticmethod(no_partial_overlap)
-
-    @staticmethod
-    def fail(message):
-        raise Error(message)
-
-    @staticmethod
-    def unavailable(message):
-        raise UnavailableError(message)
-
-    @staticmethod
-    def request(op, algorithm):
-        return Request(op, algorithm)
-
-    @staticmethod
-    def raise_error(op):
-        _check(op)
-
-    @staticmethod
-    def raise_timeout(op, timeout):
-        raise TimeoutError(f"{op.describe()}: not complete after {timeout:g} s "
-                           f"(AL_HANG_TIMEOUT; a peer that never joined?)")
-
-    @staticmethod
-    def bad_algorithm(algorithm):
-        if not isinstance(algorithm, str):
-            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
-        if algorithm in GPU_ALLREDUCE and cuda_device_count() == 0:
-            raise UnavailableError(f"algorithm: {algorithm!r} is for GPU buffers and no CUDA "
-                                   f"device is available")
-        if algorithm in GPU_ALLREDUCE:
-            raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
-                             f"{', '.join(HOST_ALLREDUCE)}")
-        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; choose from "
-                         f"{', '.join(HOST_ALLREDUCE)}")
-
-    @staticmethod
-    def check_op(opcode, code, dtype):
-        check_op(OPS[opcode], code, dtype)
-
-    @staticmethod
-    def too_many(n, name):
-        Communicator._count(n, name)
-
-
-_core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
-                [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
-
-
-_largest_local_size = 0
-
-
-def _set_engine_yield(local_size: int) -> None:
-    """The engine's polling policy: AL_ENGINE_YIELD, else by whether ranks outnumber cores
-    (judged from the largest communicator created so far on this node)."""
-    global _largest_local_size
-    _largest_local_size = max(_largest_local_size, local_size)
-    every = config.engine_yield()
-    _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
-
-
-def _nccl_p2p_args(tag, source, any_source) -> None:
-    """GPU point-to-point goes through NCCL, which has neither tags nor wildcard sources."""
-    if tag != 0:
-        raise ValueError("tag: GPU buffers go through NCCL, which has no tags; use tag=0")
-    if source is not None and source == any_source:
-        raise ValueError("source: NCCL cannot receive from MPI.ANY_SOURCE; name the rank")
-
-
-def tuning_data(base, size: int, local_size: int, buffer: str):
-    """(exact entries, fitted parameters, model parameters) for `buffer` ("host"/"cuda"): rank
-    0 reads the tuning table and broadcasts it, so every rank decides alike (collective; an
-    error on rank 0 is raised on every rank, or the others would wait forever)."""
-    data = None
-    if base.Get_rank() == 0:
-        try:
-            table = tuning.load()
-            exact, fitted = tuning.find_data(table, size, local_size, buffer, tuning.mpi_version())
-            data = (exact, fitted, config.model_params())
-        except Exception as e:
-            data = e
-    data = base.bcast(data, root=0)
-    if isinstance(data, Exception):
-        raise data
-    return data
-
-
-def _decider(base, size: int, local_size: int):
-    """auto's decider for host buffers."""
-    exact, fitted, params = tuning_data(base, size, local_size, "host")
-    return tuning.Decider(size, exact, fitted, params, HOST_ALLREDUCE[1:])
 
 
 class Communicator:
@@ -159,22 +64,35 @@ class Communicator:
         self.local_rank: int = node.Get_rank()
         self.local_size: int = node.Get_size()
         node.Free()
-        _set_engine_yield(self.local_size)
-        self._selector = Selector(self.size, _decider(base, self.size, self.local_size))
-        self._launcher = _core.Launcher(self._state, self._selector.choose, self._build_schedule,
-                                        HOST_ALLREDUCE)
         self._any_source = MPI.ANY_SOURCE
-        self._any_tag = MPI.ANY_TAG
-        self._gpu = None if stream is None else GpuBackend(self, stream)
+        self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG)
+        self._allreduce = self._host.fast_allreduce
+        self._gpu = None if stream is None else self._make_gpu(stream)
 
-    def _gpu_for(self, buf, name: str):
-        """The GPU backend if `buf` is a GPU buffer (created on first use), else None."""
+    def _make_gpu(self, stream, device=None) -> GpuBackend:
+        return GpuBackend(self._host.launcher, self._p2p, self.rank, self.size, self.local_size,
+                          stream, device)
+
+    def _backend_for(self, buf, name: str):
+        """The backend for `buf`: the GPU backend (made on first use, on the default stream) for
+        a GPU buffer, else the host backend."""
         if buf is None or type(buf) is _ndarray or not is_gpu_buffer(buf):
-            return None
+            return self._host
         if self._gpu is None:
             require_cuda(f"{name} is a GPU buffer")
-            self._gpu = GpuBackend(self, None)       # the default stream
+            self._gpu = self._make_gpu(None)
         return self._gpu
+
+    def _bind_gpu(self, device, stream: int) -> None:
+        """A GPU backend on `device` bound to `stream` (aluminum_py.host_transfer.bind)."""
+        if self._gpu is not None:
+            raise ValueError("comm: the communicator already has a GPU backend")
+        self._gpu = self._make_gpu(stream, device)
+
+    def _host_transfer(self, device) -> HostTransfer:
+        """The host-transfer allreduce of this communicator on `device`
+        (aluminum_py.host_transfer.allreduce)."""
+        return HostTransfer(self._host.launcher, device)
 
     @property
     def stream(self):
@@ -204,8 +122,7 @@ class Communicator:
             raise Error(f"Free: {self._state.pending} operations are still pending")
         self._state.freed = True
         failure = self._gpu.close() if self._gpu is not None else None
-        self._coll.Free()
-        self._p2p.Free()
+        self._host.close()
         if failure is not None:
             raise failure
 
@@ -219,42 +136,11 @@ class Communicator:
             raise ValueError(f"{name}: rank {v} is out of range for a communicator of size {self.size}")
         return v
 
-    def _tag_arg(self, tag, allow_any: bool) -> int:
-        try:
-            t = operator.index(tag)
-        except TypeError:
-            raise TypeError(f"tag: expected an int, got {type(tag).__name__}") from None
-        if allow_any and t == self._any_tag:
-            return t
-        if not 0 <= t <= 32767:
-            raise ValueError(f"tag: {t} is out of range (0..32767)")
-        return t
-
-    @staticmethod
-    def _count(n: int, name: str) -> int:
-        if n > _MAX_COUNT:
-            raise ValueError(f"{name}: {n} elements exceeds the limit of 2**31-1 per operation")
-        return n
-
-    def explain(self, nbytes: int, dtype="float32") -> "tuning.Choice":
+    def explain(self, nbytes: int, dtype="float32") -> "Choice":
         """Which algorithm ``algorithm="auto"`` picks for an Allreduce of `nbytes` bytes of
         `dtype`, and why (a tuning-table entry, an extrapolation, or the cost model).
         Local: no communication."""
-        import numpy as np
-        return self._selector.explain(int(nbytes), np.dtype(dtype).itemsize)
-
-    def _build_schedule(self, alg: str, count: int, inplace: bool):
-        steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)
-        return _core.Schedule(steps, tmp)
-
-    def _launch(self, op, blocking: bool, algorithm: str):
-        return self._launcher.launch(op, blocking, config.hang_timeout_native(), algorithm)
-
-    def _reduction(self, op, arr):
-        op = as_op(op)
-        code = DTYPE_CODES[arr.dtype][0]
-        check_op(op, code, arr.dtype)
-        return op, code
+        return self._host.explain(int(nbytes), np.dtype(dtype).itemsize)
 
     # ------------------------------------------------------------------ allreduce
     def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
@@ -273,56 +159,27 @@ class Communicator:
             TypeError / ValueError: bad arguments (before any communication).
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
-        if type(sendbuf) is not _ndarray:
-            gpu = self._gpu_for(sendbuf, "sendbuf")
-            if gpu is not None:
-                gpu.allreduce(sendbuf, recvbuf, op, algorithm, True, min_ctas, max_ctas)
-                return
-        if max_ctas is not None or min_ctas is not None:
-            raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
-        self._launcher.allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
-                                 algorithm, True, config.hang_timeout_native())
+        if type(sendbuf) is _ndarray and max_ctas is None and min_ctas is None:
+            self._allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
+                            algorithm, True, config.hang_timeout_native())
+            return
+        self._backend_for(sendbuf, "sendbuf").allreduce(sendbuf, recvbuf, op, algorithm, True,
+                                                        min_ctas, max_ctas)
 
     def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
                    max_ctas: int | None = None, min_ctas: int | None = None) -> Request:
         """Nonblocking Allreduce: returns a Request at once; the engine progresses it (GPU
         buffers: a GpuRequest whose Wait makes the bound stream wait)."""
-        if type(sendbuf) is not _ndarray:
-            gpu = self._gpu_for(sendbuf, "sendbuf")
-            if gpu is not None:
-                return gpu.allreduce(sendbuf, recvbuf, op, algorithm, False, min_ctas, max_ctas)
-        if max_ctas is not None or min_ctas is not None:
-            raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
-        return self._launcher.allreduce(sendbuf, recvbuf,
-                                        op.code if type(op) is Op else as_op(op).code,
-                                        algorithm, False, config.hang_timeout_native())
+        if type(sendbuf) is _ndarray and max_ctas is None and min_ctas is None:
+            return self._allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
+                                   algorithm, False, config.hang_timeout_native())
+        return self._backend_for(sendbuf, "sendbuf").allreduce(sendbuf, recvbuf, op, algorithm,
+                                                               False, min_ctas, max_ctas)
 
     # ------------------------------------------------------------------ reduce
     def _reduce(self, sendbuf, recvbuf, op, root, blocking):
         root = self._rank_arg(root, "root")
-        gpu = self._gpu_for(sendbuf, "sendbuf")
-        if gpu is not None:
-            return gpu.reduce(sendbuf, recvbuf, op, root, blocking)
-        at_root = self.rank == root
-        s = as_array(sendbuf, "sendbuf", writable=at_root and recvbuf is None)
-        op, code = self._reduction(op, s)
-        count = self._count(s.size, "sendbuf")
-        sp, rp, r = addr(s), 0, None
-        if at_root:
-            if recvbuf is None:
-                r, sp = s, 0
-            else:
-                r = as_array(recvbuf, "recvbuf", writable=True)
-                same_dtype(s, r, "sendbuf", "recvbuf")
-                at_least(r, count, "recvbuf", "one element per sendbuf element")
-                if no_partial_overlap(s, r, "sendbuf", "recvbuf"):
-                    sp = 0
-            rp = addr(r)
-        avg = float(self.size) if (op is AVG and at_root) else 0.0
-        nop = _core.make_op(self._state, K["reduce"], "reduce", sp, rp, count, code, s.itemsize,
-                            op.code, root=root, avg_div=avg, avg_buf=rp, avg_cnt=count,
-                            keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
+        return self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, blocking)
 
     def Reduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> None:
         """Reduce onto `root`. recvbuf matters at root only (None there: in place in sendbuf)."""
@@ -333,27 +190,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ reduce_scatter
     def _reduce_scatter(self, sendbuf, recvbuf, op, blocking):
-        gpu = self._gpu_for(sendbuf, "sendbuf")
-        if gpu is not None:
-            return gpu.reduce_scatter(sendbuf, recvbuf, op, blocking)
-        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
-        if s.size % self.size:
-            raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
-                             f"size {self.size}")
-        op, code = self._reduction(op, s)
-        n = self._count(s.size // self.size, "recvbuf")
-        if recvbuf is None:
-            r, sp = s, 0
-        else:
-            r = as_array(recvbuf, "recvbuf", writable=True)
-            same_dtype(s, r, "sendbuf", "recvbuf")
-            at_least(r, n, "recvbuf", "len(sendbuf) // size")
-            sp = 0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else addr(s)
-        rp = addr(r)
-        avg = float(self.size) if op is AVG else 0.0
-        nop = _core.make_op(self._state, K["reduce_scatter"], "reduce_scatter", sp, rp, n, code,
-                            s.itemsize, op.code, avg_div=avg, avg_buf=rp, avg_cnt=n, keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
+        return self._backend_for(sendbuf, "sendbuf").reduce_scatter(sendbuf, recvbuf, op, blocking)
 
     def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM) -> None:
         """Block reduce-scatter: rank i gets block i (len(sendbuf)//size elements) of the
@@ -364,36 +201,8 @@ class Communicator:
         return self._reduce_scatter(sendbuf, recvbuf, op, False)
 
     # ------------------------------------------------------------------ data movement
-    def _blocks_in_place(self, buf, name):
-        """In-place form of a gather-like op: `buf` holds `size` blocks."""
-        b = as_array(buf, name, writable=True)
-        if b.size % self.size:
-            raise ValueError(f"{name}: {b.size} elements is not divisible by the communicator "
-                             f"size {self.size}")
-        return b, b.size // self.size
-
-    def _move(self, kind, name, s, r, n, blocking, root=0):
-        """Launch a data-movement op: s/r are arrays or None (None sendbuf: MPI_IN_PLACE)."""
-        arr = s if s is not None else r
-        code = DTYPE_CODES[arr.dtype][0]
-        nop = _core.make_op(self._state, K[kind], name, 0 if s is None else addr(s),
-                            0 if r is None else addr(r), self._count(n, "count"), code,
-                            arr.itemsize, 0, root=root, keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
-
     def _allgather(self, sendbuf, recvbuf, blocking):
-        gpu = self._gpu_for(sendbuf, "sendbuf")
-        if gpu is not None:
-            return gpu.allgather(sendbuf, recvbuf, blocking)
-        if recvbuf is None:
-            r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            return self._move("allgather", "allgather", None, r, n, blocking)
-        s = as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, self.size * s.size, "recvbuf", "size * len(sendbuf)")
-        no_overlap(s, r, "sendbuf", "recvbuf")
-        return self._move("allgather", "allgather", s, r, s.size, blocking)
+        return self._backend_for(sendbuf, "sendbuf").allgather(sendbuf, recvbuf, blocking)
 
     def Allgather(self, sendbuf, recvbuf=None) -> None:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
@@ -405,13 +214,7 @@ class Communicator:
 
     def _bcast(self, buf, root, blocking):
         root = self._rank_arg(root, "root")
-        gpu = self._gpu_for(buf, "buf")
-        if gpu is not None:
-            return gpu.bcast(buf, root, blocking)
-        b = as_array(buf, "buf", writable=self.rank != root)
-        nop = _core.make_op(self._state, K["bcast"], "bcast", 0, addr(b), self._count(b.size, "buf"),
-                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
-        return self._launch(nop, blocking, "mpi")
+        return self._backend_for(buf, "buf").bcast(buf, root, blocking)
 
     def Bcast(self, buf, root: int = 0) -> None:
         """Broadcast root's `buf` into `buf` on every rank."""
@@ -421,21 +224,7 @@ class Communicator:
         return self._bcast(buf, root, False)
 
     def _alltoall(self, sendbuf, recvbuf, blocking):
-        gpu = self._gpu_for(sendbuf, "sendbuf")
-        if gpu is not None:
-            return gpu.alltoall(sendbuf, recvbuf, blocking)
-        if recvbuf is None:
-            r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            return self._move("alltoall", "alltoall", None, r, n, blocking)
-        s = as_array(sendbuf, "sendbuf")
-        if s.size % self.size:
-            raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
-                             f"size {self.size}")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, s.size, "recvbuf", "len(sendbuf)")
-        no_overlap(s, r, "sendbuf", "recvbuf")
-        return self._move("alltoall", "alltoall", s, r, s.size // self.size, blocking)
+        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, blocking)
 
     def Alltoall(self, sendbuf, recvbuf=None) -> None:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i."""
@@ -446,21 +235,7 @@ class Communicator:
 
     def _gather(self, sendbuf, recvbuf, root, blocking):
         root = self._rank_arg(root, "root")
-        gpu = self._gpu_for(sendbuf, "sendbuf")
-        if gpu is not None:
-            return gpu.gather(sendbuf, recvbuf, root, blocking)
-        if self.rank != root:
-            s = as_array(sendbuf, "sendbuf")
-            return self._move("gather", "gather", s, None, s.size, blocking, root)
-        if recvbuf is None:
-            r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            return self._move("gather", "gather", None, r, n, blocking, root)
-        s = as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, self.size * s.size, "recvbuf", "size * len(sendbuf)")
-        no_overlap(s, r, "sendbuf", "recvbuf")
-        return self._move("gather", "gather", s, r, s.size, blocking, root)
+        return self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, blocking)
 
     def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Concatenate every rank's sendbuf at root. recvbuf matters at root only; None there:
@@ -472,27 +247,7 @@ class Communicator:
 
     def _scatter(self, sendbuf, recvbuf, root, blocking):
         root = self._rank_arg(root, "root")
-        gpu = self._gpu_for(recvbuf, "recvbuf")
-        if gpu is not None:
-            return gpu.scatter(sendbuf, recvbuf, root, blocking)
-        if self.rank != root:
-            if recvbuf is None:
-                raise TypeError("recvbuf: required on non-root ranks")
-            r = as_array(recvbuf, "recvbuf", writable=True)
-            nop_s = r   # sendbuf is not significant here
-            return self._move("scatter", "scatter", nop_s, r, r.size, blocking, root)
-        s = as_array(sendbuf, "sendbuf")
-        if s.size % self.size:
-            raise ValueError(f"sendbuf: {s.size} elements is not divisible by the communicator "
-                             f"size {self.size}")
-        n = s.size // self.size
-        if recvbuf is None:
-            return self._move("scatter", "scatter", s, None, n, blocking, root)
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, n, "recvbuf", "len(sendbuf) // size")
-        no_overlap(s, r, "sendbuf", "recvbuf")
-        return self._move("scatter", "scatter", s, r, n, blocking, root)
+        return self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, blocking)
 
     def Scatter(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Block i of root's sendbuf goes to rank i's recvbuf (whose length sets the count on
@@ -503,8 +258,7 @@ class Communicator:
         return self._scatter(sendbuf, recvbuf, root, False)
 
     def _barrier(self, blocking):
-        nop = _core.make_op(self._state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)
-        return self._launch(nop, blocking, "mpi")
+        return self._host.barrier(blocking)
 
     def Barrier(self) -> None:
         self._barrier(True)
@@ -515,15 +269,7 @@ class Communicator:
     # ------------------------------------------------------------------ point to point
     def _send(self, buf, dest, tag, blocking):
         dest = self._rank_arg(dest, "dest")
-        gpu = self._gpu_for(buf, "buf")
-        if gpu is not None:
-            _nccl_p2p_args(tag, None, self._any_source)
-            return gpu.send(buf, dest, blocking)
-        b = as_array(buf, "buf")
-        nop = _core.make_op(self._state, K["send"], "send", addr(b), 0, self._count(b.size, "buf"),
-                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=dest,
-                            tag=self._tag_arg(tag, False), keep=(b,))
-        return self._launch(nop, blocking, "mpi")
+        return self._backend_for(buf, "buf").send(buf, dest, tag, blocking)
 
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send `buf` to rank `dest` (messages on this communicator never match collectives)."""
@@ -544,15 +290,7 @@ class Communicator:
 
     def _recv(self, buf, source, tag, blocking):
         source = self._source(source)
-        gpu = self._gpu_for(buf, "buf")
-        if gpu is not None:
-            _nccl_p2p_args(tag, source, self._any_source)
-            return gpu.recv(buf, source, blocking)
-        b = as_array(buf, "buf", writable=True)
-        nop = _core.make_op(self._state, K["recv"], "recv", 0, addr(b), self._count(b.size, "buf"),
-                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=source,
-                            tag=self._tag_arg(tag, True), keep=(b,))
-        return self._launch(nop, blocking, "mpi")
+        return self._backend_for(buf, "buf").recv(buf, source, tag, blocking)
 
     def Recv(self, buf, source: int, tag: int = 0) -> None:
         """Receive into `buf` from rank `source` (or MPI.ANY_SOURCE); tag may be MPI.ANY_TAG."""
@@ -564,19 +302,8 @@ class Communicator:
     def _sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking):
         dest = self._rank_arg(dest, "dest")
         source = self._source(source)
-        gpu = self._gpu_for(sendbuf, "sendbuf")
-        if gpu is not None:
-            _nccl_p2p_args(tag, source, self._any_source)
-            return gpu.sendrecv(sendbuf, dest, recvbuf, source, blocking)
-        s = as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        no_overlap(s, r, "sendbuf", "recvbuf", "Sendrecv needs separate send and receive buffers")
-        nop = _core.make_op(self._state, K["sendrecv"], "sendrecv", addr(s), addr(r),
-                            self._count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize, 0,
-                            root=dest, count2=self._count(r.size, "recvbuf"), peer2=source,
-                            tag=self._tag_arg(tag, False), keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
+        return self._backend_for(sendbuf, "sendbuf").sendrecv(sendbuf, dest, recvbuf, source, tag,
+                                                              blocking)
 
     def Sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
         """Send to `dest` and receive from `source` at once (no deadlock in a ring)."""

@@ -1,22 +1,7 @@
-"""NCCL for aluminum_py: library discovery, the Python layer over the thin binding (`_nccl`).
-
-The library is loaded at run time with dlopen, from (first found):
-
-1. ``AL_NCCL_LIBRARY`` (a path to libnccl.so.2),
-2. the ``nvidia-nccl-cu12`` wheel's ``lib`` folder (found through ``nvidia.nccl.__path__``),
-3. the system loader (``libnccl.so.2`` on the library path).
-
-Without a GPU, :func:`get_version` and :func:`get_unique_id` work; creating a communicator fails
-with :class:`aluminum_py.NcclError` carrying NCCL's own error text.  Without the library at all,
-:func:`available` is False and every call raises :class:`aluminum_py.UnavailableError` saying
-where it looked.
-
-Example (two processes, one GPU each)::
-
-    uid = nccl.get_unique_id() if rank == 0 else None
-    uid = mpi_comm.bcast(uid, root=0)
-    comm = nccl.NcclComm(size, uid, rank, max_ctas=4)
-    comm.allreduce(x.data.ptr, x.data.ptr, x.size, "float32", "sum", stream.ptr)
+"""NCCL for aluminum_py: finding and loading the library, and the Python layer over the thin
+binding (`_nccl`): dtype and op names, one error check, communicators on raw device pointers and
+stream handles. Where the library is looked for and how to use it: docs/gpu.md ("The low-level
+aluminum_py.nccl module"). The GPU backend's NCCL rules are in :mod:`aluminum_py.backends.nccl`.
 """
 from __future__ import annotations
 

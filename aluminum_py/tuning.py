@@ -1,29 +1,7 @@
-"""The tuning table: what the crossover benchmark measured, and how ``algorithm="auto"`` uses it.
-
-File format (JSON, versioned)::
-
-    {"format": "aluminum_py.tuning", "version": 1,
-     "entries": {"<key>": {
-         "comm_size": 2, "local_size": 2, "buffer": "host", "dtype_size": 4,
-         "mpi": "MPICH Version: 5.0.2", "created": "2026-11-22T00:10:00Z",
-         "sizes": [4, 8, ...],                       # message sizes measured (bytes)
-         "times": {"ring": [s, s, ...], ...},        # median seconds per size and algorithm
-         "ranges": [{"algorithm": "recursive_doubling", "min_bytes": 4, "max_bytes": 4096}, ...],
-         "fit": {"ring": {"alpha": s, "beta": s_per_byte}, ...}}}}
-
-The key is ``"<comm_size>/<local_size>/<buffer>/<dtype_size>/<mpi>"``.  Writing merges into the
-existing file: entries for other keys are kept, the entry for the same key is replaced.
-
-Lookup (:class:`Choice`): for a measured configuration, sizes between measured points are
-decided by interpolating every algorithm's time log-linearly between its neighbours; sizes
-beyond the largest measured size use each algorithm's fitted alpha + beta n; sizes below the
-smallest use the smallest size's winner.  For an unmeasured rank count, the machine parameters
-(alpha, beta, gamma) are fitted by least squares to the nearest measured entry's times through
-the cost model of :mod:`aluminum_py.algorithms`, and the model decides for the real rank count.
-With nothing tuned, the model decides with AL_ALPHA / AL_BETA / AL_GAMMA.
-
-Rank 0 reads the file and broadcasts what it found when a Communicator is created, so every rank
-decides from the same data: a rank-divergent choice (which would deadlock) cannot happen.
+"""The tuning table (what ``bench crossover --tune`` measured: JSON, per configuration) and
+:class:`Chooser`, which chooses ``algorithm="auto"``'s algorithm from it or, where it has nothing
+that applies, from the cost model of :mod:`aluminum_py.algorithms`. The file format and the
+lookup rules are in docs/tuning.md.
 """
 from __future__ import annotations
 
@@ -235,8 +213,9 @@ class Choice:
         return f"{self.algorithm} ({self.source}: {self.detail})"
 
 
-class Decider:
-    """Decides auto's algorithm for one communicator from the data rank 0 found."""
+class Chooser:
+    """``algorithm="auto"`` for one communicator and one kind of buffer: chooses from the data
+    rank 0 found (:func:`shared_data`), so every rank chooses alike."""
 
     def __init__(self, comm_size: int, entries: dict, fitted: dict, default_params, usable):
         self.comm_size = comm_size
@@ -245,7 +224,12 @@ class Decider:
         self.default_params = default_params
         self.usable = tuple(usable)     # algorithms auto may pick
 
-    def decide(self, nbytes: int, dtype_size: int) -> Choice:
+    def choose(self, nbytes: int, dtype_size: int) -> str:
+        """The algorithm for a message of `nbytes` bytes of `dtype_size`-byte elements."""
+        return self.explain(nbytes, dtype_size).algorithm
+
+    def explain(self, nbytes: int, dtype_size: int) -> Choice:
+        """The choice for a message of `nbytes` bytes of `dtype_size`-byte elements, and why."""
         entry = self.entries.get(dtype_size)
         if entry is not None:
             return self._from_table(entry, nbytes)
@@ -294,6 +278,23 @@ class Decider:
         best = min(est, key=est.get)
         return Choice(best, "table", f"interpolated between {lo} B and {hi} B: "
                       f"{est[best] * 1e6:.1f} us")
+
+
+def shared_data(mpi_comm, size: int, local_size: int, buffer: str):
+    """(exact entries, fitted parameters, model parameters) for `buffer` ("host"/"cuda"): rank
+    0 of `mpi_comm` reads the tuning table and broadcasts it, so every rank chooses alike
+    (collective; an error on rank 0 is raised on every rank, or the others would wait forever)."""
+    data = None
+    if mpi_comm.Get_rank() == 0:
+        try:
+            exact, fitted = find_data(load(), size, local_size, buffer, mpi_version())
+            data = (exact, fitted, config.model_params())
+        except Exception as e:
+            data = e
+    data = mpi_comm.bcast(data, root=0)
+    if isinstance(data, Exception):
+        raise data
+    return data
 
 
 def find_data(table: dict, comm_size: int, local_size: int, buffer: str, mpi: str):

@@ -2,7 +2,7 @@
 import pytest
 
 import aluminum_py as al
-from aluminum_py.algorithms import MODELLED, Selector, model_choice, model_time
+from aluminum_py.algorithms import MODELLED, model_choice, model_time
 
 import cost_reference
 
@@ -66,9 +66,9 @@ def test_the_winner_changes_with_size_and_rank_count():
 
 @pytest.mark.parametrize("params", PARAMS)
 def test_selector_without_table_uses_the_model(params):
-    from aluminum_py.tuning import Decider
+    from aluminum_py.tuning import Chooser
     for p in (2, 3, 4, 6):
-        s = Selector(p, Decider(p, {}, {}, params, ("mpi",) + MODELLED))
+        s = Chooser(p, {}, {}, params, ("mpi",) + MODELLED)
         for n in SIZES:
             assert s.choose(n, 4) == cost_reference.cheapest(p, n, params), (p, n)
             assert s.explain(n, 4).source == "model"

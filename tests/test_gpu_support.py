@@ -5,6 +5,7 @@ import pytest
 
 import aluminum_py as al
 from aluminum_py import gpu
+from aluminum_py.backends import gpu as gpu_backend
 
 
 class FakeCudaArray:
@@ -66,7 +67,7 @@ def test_no_cuda_device_errors():
 
 def test_nccl_point_to_point_argument_rules():
     from mpi4py import MPI
-    from aluminum_py.communicator import _nccl_p2p_args
+    from aluminum_py.backends.nccl import check_p2p_args as _nccl_p2p_args
     _nccl_p2p_args(0, 1, MPI.ANY_SOURCE)
     with pytest.raises(ValueError, match="^tag"):
         _nccl_p2p_args(3, 1, MPI.ANY_SOURCE)
@@ -335,10 +336,10 @@ def test_dlpack_device_id_is_recorded_and_checked(monkeypatch):
     assert gpu.dlpack_array(fake, "sendbuf").device == 1
     host = types.SimpleNamespace(**{**vars(fake), "device_type": _dlpack.CUDA_HOST})
     assert gpu.dlpack_array(host, "sendbuf").device is None        # pinned host memory: any
-    backend = gpu.GpuBackend.__new__(gpu.GpuBackend)
+    backend = gpu_backend.GpuBackend.__new__(gpu_backend.GpuBackend)
     backend.stream = 0
     backend.device = types.SimpleNamespace(ordinal=0)
-    monkeypatch.setattr(gpu, "as_gpu_array", lambda obj, name, writable, stream:
+    monkeypatch.setattr(gpu_backend, "as_gpu_array", lambda obj, name, writable, stream:
                         gpu.dlpack_array(fake, name, writable))
     with pytest.raises(ValueError, match="sendbuf is on CUDA device 1 but the communicator uses "
                                          "CUDA device 0"):

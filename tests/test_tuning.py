@@ -9,7 +9,7 @@ from aluminum_py import tuning
 from aluminum_py.algorithms import MODELLED, model_time
 from aluminum_py.bench.plots import crossover_map, format_map
 from aluminum_py.bench.timing import parse_bytes, size_sweep
-from aluminum_py.tuning import Decider, TuningWarning
+from aluminum_py.tuning import Chooser, TuningWarning
 
 from cost_reference import cheapest
 
@@ -65,7 +65,7 @@ def test_corrupt_or_old_files_warn_and_fall_back(tmp_path, content):
         table = tuning.load(str(path))
     assert table["entries"] == {}
     exact, fitted = tuning.find_data(table, 2, 2, "host", MPI_NAME)
-    choice = Decider(2, exact, fitted, PARAMS, USABLE).decide(1024, 4)
+    choice = Chooser(2, exact, fitted, PARAMS, USABLE).explain(1024, 4)
     assert choice.source == "model" and choice.algorithm == cheapest(2, 1024, PARAMS)
 
 
@@ -80,20 +80,20 @@ def test_bad_entry_is_dropped_others_kept(tmp_path):
     assert list(loaded["entries"]) == ["good"]
 
 
-def decider_for(entries, p=2, local=2):
+def chooser_for(entries, p=2, local=2):
     table = tuning.empty_table()
     for e in entries:
         tuning.merge(table, e)
     exact, fitted = tuning.find_data(table, p, local, "host", MPI_NAME)
-    return Decider(p, exact, fitted, PARAMS, USABLE)
+    return Chooser(p, exact, fitted, PARAMS, USABLE)
 
 
 def test_lookup_measured_sizes_pick_the_fastest():
     e = synthetic_entry()
-    d = decider_for([e])
+    d = chooser_for([e])
     for i, n in enumerate(e["sizes"]):
         best = min(e["times"], key=lambda a: e["times"][a][i])
-        c = d.decide(n, 4)
+        c = d.explain(n, 4)
         assert c.algorithm == best and c.source == "table"
 
 
@@ -101,11 +101,11 @@ def test_lookup_interpolates_between_sizes():
     sizes = [1024, 4096]
     times = {"ring": [10e-6, 20e-6], "rabenseifner": [5e-6, 40e-6]}
     e = tuning.make_entry(2, 2, "host", 4, MPI_NAME, sizes, times)
-    d = decider_for([e])
+    d = chooser_for([e])
     # log-linear: rabenseifner 5->40 us, ring 10->20 us; they cross at the geometric midpoint
-    assert d.decide(1200, 4).algorithm == "rabenseifner"
-    assert d.decide(3800, 4).algorithm == "ring"
-    assert "interpolated" in d.decide(2000, 4).detail
+    assert d.explain(1200, 4).algorithm == "rabenseifner"
+    assert d.explain(3800, 4).algorithm == "ring"
+    assert "interpolated" in d.explain(2000, 4).detail
 
 
 def test_lookup_beyond_the_table():
@@ -118,24 +118,24 @@ def test_lookup_beyond_the_table():
     flat = [3e-6 + 1e-11 * n for n in sizes]
     e = tuning.make_entry(2, 2, "host", 4, MPI_NAME, sizes, {"ring": steep, "rabenseifner": flat})
     assert e["fit"]["ring"]["beta"] == pytest.approx(1e-10) and e["fit"]["rabenseifner"]["beta"] == pytest.approx(1e-11)
-    d = decider_for([e])
-    assert d.decide(1, 4).algorithm == "ring" and d.decide(1, 4).source == "table"
-    assert d.decide(16384, 4).algorithm == "ring"
-    near = d.decide(20000, 4)                     # ring 3.0 us, rabenseifner 3.2 us
+    d = chooser_for([e])
+    assert d.explain(1, 4).algorithm == "ring" and d.explain(1, 4).source == "table"
+    assert d.explain(16384, 4).algorithm == "ring"
+    near = d.explain(20000, 4)                     # ring 3.0 us, rabenseifner 3.2 us
     assert (near.algorithm, near.source) == ("ring", "table-extrapolated")
-    far = d.decide(1 << 20, 4)                    # ring 105.9 us, rabenseifner 13.5 us
+    far = d.explain(1 << 20, 4)                    # ring 105.9 us, rabenseifner 13.5 us
     assert (far.algorithm, far.source) == ("rabenseifner", "table-extrapolated")
     crossing = 16384 + (flat[-1] - steep[-1]) / (1e-10 - 1e-11)
-    assert d.decide(int(crossing * 0.99), 4).algorithm == "ring"
-    assert d.decide(int(crossing * 1.01), 4).algorithm == "rabenseifner"
+    assert d.explain(int(crossing * 0.99), 4).algorithm == "ring"
+    assert d.explain(int(crossing * 1.01), 4).algorithm == "rabenseifner"
 
 
 def test_unknown_rank_count_uses_fitted_model():
     truth = (3e-6, 2e-10, 1e-10)
-    d = decider_for([synthetic_entry(p=2, params=truth), synthetic_entry(p=8, local=8, params=truth)],
+    d = chooser_for([synthetic_entry(p=2, params=truth), synthetic_entry(p=8, local=8, params=truth)],
                     p=4, local=4)
     for n in [4, 1 << 12, 1 << 20, 1 << 26]:
-        c = d.decide(n, 4)
+        c = d.explain(n, 4)
         assert c.source == "model-fitted"
         assert c.algorithm == cheapest(4, n, truth)
 
@@ -149,9 +149,9 @@ def test_fit_machine_recovers_parameters():
 
 
 def test_other_dtype_size_and_mpi_are_separate():
-    d = decider_for([synthetic_entry(dtype_size=8)])
-    assert d.decide(1024, 4).source in ("model-fitted", "model")
-    assert d.decide(1024, 8).source == "table"
+    d = chooser_for([synthetic_entry(dtype_size=8)])
+    assert d.explain(1024, 4).source in ("model-fitted", "model")
+    assert d.explain(1024, 8).source == "table"
     table = tuning.merge(tuning.empty_table(), synthetic_entry())
     exact, fitted = tuning.find_data(table, 2, 2, "host", "Open MPI v5")
     assert not exact and not fitted
@@ -200,19 +200,19 @@ def test_stored_fit_is_recomputed_not_trusted(tmp_path):
     path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {"k": entry}}))
     loaded = tuning.load(str(path))["entries"]["k"]
     assert set(loaded["fit"]) == set(loaded["times"]) and isinstance(loaded["ranges"], list)
-    d = Decider(2, {4: loaded}, {}, PARAMS, USABLE)
-    assert d.decide(1 << 30, 4).source == "table-extrapolated"
+    d = Chooser(2, {4: loaded}, {}, PARAMS, USABLE)
+    assert d.explain(1 << 30, 4).source == "table-extrapolated"
 
 
 def test_extrapolation_is_continuous_at_the_largest_size():
     e = synthetic_entry(sizes=[4, 1024, 1 << 20])
-    d = decider_for([e])
-    assert d.decide(1 << 20, 4).algorithm == d.decide((1 << 20) + 4, 4).algorithm
+    d = chooser_for([e])
+    assert d.explain(1 << 20, 4).algorithm == d.explain((1 << 20) + 4, 4).algorithm
 
 
 def test_fit_for_another_element_size_is_used():
-    d = decider_for([synthetic_entry(p=4, local=4, dtype_size=4)], p=2, local=2)
-    c = d.decide(1 << 20, 8)
+    d = chooser_for([synthetic_entry(p=4, local=4, dtype_size=4)], p=2, local=2)
+    c = d.explain(1 << 20, 8)
     assert c.source == "model-fitted"
 
 

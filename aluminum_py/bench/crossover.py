@@ -9,11 +9,12 @@ import sys
 
 import numpy as np
 
+from ..algorithms import GPU_CANDIDATES, HOST_CANDIDATES
 from .timing import (Progress, bus_bandwidth, human, iterations, parse_bytes, size_sweep,
                      time_interleaved)
 
-DEFAULT_ALGORITHMS = "mpi,recursive_doubling,rabenseifner,ring"
-DEFAULT_GPU_ALGORITHMS = "nccl,ht_mpi,ht_recursive_doubling,ht_rabenseifner,ht_ring"
+DEFAULT_ALGORITHMS = ",".join(HOST_CANDIDATES)       # what "auto" chooses from: all it can time
+DEFAULT_GPU_ALGORITHMS = ",".join(GPU_CANDIDATES)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -168,7 +168,7 @@ def test_control_traffic_does_not_interleave_with_engine_collectives(bound):
     y = np.full(100, float(comm.rank + 1))
     comm.Allreduce(DeviceArray(x), algorithm="ht_mpi")
     req = comm.Iallreduce(y, algorithm="mpi")
-    choice = comm._gpu.choose(4096, 4)                 # collective: tuning data from rank 0
+    choice = comm._gpu.choose("auto", 4096, 4)                 # collective: tuning data from rank 0
     assert choice in al.algorithms("allreduce", "cuda") or choice == "ht_auto"
     req.Wait(timeout=60)
     assert stream.synchronize(timeout=60)

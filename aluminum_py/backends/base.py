@@ -1,0 +1,51 @@
+"""The protocol every backend implements: the collectives and point-to-point operations on
+buffers of its kind, ``choose`` (what ``algorithm=`` runs) and ``close``.
+
+A Communicator checks what does not depend on the buffers (ranks, roots), picks the backend from
+the buffer (:class:`~aluminum_py.backends.host.HostBackend` for host buffers,
+:class:`~aluminum_py.backends.gpu.GpuBackend` for GPU buffers) and calls it. A backend gets
+everything it uses through its constructor (MPI communicators, rank and size, the native
+launcher, the device and stream) and never sees the Communicator. Every operation takes
+``blocking``: True runs it to completion (host buffers) or enqueues it on the bound stream (GPU
+buffers) and returns None; False returns a request.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Backend(Protocol):
+    """What a Communicator calls for the buffers of one kind."""
+
+    def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:
+        """The algorithm `algorithm` runs for a message of `nbytes` bytes of `itemsize`-byte
+        elements: itself if this backend runs it, auto's choice for "auto"; raises ValueError
+        (or UnavailableError) for a name this backend does not run."""
+
+    def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
+                  min_ctas: int | None = None, max_ctas: int | None = None) -> Any: ...
+
+    def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool) -> Any: ...
+
+    def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool) -> Any: ...
+
+    def allgather(self, sendbuf, recvbuf, blocking: bool) -> Any: ...
+
+    def bcast(self, buf, root: int, blocking: bool) -> Any: ...
+
+    def alltoall(self, sendbuf, recvbuf, blocking: bool) -> Any: ...
+
+    def gather(self, sendbuf, recvbuf, root: int, blocking: bool) -> Any: ...
+
+    def scatter(self, sendbuf, recvbuf, root: int, blocking: bool) -> Any: ...
+
+    def send(self, buf, dest: int, tag: int, blocking: bool) -> Any: ...
+
+    def recv(self, buf, source: int, tag: int, blocking: bool) -> Any: ...
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int,
+                 blocking: bool) -> Any: ...
+
+    def close(self) -> BaseException | None:
+        """At Communicator.Free, once no op is pending: release what the backend holds. Returns
+        a failure to raise once everything is released (or None)."""

@@ -1,0 +1,400 @@
+"""The GPU backend: collectives and point-to-point on GPU buffers of one communicator, bound to
+one stream; NCCL runs them (:mod:`aluminum_py.nccl`), or, for allreduce, the host-transfer
+algorithms (:mod:`.host_transfer`). Semantics: docs/gpu.md and docs/semantics.md."""
+from __future__ import annotations
+
+import time
+
+from mpi4py import MPI
+
+from .. import nccl, tuning
+from ..algorithms import GPU_ALLREDUCE, GPU_CANDIDATES, REGISTRY
+from ..errors import Error, TimeoutError
+from ..gpu import (GpuArray, GpuRequest, InFlight, _retain_if_abandoned, _retire_freed,
+                   as_gpu_array, cuda_device, current_device, require_cuda, retire_later,
+                   stream_handle)
+from ..ops import DTYPE_CODES, Op, as_op, check_op
+from ..request import Request
+from . import nccl as nccl_rules
+from .host_transfer import HostTransfer
+
+
+class GpuBackend:
+    """GPU buffers of one Communicator (made on its first GPU op, or by ``stream=``).
+
+    Args:
+        launcher: the communicator's native launcher (``_core.Launcher``): it runs the host
+            part of host-transfer ops on the communicator's MPI communicator.
+        p2p_comm: the communicator's point-to-point MPI communicator; the backend's control
+            communicator (NCCL unique id, tuning data) is duplicated from it on first use.
+        rank, size, local_size: this rank, the communicator's size, the ranks on this node.
+        stream: the bound stream (a cupy/torch stream or a raw handle; None: the default).
+        device: the device interface (default: the CUDA device of `current_device()`); the
+            tests pass an ``aluminum_py.host_transfer.CpuDevice`` and a CPU stream's handle.
+    """
+
+    def __init__(self, launcher, p2p_comm, rank: int, size: int, local_size: int, stream,
+                 device=None):
+        if device is None:
+            require_cuda("GPU communicator")
+            device = cuda_device(current_device())
+        self.rank, self.size, self.local_size = rank, size, local_size
+        self._p2p = p2p_comm
+        self._any_source = MPI.ANY_SOURCE
+        self.stream = stream_handle(stream)
+        self.device = device
+        self.host_transfer = HostTransfer(launcher, device)
+        self.inflight = InFlight(device)    # buffers of enqueued ops, until they completed
+        self._internal = None
+        self._chooser = None                # GPU "auto", made on its first use (collective)
+        self._nccl_base = None
+        self._nccl_pool: dict = {}
+        self._ctl = None                    # control traffic (NCCL id, tuning data)
+        self._unreported: list = []         # Requests of blocking host-transfer ops
+
+    def _arr(self, obj, name: str, writable: bool = False) -> GpuArray:
+        """as_gpu_array with this backend's stream (DLPack producers sync to it); device memory
+        must be on the communicator's device."""
+        a = as_gpu_array(obj, name, writable, stream=self.stream)
+        ordinal = getattr(self.device, "ordinal", None)
+        if a.device is not None and ordinal is not None and a.device != ordinal:
+            raise ValueError(f"{name} is on CUDA device {a.device} but the communicator uses CUDA "
+                             f"device {ordinal} (the device current when its GPU backend was "
+                             f"made: torch.cuda.set_device / cupy.cuda.Device(i).use() first)")
+        return a
+
+    # -- failures of blocking host-transfer ops
+    def report(self, r, timeout: float) -> None:
+        """Wait up to `timeout` for host request `r` and raise its failure (once: it leaves
+        the unreported list). An op the engine abandoned at AL_HANG_TIMEOUT is retained for
+        the life of the process: its stream may still copy into its buffers."""
+        try:
+            r._wait(timeout)
+        except Error:
+            if r.done:
+                if r in self._unreported:
+                    self._unreported.remove(r)
+                _retain_if_abandoned(r)
+            raise
+
+    def check(self) -> None:
+        """At every GPU operation on the communicator: release the buffers of completed ops,
+        then raise the first failure, not reported yet, of an earlier host-transfer op whose
+        host part has finished (blocking ops, and nonblocking ones whose Wait came first)."""
+        self.inflight.retire()
+        _retire_freed()
+        keep, failure = [], None
+        for r in self._unreported:
+            done = r.done                   # read once: the engine may finish r meanwhile
+            if failure is None and done:
+                try:
+                    r._wait(0.0)
+                except Error as e:
+                    failure = e
+                    _retain_if_abandoned(r)
+            elif not done or failure is not None:
+                keep.append(r)
+        self._unreported = keep
+        if failure is not None:
+            raise failure
+
+    def drain(self, timeout: float | None) -> None:
+        """Wait until the host parts of the blocking host-transfer ops have finished, for
+        Communicator.Free. `timeout`: AL_HANG_TIMEOUT (None: no limit). The engine abandons
+        each host part `timeout` after its call, so this waits at most about that long; the
+        limit here leaves the engine time to notice. Failures stay unreported here (close()
+        returns them)."""
+        limit = -1.0 if timeout is None else 2.0 * timeout + 1.0
+        deadline = time.monotonic() + limit
+        for r in self._unreported:
+            left = -1.0 if limit < 0 else max(0.0, deadline - time.monotonic())
+            if not r._op.wait(left):
+                raise TimeoutError(f"Free: {r._op.describe()}: the host part of a blocking "
+                                   f"host-transfer op did not finish within {limit:g} s")
+
+    # -- control traffic: a private duplicate, so it never interleaves with the engine's ops
+    def control_comm(self):
+        """The MPI communicator for the GPU backend's own control messages (the NCCL unique id,
+        the tuning data): a duplicate of the communicator's point-to-point MPI communicator,
+        made on first use. That first use is collective (the first NCCL or "auto" GPU op).
+        The engine never runs a collective there, so a bcast on it cannot be matched with a
+        collective that the engine starts later on the collective communicator."""
+        if self._ctl is None:
+            self._ctl = self._p2p.Dup()
+        return self._ctl
+
+    # -- streams and events
+    def internal_stream(self) -> int:
+        if self._internal is None:
+            self._internal = self.device.stream_create()
+        return self._internal
+
+    def _fork(self) -> int:
+        """The internal stream, made to wait for the work queued so far on the bound stream."""
+        ev = self.device.event_create()
+        self.device.event_record(ev, self.stream)
+        s = self.internal_stream()
+        self.device.stream_wait_event(s, ev)
+        self.device.event_destroy(ev)       # CUDA releases it once the wait is satisfied
+        return s
+
+    def _join(self, stream: int, algorithm: str, keep, host_request=None) -> GpuRequest:
+        ev = self.device.event_create()
+        self.device.event_record(ev, stream)
+        self.inflight.track(stream, keep)
+        return GpuRequest(self, ev, algorithm, host_request)
+
+    def _enqueued(self, stream: int, blocking: bool, algorithm: str, keep):
+        """After an op was enqueued on `stream`: keep its buffers until it has completed; a
+        request for nonblocking ops."""
+        if blocking:
+            self.inflight.track(stream, keep)
+            return None
+        return self._join(stream, algorithm, keep)
+
+    def close(self) -> Error | None:
+        """Communicator.Free (no host-transfer op is pending then): destroy the NCCL
+        communicators, the internal stream (CUDA releases it once its queued work has run) and
+        the control communicator; buffers of ops still running on the device stay referenced
+        until they complete; the device's pinned pool is freed if no host-transfer op is in
+        flight on it. Returns the first unreported failure of a blocking host-transfer op (or of
+        freeing the pool), for Free to raise once everything is released."""
+        self.inflight.retire()
+        if self.inflight.pending:
+            retire_later(self.inflight)         # released at a later GPU op, once complete
+        else:
+            self.inflight.destroy_events()
+        for c in list(self._nccl_pool.values()) + [self._nccl_base]:
+            if c is not None:
+                c.destroy()
+        self._nccl_pool.clear()
+        self._nccl_base = None
+        if self._internal is not None:
+            s, self._internal = self._internal, None
+            self.device.stream_destroy(s)
+        if self._ctl is not None:
+            self._ctl.Free()
+            self._ctl = None
+        failure = None
+        if self.device.pinned_stats()["taken"] == 0:
+            try:            # no host-transfer op in flight on the device: free the pool
+                self.device.release_pinned()
+            except Error as e:
+                failure = e
+        try:
+            self.check()
+        except Error as e:
+            failure = failure or e
+        return failure
+
+    # -- NCCL communicators: the base one and the CTA-limited pool split from it
+    def nccl_comm(self, min_ctas=None, max_ctas=None) -> nccl.NcclComm:
+        min_ctas, max_ctas = nccl_rules.cta_limits(min_ctas, max_ctas)
+        if self._nccl_base is None:
+            mpi = self.control_comm()
+            uid = nccl.get_unique_id() if mpi.Get_rank() == 0 else None
+            uid = mpi.bcast(uid, root=0)
+            # with AL_HANG_TIMEOUT, a nonblocking communicator: its creation, splits and calls
+            # are then waited for with that timeout instead of blocking inside NCCL
+            self._nccl_base = nccl.NcclComm(mpi.Get_size(), uid, mpi.Get_rank(),
+                                            blocking=nccl_rules.blocking_mode())
+        if min_ctas is None and max_ctas is None:
+            return self._nccl_base
+        key = (min_ctas, max_ctas)
+        if key not in self._nccl_pool:      # collective: every rank asks in the same order
+            self._nccl_pool[key] = self._nccl_base.split(0, self.rank, min_ctas=min_ctas,
+                                                         max_ctas=max_ctas,
+                                                         blocking=nccl_rules.blocking_mode())
+        return self._nccl_pool[key]
+
+    # -- allreduce
+    def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:
+        """`algorithm` itself if it is a GPU algorithm; for "auto": the tuning table's "cuda"
+        entries (NCCL vs host transfer, the paper's "minimal" hybrid), else NCCL when it loads,
+        else host transfer (docs/gpu.md, "Allreduce algorithms for GPU buffers")."""
+        if algorithm != "auto":
+            if algorithm in GPU_ALLREDUCE:
+                return algorithm
+            raise ValueError(f"algorithm: {algorithm!r} is not a GPU algorithm; GPU buffers take "
+                             f"{', '.join(GPU_ALLREDUCE)}")
+        if self._chooser is None:         # collective, on the first GPU "auto" call
+            exact, _, params = tuning.shared_data(self.control_comm(), self.size,
+                                                  self.local_size, "cuda")
+            # only measured entries: the host cost model knows nothing of NCCL
+            self._chooser = tuning.Chooser(self.size, exact, {}, params, GPU_CANDIDATES)
+        choice = self._chooser.explain(nbytes, itemsize)
+        if choice.source.startswith("table"):
+            return choice.algorithm
+        return "nccl" if nccl.available() else "ht_auto"
+
+    def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
+                  min_ctas=None, max_ctas=None):
+        self.check()
+        s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+        r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
+        if r.dtype != s.dtype:
+            raise TypeError(f"recvbuf has dtype {r.dtype} but sendbuf has dtype {s.dtype}")
+        if r.count < s.count:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
+        op = op if isinstance(op, Op) else as_op(op)
+        check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
+        alg = self.choose(algorithm, s.nbytes, s.dtype.itemsize)
+        if alg == "nccl" and algorithm == "auto" and (op.name not in nccl_rules.OPS
+                                                       or str(s.dtype) not in nccl.DTYPES):
+            alg = "ht_auto"                 # NCCL lacks this op or dtype: host transfer can
+        keep = (s.obj, r.obj)
+        if REGISTRY[alg].backend == "nccl":
+            nccl_op = nccl_rules.op_name(op, "; use a host-transfer algorithm")
+            comm = self.nccl_comm(min_ctas, max_ctas)
+            stream = self.stream if blocking else self._fork()
+            comm.allreduce(s.ptr, r.ptr, s.count, str(s.dtype), nccl_op, stream)
+            return self._enqueued(stream, blocking, alg, keep)
+        stream = self.stream if blocking else self._fork()
+        nop = self.host_transfer.allreduce(stream, s.ptr, r.ptr, s.count, DTYPE_CODES[s.dtype][0],
+                                           s.dtype.itemsize, op.code, alg, keep)
+        req = Request(nop, alg)
+        if blocking:            # the engine finishes it; the stream orders later work after it
+            self._unreported.append(req)
+            return None
+        return self._join(stream, alg, keep, host_request=req)
+
+    # -- the other collectives: NCCL's own, grouped send/recv where NCCL has none
+    def _run(self, name: str, blocking: bool, keep, launch):
+        self.check()
+        comm = self.nccl_comm()
+        stream = self.stream if blocking else self._fork()
+        launch(comm, stream)
+        return self._enqueued(stream, blocking, "nccl", keep)
+
+    def _pair(self, sendbuf, recvbuf, send_name="sendbuf"):
+        """The send and receive buffers; recvbuf None: in place, so sendbuf is written (it must
+        be writable). Distinct buffers must not overlap."""
+        s = self._arr(sendbuf, send_name, writable=recvbuf is None)
+        r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
+        if r.dtype != s.dtype:
+            raise TypeError(f"recvbuf has dtype {r.dtype} but {send_name} has dtype {s.dtype}")
+        if r is not s and r.ptr != s.ptr and s.ptr < r.ptr + r.nbytes and r.ptr < s.ptr + s.nbytes:
+            raise ValueError(f"{send_name} and recvbuf overlap partially")
+        return s, r
+
+    def bcast(self, buf, root: int, blocking: bool):
+        b = self._arr(buf, "buf", writable=self.rank != root)
+        return self._run("bcast", blocking, (b.obj,), lambda c, st: c.broadcast(
+            b.ptr, b.ptr, b.count, str(b.dtype), root, st))
+
+    def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool):
+        """recvbuf matters at root only, as for host buffers: elsewhere it is not read (NCCL
+        ignores the receive pointer there), so a rank's bad recvbuf cannot fail it alone."""
+        if self.rank == root:
+            s, r = self._pair(sendbuf, recvbuf)
+            if r.count < s.count:
+                raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
+        else:
+            s = r = self._arr(sendbuf, "sendbuf")
+        op = op if isinstance(op, Op) else as_op(op)
+        check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
+        nccl_op = nccl_rules.op_name(op)
+        return self._run("reduce", blocking, (s.obj, r.obj), lambda c, st: c.reduce(
+            s.ptr, r.ptr, s.count, str(s.dtype), nccl_op, root, st))
+
+    def allgather(self, sendbuf, recvbuf, blocking: bool):
+        s, r = self._pair(sendbuf, recvbuf)
+        if recvbuf is None and s.count % self.size:
+            raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
+                             f"size {self.size} (in place, it holds one block per rank)")
+        n = s.count if recvbuf is not None else s.count // self.size
+        if r.count < n * self.size:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {n * self.size}")
+        src = s.ptr if recvbuf is not None else s.ptr + self.rank * n * s.dtype.itemsize
+        return self._run("allgather", blocking, (s.obj, r.obj), lambda c, st: c.allgather(
+            src, r.ptr, n, str(s.dtype), st))
+
+    def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool):
+        s, r = self._pair(sendbuf, recvbuf)
+        if s.count % self.size:
+            raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
+                             f"size {self.size}")
+        n = s.count // self.size
+        if r.count < n:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {n}")
+        op = op if isinstance(op, Op) else as_op(op)
+        check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
+        nccl_op = nccl_rules.op_name(op)
+        # in place (recvbuf None): NCCL's in-place form writes this rank's block of sendbuf;
+        # the host API (MPI_IN_PLACE) puts the result first, so a copy on the stream moves it
+        nb = n * s.dtype.itemsize
+        dst = r.ptr if recvbuf is not None else s.ptr + self.rank * nb
+
+        def launch(c, st):
+            c.reduce_scatter(s.ptr, dst, n, str(s.dtype), nccl_op, st)
+            if recvbuf is None and self.rank != 0 and nb:
+                self.device.memcpy(s.ptr, dst, nb, st)
+        return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
+
+    def exchange(self, sends, recvs, blocking: bool, keep):
+        """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype)."""
+        def launch(c, st):
+            with nccl.group():
+                for peer, ptr, count, dt in sends:
+                    c.send(ptr, count, dt, peer, st)
+                for peer, ptr, count, dt in recvs:
+                    c.recv(ptr, count, dt, peer, st)
+        return self._run("exchange", blocking, keep, launch)
+
+    def alltoall(self, sendbuf, recvbuf, blocking: bool):
+        s, r = self._pair(sendbuf, recvbuf)
+        p, es = self.size, s.dtype.itemsize
+        if recvbuf is None or s.count % p:
+            raise ValueError("sendbuf: GPU Alltoall needs a recvbuf and a length divisible by the size")
+        n = s.count // p
+        if r.count < s.count:
+            raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
+        dt = str(s.dtype)
+        return self.exchange([(j, s.ptr + j * n * es, n, dt) for j in range(p)],
+                             [(j, r.ptr + j * n * es, n, dt) for j in range(p)], blocking, (s.obj, r.obj))
+
+    def gather(self, sendbuf, recvbuf, root: int, blocking: bool):
+        s = self._arr(sendbuf, "sendbuf")
+        dt, es, p = str(s.dtype), s.dtype.itemsize, self.size
+        sends = [(root, s.ptr, s.count, dt)]
+        recvs = []
+        keep = [s.obj]
+        if self.rank == root:
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            if r.dtype != s.dtype or r.count < p * s.count:
+                raise ValueError(f"recvbuf: needs {p * s.count} elements of {s.dtype}")
+            recvs = [(j, r.ptr + j * s.count * es, s.count, dt) for j in range(p)]
+            keep.append(r.obj)
+        return self.exchange(sends, recvs, blocking, tuple(keep))
+
+    def scatter(self, sendbuf, recvbuf, root: int, blocking: bool):
+        r = self._arr(recvbuf, "recvbuf", writable=True)
+        dt, es, p = str(r.dtype), r.dtype.itemsize, self.size
+        sends, keep = [], [r.obj]
+        if self.rank == root:
+            s = self._arr(sendbuf, "sendbuf")
+            if s.dtype != r.dtype or s.count < p * r.count:
+                raise ValueError(f"sendbuf: needs {p * r.count} elements of {r.dtype}")
+            sends = [(j, s.ptr + j * r.count * es, r.count, dt) for j in range(p)]
+            keep.append(s.obj)
+        return self.exchange(sends, [(root, r.ptr, r.count, dt)], blocking, tuple(keep))
+
+    def send(self, buf, dest: int, tag, blocking: bool):
+        nccl_rules.check_p2p_args(tag, None, self._any_source)
+        b = self._arr(buf, "buf")
+        return self.exchange([(dest, b.ptr, b.count, str(b.dtype))], [], blocking, (b.obj,))
+
+    def recv(self, buf, source: int, tag, blocking: bool):
+        nccl_rules.check_p2p_args(tag, source, self._any_source)
+        b = self._arr(buf, "buf", writable=True)
+        return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag, blocking: bool):
+        nccl_rules.check_p2p_args(tag, source, self._any_source)
+        if recvbuf is None:
+            raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
+        s, r = self._pair(sendbuf, recvbuf)
+        if s.ptr == r.ptr and s.nbytes and r.nbytes:
+            raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
+        return self.exchange([(dest, s.ptr, s.count, str(s.dtype))],
+                             [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))

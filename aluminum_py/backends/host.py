@@ -1,0 +1,316 @@
+"""The host backend: collectives and point-to-point on host buffers over MPI, run by the native
+core (``_core``): each call checks its buffers, builds one native op and runs it in the caller
+with the GIL released (blocking) or hands it to the progress engine (nonblocking). The allreduce
+of numpy arrays takes the native fast path (``_core.Launcher.allreduce``: buffer checks, auto's
+cached choice and the cached schedule in Cython), whose error messages come from :class:`_Hooks`.
+"""
+from __future__ import annotations
+
+import operator
+
+from .. import _core, config, schedules, tuning
+from ..algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES
+from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
+                       same_dtype)
+from ..errors import Error, TimeoutError, UnavailableError
+from ..gpu import cuda_device_count
+from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
+from ..request import Request, _check
+
+K = _core.KINDS
+
+
+class _Hooks:
+    """What the native call path calls back for: unusual buffers, and every error message."""
+
+    as_array = staticmethod(as_array)
+    same_dtype = staticmethod(same_dtype)
+    at_least = staticmethod(at_least)
+    no_partial_overlap = staticmethod(no_partial_overlap)
+
+    @staticmethod
+    def fail(message):
+        raise Error(message)
+
+    @staticmethod
+    def unavailable(message):
+        raise UnavailableError(message)
+
+    @staticmethod
+    def request(op, algorithm):
+        return Request(op, algorithm)
+
+    @staticmethod
+    def raise_error(op):
+        _check(op)
+
+    @staticmethod
+    def raise_timeout(op, timeout):
+        raise TimeoutError(f"{op.describe()}: not complete after {timeout:g} s "
+                           f"(AL_HANG_TIMEOUT; a peer that never joined?)")
+
+    @staticmethod
+    def bad_algorithm(algorithm):
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        if algorithm in GPU_ALLREDUCE and cuda_device_count() == 0:
+            raise UnavailableError(f"algorithm: {algorithm!r} is for GPU buffers and no CUDA "
+                                   f"device is available")
+        if algorithm in GPU_ALLREDUCE:
+            raise ValueError(f"algorithm: {algorithm!r} is for GPU buffers; host buffers take "
+                             f"{', '.join(HOST_ALLREDUCE)}")
+        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; choose from "
+                         f"{', '.join(HOST_ALLREDUCE)}")
+
+    @staticmethod
+    def check_op(opcode, code, dtype):
+        check_op(OPS[opcode], code, dtype)
+
+    @staticmethod
+    def too_many(n, name):
+        check_count(n, name)
+
+
+_core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
+                [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
+
+
+_largest_local_size = 0
+
+
+def set_engine_yield(local_size: int) -> None:
+    """The engine's polling policy: AL_ENGINE_YIELD, else by whether ranks outnumber cores
+    (judged from the largest communicator created so far on this node)."""
+    global _largest_local_size
+    _largest_local_size = max(_largest_local_size, local_size)
+    every = config.engine_yield()
+    _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
+
+
+def _no_ctas(min_ctas, max_ctas) -> None:
+    if max_ctas is not None or min_ctas is not None:
+        raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
+
+
+class HostBackend:
+    """Host buffers of one Communicator.
+
+    Args:
+        state: the communicator's native state (``_core.CommState`` over its collective and
+            point-to-point MPI communicators, which this backend frees at ``close``).
+        tuning_comm: the MPI communicator whose rank 0 reads the tuning table for "auto"
+            (collective: construction is).
+        local_size: ranks on this node (the tuning table's key).
+        any_source, any_tag: MPI.ANY_SOURCE and MPI.ANY_TAG.
+    """
+
+    def __init__(self, state, tuning_comm, local_size: int, any_source: int, any_tag: int):
+        self.state = state
+        self.rank = state.rank
+        self.size = state.size
+        self._any_source = any_source
+        self._any_tag = any_tag
+        set_engine_yield(local_size)
+        exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
+        self.chooser = tuning.Chooser(self.size, exact, fitted, params, HOST_CANDIDATES)
+        self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
+                                       HOST_ALLREDUCE)
+        # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
+        # timeout): the Communicator calls it directly for numpy arrays, adding no Python call
+        self.fast_allreduce = self.launcher.allreduce
+
+    def close(self) -> None:
+        self.state.coll_comm.Free()
+        self.state.p2p_comm.Free()
+
+    # ------------------------------------------------------------------ choosing
+    def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:
+        if algorithm == "auto":
+            return self.launcher.choose(nbytes, itemsize)
+        if isinstance(algorithm, str) and algorithm in HOST_ALLREDUCE:
+            return algorithm
+        return _Hooks.bad_algorithm(algorithm)
+
+    def explain(self, nbytes: int, itemsize: int) -> "tuning.Choice":
+        return self.chooser.explain(nbytes, itemsize)
+
+    # ------------------------------------------------------------------ helpers
+    def _build_schedule(self, alg: str, count: int, inplace: bool):
+        steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)
+        return _core.Schedule(steps, tmp)
+
+    def _launch(self, op, blocking: bool, algorithm: str):
+        return self.launcher.launch(op, blocking, config.hang_timeout_native(), algorithm)
+
+    def _reduction(self, op, arr):
+        op = as_op(op)
+        code = DTYPE_CODES[arr.dtype][0]
+        check_op(op, code, arr.dtype)
+        return op, code
+
+    def _tag_arg(self, tag, allow_any: bool) -> int:
+        try:
+            t = operator.index(tag)
+        except TypeError:
+            raise TypeError(f"tag: expected an int, got {type(tag).__name__}") from None
+        if allow_any and t == self._any_tag:
+            return t
+        if not 0 <= t <= 32767:
+            raise ValueError(f"tag: {t} is out of range (0..32767)")
+        return t
+
+    def _blocks_in_place(self, buf, name):
+        """In-place form of a gather-like op: `buf` holds `size` blocks."""
+        b = as_array(buf, name, writable=True)
+        self._divisible(b, name)
+        return b, b.size // self.size
+
+    @staticmethod
+    def _result(s, recvbuf, n: int, what: str):
+        """Where a reduction of sendbuf `s` lands: (s, send address 0, i.e. MPI_IN_PLACE) for
+        recvbuf None, else recvbuf checked for `n` elements of s's dtype, with send address 0 if
+        it is s itself (and an error if it overlaps s otherwise)."""
+        if recvbuf is None:
+            return s, 0
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, n, "recvbuf", what)
+        return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else addr(s))
+
+    def _divisible(self, arr, name: str) -> None:
+        if arr.size % self.size:
+            raise ValueError(f"{name}: {arr.size} elements is not divisible by the communicator "
+                             f"size {self.size}")
+
+    def _separate(self, sendbuf, recvbuf, blocks: int, what: str):
+        """sendbuf and a recvbuf of `blocks` times its length that shares no memory with it
+        (MPI forbids aliased buffers in these ops; in place is only ever recvbuf=None)."""
+        s = as_array(sendbuf, "sendbuf")
+        if blocks == 1:
+            self._divisible(s, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, blocks * s.size, "recvbuf", what)
+        no_overlap(s, r, "sendbuf", "recvbuf")
+        return s, r
+
+    def _move(self, kind, name, s, r, n, blocking, root=0):
+        """Launch a data-movement op: s/r are arrays or None (None sendbuf: MPI_IN_PLACE)."""
+        arr = s if s is not None else r
+        code = DTYPE_CODES[arr.dtype][0]
+        nop = _core.make_op(self.state, K[kind], name, 0 if s is None else addr(s),
+                            0 if r is None else addr(r), check_count(n, "count"), code,
+                            arr.itemsize, 0, root=root, keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
+                  min_ctas=None, max_ctas=None):
+        _no_ctas(min_ctas, max_ctas)
+        return self.launcher.allreduce(sendbuf, recvbuf,
+                                       op.code if type(op) is Op else as_op(op).code,
+                                       algorithm, blocking, config.hang_timeout_native())
+
+    def reduce(self, sendbuf, recvbuf, op, root, blocking):
+        at_root = self.rank == root
+        s = as_array(sendbuf, "sendbuf", writable=at_root and recvbuf is None)
+        op, code = self._reduction(op, s)
+        count = check_count(s.size, "sendbuf")
+        sp, rp, r = addr(s), 0, None
+        if at_root:
+            r, sp = self._result(s, recvbuf, count, "one element per sendbuf element")
+            rp = addr(r)
+        avg = float(self.size) if (op is AVG and at_root) else 0.0
+        nop = _core.make_op(self.state, K["reduce"], "reduce", sp, rp, count, code, s.itemsize,
+                            op.code, root=root, avg_div=avg, avg_buf=rp, avg_cnt=count,
+                            keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    def reduce_scatter(self, sendbuf, recvbuf, op, blocking):
+        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
+        self._divisible(s, "sendbuf")
+        op, code = self._reduction(op, s)
+        n = check_count(s.size // self.size, "recvbuf")
+        r, sp = self._result(s, recvbuf, n, "len(sendbuf) // size")
+        rp = addr(r)
+        avg = float(self.size) if op is AVG else 0.0
+        nop = _core.make_op(self.state, K["reduce_scatter"], "reduce_scatter", sp, rp, n, code,
+                            s.itemsize, op.code, avg_div=avg, avg_buf=rp, avg_cnt=n, keep=(s, r))
+        return self._launch(nop, blocking, "mpi")
+
+    def allgather(self, sendbuf, recvbuf, blocking):
+        if recvbuf is None:
+            r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            return self._move("allgather", "allgather", None, r, n, blocking)
+        s, r = self._separate(sendbuf, recvbuf, self.size, "size * len(sendbuf)")
+        return self._move("allgather", "allgather", s, r, s.size, blocking)
+
+    def bcast(self, buf, root, blocking):
+        b = as_array(buf, "buf", writable=self.rank != root)
+        nop = _core.make_op(self.state, K["bcast"], "bcast", 0, addr(b), check_count(b.size, "buf"),
+                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
+        return self._launch(nop, blocking, "mpi")
+
+    def alltoall(self, sendbuf, recvbuf, blocking):
+        if recvbuf is None:
+            r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            return self._move("alltoall", "alltoall", None, r, n, blocking)
+        s, r = self._separate(sendbuf, recvbuf, 1, "len(sendbuf)")
+        return self._move("alltoall", "alltoall", s, r, s.size // self.size, blocking)
+
+    def gather(self, sendbuf, recvbuf, root, blocking):
+        if self.rank != root:
+            s = as_array(sendbuf, "sendbuf")
+            return self._move("gather", "gather", s, None, s.size, blocking, root)
+        if recvbuf is None:
+            r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            return self._move("gather", "gather", None, r, n, blocking, root)
+        s, r = self._separate(sendbuf, recvbuf, self.size, "size * len(sendbuf)")
+        return self._move("gather", "gather", s, r, s.size, blocking, root)
+
+    def scatter(self, sendbuf, recvbuf, root, blocking):
+        if self.rank != root:
+            if recvbuf is None:
+                raise TypeError("recvbuf: required on non-root ranks")
+            r = as_array(recvbuf, "recvbuf", writable=True)
+            return self._move("scatter", "scatter", r, r, r.size, blocking, root)  # sendbuf unused
+        s = as_array(sendbuf, "sendbuf")
+        self._divisible(s, "sendbuf")
+        n = s.size // self.size
+        if recvbuf is None:
+            return self._move("scatter", "scatter", s, None, n, blocking, root)
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, n, "recvbuf", "len(sendbuf) // size")
+        no_overlap(s, r, "sendbuf", "recvbuf")
+        return self._move("scatter", "scatter", s, r, n, blocking, root)
+
+    def barrier(self, blocking):
+        nop = _core.make_op(self.state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)
+        return self._launch(nop, blocking, "mpi")
+
+    # ------------------------------------------------------------------ point to point
+    def send(self, buf, dest, tag, blocking):
+        b = as_array(buf, "buf")
+        nop = _core.make_op(self.state, K["send"], "send", addr(b), 0, check_count(b.size, "buf"),
+                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=dest,
+                            tag=self._tag_arg(tag, False), keep=(b,))
+        return self._launch(nop, blocking, "mpi")
+
+    def recv(self, buf, source, tag, blocking):
+        b = as_array(buf, "buf", writable=True)
+        nop = _core.make_op(self.state, K["recv"], "recv", 0, addr(b), check_count(b.size, "buf"),
+                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=source,
+                            tag=self._tag_arg(tag, True), keep=(b,))
+        return self._launch(nop, blocking, "mpi")
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking):
+        s = as_array(sendbuf, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        no_overlap(s, r, "sendbuf", "recvbuf", "Sendrecv needs separate send and receive buffers")
+        nop = _core.make_op(self.state, K["sendrecv"], "sendrecv", addr(s), addr(r),
+                            check_count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize,
+                            0, root=dest, count2=check_count(r.size, "recvbuf"), peer2=source,
+                            tag=self._tag_arg(tag, False), keep=(s, r))
+        return self._launch(nop, blocking, "mpi")

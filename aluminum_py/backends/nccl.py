@@ -1,0 +1,40 @@
+"""What the GPU backend needs to know of NCCL beyond the binding (:mod:`aluminum_py.nccl`):
+which ops it has, its point-to-point rules (no tags, no wildcard source), the CTA-limit defaults
+and the communicator's blocking mode."""
+from __future__ import annotations
+
+import os
+
+from .. import config
+
+OPS = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}   # al -> NCCL
+
+
+def op_name(op, hint: str = "") -> str:
+    """NCCL's name of the reduction `op` (an al.Op), or TypeError: NCCL has no such op."""
+    name = OPS.get(op.name)
+    if name is None:
+        raise TypeError(f"op: NCCL has no {op.name}{hint}")
+    return name
+
+
+def check_p2p_args(tag, source, any_source) -> None:
+    """GPU point-to-point goes through NCCL, which has neither tags nor wildcard sources."""
+    if tag != 0:
+        raise ValueError("tag: GPU buffers go through NCCL, which has no tags; use tag=0")
+    if source is not None and source == any_source:
+        raise ValueError("source: NCCL cannot receive from MPI.ANY_SOURCE; name the rank")
+
+
+def cta_limits(min_ctas, max_ctas) -> tuple[int | None, int | None]:
+    """The thread-block limits of one op: as given, else AL_NCCL_MIN_CTAS / AL_NCCL_MAX_CTAS."""
+    if min_ctas is None and os.environ.get("AL_NCCL_MIN_CTAS"):
+        min_ctas = int(os.environ["AL_NCCL_MIN_CTAS"])
+    if max_ctas is None and os.environ.get("AL_NCCL_MAX_CTAS"):
+        max_ctas = int(os.environ["AL_NCCL_MAX_CTAS"])
+    return min_ctas, max_ctas
+
+
+def blocking_mode():
+    """ncclConfig_t.blocking: 0 when AL_HANG_TIMEOUT is set (else NCCL's default, 1)."""
+    return False if config.hang_timeout() is not None else None
