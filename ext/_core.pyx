@@ -28,7 +28,7 @@ from mpi4py.libmpi cimport MPI_Comm, MPI_Request, MPI_Datatype, MPI_Op
 from libal cimport *
 
 # One concept per file (ext/core/); the order matters only for module-level statements.
-include "core/types.pxi"            # enums, al_step, al_comm, al_op
+include "core/types.pxi"            # enums, the per-kind property table, al_step, al_comm, al_op
 include "core/constants.pxi"        # Python names of the C constants
 include "core/scratch.pxi"          # the scratch buffer pool
 include "core/op.pxi"               # the op state machine: op_start, op_step, op_finish, op_cancel

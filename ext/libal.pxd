@@ -6,7 +6,8 @@ from libc.stdint cimport uint32_t
 from posix.time cimport timespec
 
 cdef extern from "al_reduce.h" nogil:
-    # codes shared with Python (aluminum_py/ops.py)
+    # Codes shared with Python: _core exports them (core/constants.pxi) and aluminum_py.ops
+    # reads them from there.
     enum:                   # enum al_dtype
         AL_INT8, AL_INT16, AL_INT32, AL_INT64
         AL_UINT8, AL_UINT16, AL_UINT32, AL_UINT64

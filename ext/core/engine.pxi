@@ -47,24 +47,25 @@ cdef inline void notify_done(al_op* op) noexcept nogil:
         pthread_mutex_unlock(&g_lock)
 
 cdef inline int starts_mpi_collective(al_op* op) noexcept nogil:
-    """Ops whose start issues an MPI collective call on the collective communicator."""
-    if K_ALLREDUCE <= op.kind <= K_BARRIER:
-        return 1
-    return op.kind == K_HOST_TRANSFER and op.inner != NULL and op.inner.kind != K_SCHEDULE
+    """Ops whose start issues an MPI collective call on the collective communicator (a
+    host-transfer op: when its inner host algorithm is one)."""
+    if op.kind == K_HOST_TRANSFER:
+        return op.ht.inner != NULL and kind_info(op.ht.inner.kind).mpi_collective
+    return kind_info(op.kind).mpi_collective
 
 cdef inline int ht_gate(al_op* active, al_comm* c) noexcept nogil:
     """An active host-transfer op on `c` still waiting to start its inner MPI collective."""
     cdef al_op* op = active
     while op != NULL:
-        if (op.comm == c and op.kind == K_HOST_TRANSFER and op.ht_phase == 0
-                and op.inner != NULL and op.inner.kind != K_SCHEDULE):
+        if (op.comm == c and op.kind == K_HOST_TRANSFER and op.ht.phase == HT_COPY_OUT
+                and op.ht.inner != NULL and kind_info(op.ht.inner.kind).mpi_collective):
             return 1
         op = op.next
     return 0
 
 cdef inline int64_t op_bytes(al_op* op) noexcept nogil:
     """The bytes an all-reduce moves per rank (0 for other kinds)."""
-    if op.kind == K_SCHEDULE or op.kind == K_ALLREDUCE:
+    if kind_info(op.kind).allreduce_bytes:
         return op.count * op.esize
     return 0
 

@@ -6,7 +6,6 @@
 cdef object _hooks = None           # aluminum_py.communicator._Hooks instance
 cdef dict _dtype_codes = {}         # np.dtype -> dtype code
 cdef int _valid[16][16]             # capability table: _valid[dtype][op]
-cdef int _avg_code = 10
 memset(_valid, 0, sizeof(_valid))
 
 def configure(hooks, dtype_codes, valid_pairs):

@@ -54,7 +54,7 @@ cdef class Launcher:
         # rank still has ops pending): blocking calls use the blocking MPI call, wherever they
         # run (here or, behind pending ops, in the engine), unless a hang timeout is set (the
         # same on every rank), which needs the pollable MPI_I* call.
-        o.op.blocking = blocking and timeout < 0
+        o.op.mpi.blocking = blocking and timeout < 0
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)
@@ -108,10 +108,10 @@ cdef class Launcher:
         cdef NativeOp o = NativeOp.__new__(NativeOp)
         cdef Schedule sched
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
-        o.op.avg_buf = <char*>rp
-        o.op.avg_cnt = count
-        if opcode == _avg_code:
-            o.op.avg_div = <double>self.state.c.size
+        o.op.result.buf = <char*>rp
+        o.op.result.count = count
+        if opcode == AL_AVG:
+            o.op.result.avg_div = <double>self.state.c.size
         if alg == "mpi":
             o.op.kind = K_ALLREDUCE
             o.op.sbuf = NULL if inplace else <char*>sp
@@ -120,10 +120,10 @@ cdef class Launcher:
         else:
             sched = self.schedule(alg, count, inplace)
             o.op.tag = self.state.next_tag()
-            o.op.steps = sched.steps
-            o.op.nsteps = sched.nsteps
-            o.op.avg_in_steps = sched.owned
-            o.op.tmpbytes = <size_t>(sched.tmp_elems * esize)
+            o.op.sched.steps = sched.steps
+            o.op.sched.nsteps = sched.nsteps
+            o.op.result.avg_in_steps = sched.owned
+            o.op.sched.tmpbytes = <size_t>(sched.tmp_elems * esize)
             o.name = "allreduce/" + alg
             o.keep = (self.state, sched, keep)
         return o
@@ -165,38 +165,38 @@ cdef class Launcher:
         outer.op.kind = K_HOST_TRANSFER
         outer.op.phase = PH_NEW
         outer.op.comm = self.state.c
-        outer.op.dev = d
-        outer.op.stream = <void*>stream
-        outer.op.pinned = pinned
-        outer.op.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
-        outer.op.flag[0] = 0                      # release: written by the engine
-        outer.op.flag[1] = 0                      # copy to pinned done: written by the stream
-        outer.op.flag[2] = 0                      # copy back done: written by the stream
-        outer.op.inner = inner.op
+        outer.op.ht.dev = d
+        outer.op.ht.stream = <void*>stream
+        outer.op.ht.pinned = pinned
+        outer.op.ht.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
+        outer.op.ht.flag[FLAG_RELEASE] = 0           # written by the engine
+        outer.op.ht.flag[FLAG_COPIED_OUT] = 0        # written by the stream
+        outer.op.ht.flag[FLAG_COPIED_BACK] = 0       # written by the stream
+        outer.op.ht.inner = inner.op
         if timeout > 0:
-            outer.op.hang = timeout
-            outer.op.deadline = al_now() + timeout
+            outer.op.ht.hang = timeout
+            outer.op.ht.deadline = al_now() + timeout
         outer.name = "allreduce/ht_" + alg
         outer.keep = (self.state, inner, (dev, keep))
         what = "cuMemcpyAsync (device to pinned)"
-        rc = d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.stream)
+        rc = d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.ht.stream)
         if rc == 0:
             what = "cuStreamWriteValue32"
-            rc = d.write_value32(d.ctx, outer.op.stream, &outer.op.flag[1], 1)
+            rc = d.write_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_COPIED_OUT], 1)
         if rc == 0:
             what = "cuStreamWaitValue32"
-            rc = d.wait_value32(d.ctx, outer.op.stream, outer.op.flag, 1)
+            rc = d.wait_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_RELEASE], 1)
         if rc == 0:
             what = "cuMemcpyAsync (pinned to device)"
-            rc = d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.stream)
+            rc = d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.ht.stream)
         if rc == 0:
             what = "cuStreamWriteValue32"
-            rc = d.write_value32(d.ctx, outer.op.stream, &outer.op.flag[2], 1)
+            rc = d.write_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_COPIED_BACK], 1)
         if rc != 0:
             # part of the op may be queued: release the stream, leak the buffer (the stream
             # may still copy from it), never submit
-            al_store_release(<int*>outer.op.flag, 1)
-            outer.op.pinned = NULL
+            al_store_release(<int*>&outer.op.ht.flag[FLAG_RELEASE], 1)
+            outer.op.ht.pinned = NULL
             outer.op.phase = PH_DONE
             dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)
         outer.submit()

@@ -26,31 +26,31 @@ cdef int mpi_tables_init() except -1:
     global g_mpi_ready
     if g_mpi_ready:
         return 0
-    g_types[0] = mpi.MPI_INT8_T
-    g_types[1] = mpi.MPI_INT16_T
-    g_types[2] = mpi.MPI_INT32_T
-    g_types[3] = mpi.MPI_INT64_T
-    g_types[4] = mpi.MPI_UINT8_T
-    g_types[5] = mpi.MPI_UINT16_T
-    g_types[6] = mpi.MPI_UINT32_T
-    g_types[7] = mpi.MPI_UINT64_T
-    g_types[8] = mpi.MPI_UINT16_T     # float16: moved as 16-bit words, reduced by our user ops
-    g_types[9] = mpi.MPI_UINT16_T     # bfloat16: likewise
-    g_types[10] = mpi.MPI_FLOAT
-    g_types[11] = mpi.MPI_DOUBLE
-    g_types[12] = mpi.MPI_C_FLOAT_COMPLEX
-    g_types[13] = mpi.MPI_C_DOUBLE_COMPLEX
-    g_mpi_ops[0] = mpi.MPI_SUM
-    g_mpi_ops[1] = mpi.MPI_PROD
-    g_mpi_ops[2] = mpi.MPI_MIN
-    g_mpi_ops[3] = mpi.MPI_MAX
-    g_mpi_ops[4] = mpi.MPI_LAND
-    g_mpi_ops[5] = mpi.MPI_LOR
-    g_mpi_ops[6] = mpi.MPI_LXOR
-    g_mpi_ops[7] = mpi.MPI_BAND
-    g_mpi_ops[8] = mpi.MPI_BOR
-    g_mpi_ops[9] = mpi.MPI_BXOR
-    g_mpi_ops[10] = mpi.MPI_SUM       # AVG: SUM, then divide
+    g_types[AL_INT8] = mpi.MPI_INT8_T
+    g_types[AL_INT16] = mpi.MPI_INT16_T
+    g_types[AL_INT32] = mpi.MPI_INT32_T
+    g_types[AL_INT64] = mpi.MPI_INT64_T
+    g_types[AL_UINT8] = mpi.MPI_UINT8_T
+    g_types[AL_UINT16] = mpi.MPI_UINT16_T
+    g_types[AL_UINT32] = mpi.MPI_UINT32_T
+    g_types[AL_UINT64] = mpi.MPI_UINT64_T
+    g_types[AL_FLOAT16] = mpi.MPI_UINT16_T     # float16: moved as 16-bit words, reduced by our user ops
+    g_types[AL_BFLOAT16] = mpi.MPI_UINT16_T     # bfloat16: likewise
+    g_types[AL_FLOAT32] = mpi.MPI_FLOAT
+    g_types[AL_FLOAT64] = mpi.MPI_DOUBLE
+    g_types[AL_COMPLEX64] = mpi.MPI_C_FLOAT_COMPLEX
+    g_types[AL_COMPLEX128] = mpi.MPI_C_DOUBLE_COMPLEX
+    g_mpi_ops[AL_SUM] = mpi.MPI_SUM
+    g_mpi_ops[AL_PROD] = mpi.MPI_PROD
+    g_mpi_ops[AL_MIN] = mpi.MPI_MIN
+    g_mpi_ops[AL_MAX] = mpi.MPI_MAX
+    g_mpi_ops[AL_LAND] = mpi.MPI_LAND
+    g_mpi_ops[AL_LOR] = mpi.MPI_LOR
+    g_mpi_ops[AL_LXOR] = mpi.MPI_LXOR
+    g_mpi_ops[AL_BAND] = mpi.MPI_BAND
+    g_mpi_ops[AL_BOR] = mpi.MPI_BOR
+    g_mpi_ops[AL_BXOR] = mpi.MPI_BXOR
+    g_mpi_ops[AL_AVG] = mpi.MPI_SUM       # AVG: SUM, then divide
     mpi.MPI_Op_create(uop_f16_sum, 1, &g_half_ops[0][0])
     mpi.MPI_Op_create(uop_f16_prod, 1, &g_half_ops[0][1])
     mpi.MPI_Op_create(uop_f16_min, 1, &g_half_ops[0][2])

@@ -42,9 +42,9 @@ cdef class NativeOp:
         cdef al_op* o = self.op
         cdef al_step* st
         phase = ("new", "running", "done")[o.phase]
-        if o.kind == K_SCHEDULE and o.phase == PH_RUNNING and o.cur < o.nsteps:
-            st = &o.steps[o.cur]
-            return (f"{self.name}: step {o.cur + 1}/{o.nsteps} waiting "
+        if o.kind == K_SCHEDULE and o.phase == PH_RUNNING and o.sched.cur < o.sched.nsteps:
+            st = &o.sched.steps[o.sched.cur]
+            return (f"{self.name}: step {o.sched.cur + 1}/{o.sched.nsteps} waiting "
                     f"(recv from rank {st.recv_peer}, send to rank {st.send_peer}, tag {o.tag})")
         return f"{self.name}: {phase}"
 
@@ -99,7 +99,7 @@ cdef inline void init_op(al_op* op, al_comm* c, int kind, char* sbuf, char* rbuf
     op.esize = esize
     op.rop = rop
     op.mtype = g_types[dtype]
-    op.mop = mpi_op_for(dtype, rop)
+    op.mpi.mop = mpi_op_for(dtype, rop)
 
 
 def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t count,
@@ -111,16 +111,16 @@ def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t 
     cdef al_op* op = o.op
     init_op(op, cs.c, kind, <char*>sbuf, <char*>rbuf, count, dtype, esize, rop)
     op.tag = tag
-    op.count2 = count2
-    op.root = root
-    op.peer2 = peer2
-    op.avg_div = avg_div
-    op.avg_buf = <char*>avg_buf
-    op.avg_cnt = avg_cnt
+    op.mpi.count2 = count2
+    op.mpi.root = root
+    op.mpi.peer2 = peer2
+    op.result.avg_div = avg_div
+    op.result.buf = <char*>avg_buf
+    op.result.count = avg_cnt
     if schedule is not None:
-        op.steps = schedule.steps
-        op.nsteps = schedule.nsteps
-        op.tmpbytes = <size_t>(schedule.tmp_elems * esize)
+        op.sched.steps = schedule.steps
+        op.sched.nsteps = schedule.nsteps
+        op.sched.tmpbytes = <size_t>(schedule.tmp_elems * esize)
     o.keep = (cs, schedule, keep)
     o.name = name
     return o

@@ -23,36 +23,36 @@ cdef inline int status_error(al_op* op, int rc) noexcept nogil:
     return rc
 
 cdef int op_finish(al_op* op) noexcept nogil:
-    # post-processing of this rank's result region (avg_buf[:avg_cnt])
-    if op.err == 0 and op.avg_cnt > 0:
-        if op.avg_div > 0 and not op.avg_in_steps:
-            al_scale_div(op.dtype, op.avg_buf, <size_t>op.avg_cnt, op.avg_div)
+    # post-processing of this rank's result region (result.buf[:result.count])
+    if op.err == 0 and op.result.count > 0:
+        if op.result.avg_div > 0 and not op.result.avg_in_steps:
+            al_scale_div(op.dtype, op.result.buf, <size_t>op.result.count, op.result.avg_div)
         if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
             # one rank: no reduction ran, but logical results are 0/1 as with more ranks
-            al_reduce(op.dtype, AL_LAND, op.avg_buf, op.avg_buf, op.avg_buf, <size_t>op.avg_cnt)
-    if op.tmp != NULL:
-        scratch_put(op.tmp, op.tmpbytes)
-        op.tmp = NULL
+            al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf, <size_t>op.result.count)
+    if op.sched.tmp != NULL:
+        scratch_put(op.sched.tmp, op.sched.tmpbytes)
+        op.sched.tmp = NULL
     op.phase = PH_DONE
     return 1
 
 
 cdef int op_start(al_op* op, int block) noexcept nogil:
     """Begin an op. Schedules wait for their first step only with `block`; MPI pass-through
-    ops make the blocking MPI call when op.blocking. Returns 1 if already complete."""
+    ops make the blocking MPI call when op.mpi.blocking. Returns 1 if already complete."""
     op.phase = PH_RUNNING
     op.t_start = al_now()
     if op.kind == K_HOST_TRANSFER:
-        op.ht_phase = 0
+        op.ht.phase = HT_COPY_OUT
         return ht_step(op)
     if op.kind == K_SCHEDULE:
-        op.cur = 0
-        op.posted = 0
-        if op.tmpbytes > 0:
-            op.tmp = scratch_get(op.tmpbytes, &op.tmpbytes)
-            if op.tmp == NULL:
+        op.sched.cur = 0
+        op.sched.posted = 0
+        if op.sched.tmpbytes > 0:
+            op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
+            if op.sched.tmp == NULL:
                 op.err = -1
-                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch", op.tmpbytes)
+                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch", op.sched.tmpbytes)
                 return op_finish(op)
         return sched_advance(op, block)
     return mpi_start(op)
@@ -84,8 +84,8 @@ cdef int op_step(al_op* op, int block) noexcept nogil:
 cdef inline int req_is_recv(al_op* op, int i) noexcept nogil:
     """Whether op.reqs[i] is a receive (see sched_advance and mpi_start for the order)."""
     if op.kind == K_SCHEDULE:
-        return i == 0 and op.cur < op.nsteps and op.steps[op.cur].recv_peer >= 0
-    return (op.kind == K_RECV or op.kind == K_SENDRECV) and i == 0
+        return i == 0 and op.sched.cur < op.sched.nsteps and op.sched.steps[op.sched.cur].recv_peer >= 0
+    return i == 0 and kind_info(op.kind).recv_first
 
 cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
     """Abandon an op (engine shutdown): cancel its outstanding receives and free every
@@ -100,10 +100,10 @@ cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
             mpi.MPI_Cancel(&op.reqs[i])
         mpi.MPI_Request_free(&op.reqs[i])
     op.nreqs = 0
-    if op.kind == K_HOST_TRANSFER and op.flag != NULL:
-        if op.inner != NULL and op.inner.phase == PH_RUNNING:
-            op_cancel(op.inner, why)
-        al_store_release(<int*>op.flag, 1)        # never leave a device stream blocked
+    if op.kind == K_HOST_TRANSFER and op.ht.flag != NULL:
+        if op.ht.inner != NULL and op.ht.inner.phase == PH_RUNNING:
+            op_cancel(op.ht.inner, why)
+        al_store_release(<int*>&op.ht.flag[FLAG_RELEASE], 1)   # never leave a device stream blocked
         # the pinned buffer is leaked: the device may still copy from it
     op.err = -1
     strncpy(op.errmsg, why, 255)
