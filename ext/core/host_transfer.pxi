@@ -39,14 +39,14 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
     left to MPI (freeing or cancelling one is erroneous).  The pinned buffer and the inner
     op's scratch are leaked: the device or MPI may still write into them."""
     cdef al_op* inner = op.ht.inner
+    cdef al_sched_state* s = &inner.sched
     cdef int i
     cdef char where[160]
     if op.ht.phase == HT_COPY_OUT:
         snprintf(where, 160, "the stream had not reached it (device-to-pinned copy not complete)")
-    elif inner.kind == K_SCHEDULE and inner.phase == PH_RUNNING and inner.sched.cur < inner.sched.nsteps:
+    elif inner.kind == K_SCHEDULE and inner.phase == PH_RUNNING and s.cur < s.nsteps:
         snprintf(where, 160, "host algorithm at step %d/%d (recv from rank %d, send to rank %d, tag %d)",
-                 inner.sched.cur + 1, inner.sched.nsteps, inner.sched.steps[inner.sched.cur].recv_peer,
-                 inner.sched.steps[inner.sched.cur].send_peer, inner.tag)
+                 s.cur + 1, s.nsteps, s.steps[s.cur].recv_peer, s.steps[s.cur].send_peer, inner.tag)
     else:
         snprintf(where, 160, "host algorithm (MPI call) not complete")
     if inner.phase == PH_RUNNING:

@@ -29,7 +29,8 @@ cdef int op_finish(al_op* op) noexcept nogil:
             al_scale_div(op.dtype, op.result.buf, <size_t>op.result.count, op.result.avg_div)
         if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
             # one rank: no reduction ran, but logical results are 0/1 as with more ranks
-            al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf, <size_t>op.result.count)
+            al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf,
+                      <size_t>op.result.count)
     if op.sched.tmp != NULL:
         scratch_put(op.sched.tmp, op.sched.tmpbytes)
         op.sched.tmp = NULL
@@ -52,7 +53,8 @@ cdef int op_start(al_op* op, int block) noexcept nogil:
             op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
             if op.sched.tmp == NULL:
                 op.err = -1
-                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch", op.sched.tmpbytes)
+                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",
+                         op.sched.tmpbytes)
                 return op_finish(op)
         return sched_advance(op, block)
     return mpi_start(op)
@@ -84,7 +86,8 @@ cdef int op_step(al_op* op, int block) noexcept nogil:
 cdef inline int req_is_recv(al_op* op, int i) noexcept nogil:
     """Whether op.reqs[i] is a receive (see sched_advance and mpi_start for the order)."""
     if op.kind == K_SCHEDULE:
-        return i == 0 and op.sched.cur < op.sched.nsteps and op.sched.steps[op.sched.cur].recv_peer >= 0
+        return (i == 0 and op.sched.cur < op.sched.nsteps
+                and op.sched.steps[op.sched.cur].recv_peer >= 0)
     return i == 0 and kind_info(op.kind).recv_first
 
 cdef void op_cancel(al_op* op, const char* why) noexcept nogil:

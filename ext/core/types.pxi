@@ -4,7 +4,7 @@
 # op kinds: what a NativeOp runs (communicator.py picks them by name from KINDS)
 cdef enum:                  # al_kind
     K_SCHEDULE = 0          # one of our allreduce algorithms, run as a schedule (schedule.pxi)
-    K_ALLREDUCE = 1         # the rest up to K_SENDRECV: the MPI library's own call (passthrough.pxi)
+    K_ALLREDUCE = 1         # up to K_SENDRECV: the MPI library's own call (passthrough.pxi)
     K_REDUCE = 2
     K_REDUCE_SCATTER = 3
     K_ALLGATHER = 4
@@ -139,7 +139,7 @@ ctypedef struct al_mpi_args:     # MPI pass-through kinds: the call's arguments 
     int peer2            # source for sendrecv
     int64_t count2       # elements sendrecv receives
 
-ctypedef struct al_result:       # reductions: this rank's result region, post-processed by op_finish
+ctypedef struct al_result:       # reductions: this rank's result region (op_finish)
     double avg_div       # > 0: divide buf[:count] by it at the end (AVG), or each
                          # owned block after its step when avg_in_steps
     char* buf
