@@ -7,7 +7,7 @@ from posix.time cimport timespec
 
 cdef extern from "al_reduce.h" nogil:
     # Codes shared with Python: _core exports them (core/constants.pxi) and aluminum_py.ops
-    # reads them from there.
+    # reads them from there. Anonymous, as in core/types.pxi: they index C arrays.
     enum:                   # enum al_dtype
         AL_INT8, AL_INT16, AL_INT32, AL_INT64
         AL_UINT8, AL_UINT16, AL_UINT32, AL_UINT64

@@ -1,6 +1,9 @@
 # The native types: op kinds and their property table, phases, schedule steps, communicator and
 # op state.  Python sees the enum values through core/constants.pxi (never a copy).
 
+# The enums are anonymous, their type named in a comment: Cython refuses a named enum's values
+# as array indices (KIND_INFO[kind], ht.times[phase], ht.flag[word]).
+
 # op kinds: what a NativeOp runs (communicator.py picks them by name from KINDS)
 cdef enum:                  # al_kind
     K_SCHEDULE = 0          # one of our allreduce algorithms, run as a schedule (schedule.pxi)
