@@ -5,6 +5,7 @@ MPI is found in this order (the same knobs mpi4py uses):
   2. mpicc on PATH             (the `mpich` wheel puts one in the build environment)
   3. <prefix>/include/mpi.h    for every prefix on sys.path (the `mpich` wheel layout)
 """
+import glob
 import os
 import shlex
 import shutil
@@ -58,9 +59,15 @@ if os.environ.get("MPICC"):
     os.environ.setdefault("CC", os.environ["MPICC"])
 
 inc, libdirs, libs = find_mpi()
+# _core.pyx is a list of `include "core/*.pxi"` lines and cimports ext/libal.pxd (mpi4py's
+# MPI.pyx layout). cythonize follows those includes and cimports to decide what to regenerate;
+# `depends` makes the C compile step rebuild when a header changes too.
+core_depends = sorted(glob.glob("ext/core/*.pxi")) + ["ext/libal.pxd", "ext/al_reduce.h",
+                                                      "ext/al_device.h"]
 ext = Extension(
     "aluminum_py._core",
     sources=["ext/_core.pyx"],
+    depends=core_depends,
     include_dirs=["ext", mpi4py.get_include(), numpy.get_include()] + inc,
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     library_dirs=libdirs,

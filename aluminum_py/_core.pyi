@@ -1,11 +1,15 @@
-"""Type stubs for the native core (ext/_core.pyx)."""
+"""Type stubs for the native core (ext/_core.pyx and the ext/core/*.pxi files it includes)."""
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+# constants read from the C enums (ext/core/constants.pxi)
 KIND_NAMES: tuple[str, ...]
 KINDS: dict[str, int]
 RECV_MODES: dict[str, int]
+STEP_SOURCES: dict[str, int]
+REDUCTION_OPS: dict[str, int]
+DTYPES: dict[str, int]
 
 def shutdown_engine(grace: float = ...) -> None: ...
 def engine_running() -> bool: ...

@@ -1,10 +1,12 @@
 """Reduction ops, dtypes and the capability table that drives checks, dispatch and tests.
 
-Codes match ``ext/al_reduce.h``.
+Op and dtype codes are those of ``ext/al_reduce.h``, read from the native core.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from . import _core
 
 
 class Op:
@@ -23,21 +25,27 @@ class Op:
         return self.name
 
 
-SUM, PROD, MIN, MAX = Op("SUM", 0), Op("PROD", 1), Op("MIN", 2), Op("MAX", 3)
-LAND, LOR, LXOR = Op("LAND", 4), Op("LOR", 5), Op("LXOR", 6)
-BAND, BOR, BXOR = Op("BAND", 7), Op("BOR", 8), Op("BXOR", 9)
-AVG = Op("AVG", 10)
+def _op(name: str) -> Op:
+    return Op(name, _core.REDUCTION_OPS[name])
+
+
+SUM, PROD, MIN, MAX = _op("SUM"), _op("PROD"), _op("MIN"), _op("MAX")
+LAND, LOR, LXOR = _op("LAND"), _op("LOR"), _op("LXOR")
+BAND, BOR, BXOR = _op("BAND"), _op("BOR"), _op("BXOR")
+AVG = _op("AVG")
 OPS = (SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR, AVG)
 _BY_NAME = {o.name: o for o in OPS}
 
-# dtype name -> (code, kind)
-DTYPES = {
-    "int8": (0, "int"), "int16": (1, "int"), "int32": (2, "int"), "int64": (3, "int"),
-    "uint8": (4, "int"), "uint16": (5, "int"), "uint32": (6, "int"), "uint64": (7, "int"),
-    "float16": (8, "float"), "bfloat16": (9, "float"), "float32": (10, "float"),
-    "float64": (11, "float"), "complex64": (12, "complex"), "complex128": (13, "complex"),
+# dtype name -> kind (which ops it supports, below)
+_DTYPE_KINDS = {
+    "int8": "int", "int16": "int", "int32": "int", "int64": "int",
+    "uint8": "int", "uint16": "int", "uint32": "int", "uint64": "int",
+    "float16": "float", "bfloat16": "float", "float32": "float", "float64": "float",
+    "complex64": "complex", "complex128": "complex",
 }
-BFLOAT16 = 9
+# dtype name -> (code, kind)
+DTYPES = {name: (_core.DTYPES[name], kind) for name, kind in _DTYPE_KINDS.items()}
+BFLOAT16 = _core.DTYPES["bfloat16"]
 
 # the capability table: which ops each kind of dtype supports (as MPI defines them, plus AVG)
 OPS_FOR_KIND = {

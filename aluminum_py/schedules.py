@@ -5,9 +5,9 @@ A schedule is, for one rank, the list of steps it performs: per step an optional
 result buffer (``into``), or is reduced into it (``tmp_reduce``: into scratch, then
 ``recvbuf[off] = SRC[off] op scratch``; ``into_reduce``: into the result buffer, then
 ``recvbuf[off] = sendbuf[off] op recvbuf[off]``, which saves the scratch and the copy for
-out-of-place calls).  The native engine executes schedules (``ext/_core.pyx``), the same machine
-for blocking and nonblocking calls; :func:`simulate` executes them in numpy for every rank at once,
-so the algorithms are tested for many rank counts without MPI.
+out-of-place calls).  The native engine executes schedules (``ext/core/schedule.pxi``), the same
+machine for blocking and nonblocking calls; :func:`simulate` executes them in numpy for every rank
+at once, so the algorithms are tested for many rank counts without MPI.
 
 Offsets and counts are in elements.  Sends and receives of zero elements are dropped on both
 sides (both ends compute the same block sizes).  Out of place, the builder tracks which blocks of
@@ -40,8 +40,12 @@ from functools import lru_cache
 
 import numpy as np
 
-FROM_SEND, FROM_RECV = 0, 1
-RECV_NONE, RECV_INTO, RECV_TMP_REDUCE, RECV_INTO_REDUCE = 0, 1, 2, 3
+from . import _core
+
+# the codes the native interpreter reads (ext/core/types.pxi), from the extension itself
+FROM_SEND, FROM_RECV = _core.STEP_SOURCES["send"], _core.STEP_SOURCES["recv"]
+RECV_NONE, RECV_INTO, RECV_TMP_REDUCE, RECV_INTO_REDUCE = (
+    _core.RECV_MODES[m] for m in ("none", "into", "tmp_reduce", "into_reduce"))
 
 ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring")
 

@@ -1,0 +1,332 @@
+# The progress engine
+
+cdef pthread_mutex_t g_lock
+cdef pthread_cond_t g_submit_cond
+cdef pthread_cond_t g_done_cond
+pthread_mutex_init(&g_lock, NULL)
+pthread_cond_init(&g_submit_cond, NULL)
+pthread_cond_init(&g_done_cond, NULL)
+cdef al_op* g_qhead = NULL
+cdef al_op* g_qtail = NULL
+cdef pthread_t g_thread
+cdef int g_started = 0
+cdef int g_stop = 0
+cdef int g_waiters = 0
+cdef double g_exit_grace = 2.0
+cdef long g_loops = 0            # engine loop iterations (diagnostics)
+cdef int g_yield_every = 0       # polls without progress between sched_yield calls (0: never)
+cdef int64_t g_serial_bytes = 0   # see set_serial_bytes
+cdef double g_idle_spin = 0.0    # seconds the idle engine polls for work before sleeping
+cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll watches it)
+
+def set_idle_spin(double seconds):
+    """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
+    global g_idle_spin
+    g_idle_spin = seconds
+
+def set_serial_bytes(int64_t nbytes):
+    """All-reduces of at least `nbytes` bytes on one communicator run one at a time in the
+    progress engine, in call order (0: all run together). See AL_ENGINE_SERIAL_BYTES."""
+    global g_serial_bytes
+    g_serial_bytes = nbytes
+
+def set_poll_yield(int every):
+    """While ops are active the engine polls continuously; every `every` polls without
+    progress it calls sched_yield() (0: never). See AL_ENGINE_YIELD."""
+    global g_yield_every
+    g_yield_every = every
+
+cdef inline void notify_done(al_op* op) noexcept nogil:
+    op.t_done = al_now()
+    if op.counted:
+        al_fetch_add(&op.comm.pending, -1)
+    al_store_seqcst(&op.done, 1)
+    if al_load_seqcst(&g_waiters) > 0:
+        pthread_mutex_lock(&g_lock)
+        pthread_cond_broadcast(&g_done_cond)
+        pthread_mutex_unlock(&g_lock)
+
+cdef inline int starts_mpi_collective(al_op* op) noexcept nogil:
+    """Ops whose start issues an MPI collective call on the collective communicator (a
+    host-transfer op: when its inner host algorithm is one)."""
+    if op.kind == K_HOST_TRANSFER:
+        return op.ht.inner != NULL and kind_info(op.ht.inner.kind).mpi_collective
+    return kind_info(op.kind).mpi_collective
+
+cdef inline int ht_gate(al_op* active, al_comm* c) noexcept nogil:
+    """An active host-transfer op on `c` still waiting to start its inner MPI collective."""
+    cdef al_op* op = active
+    while op != NULL:
+        if (op.comm == c and op.kind == K_HOST_TRANSFER and op.ht.phase == HT_COPY_OUT
+                and op.ht.inner != NULL and kind_info(op.ht.inner.kind).mpi_collective):
+            return 1
+        op = op.next
+    return 0
+
+cdef inline int64_t op_bytes(al_op* op) noexcept nogil:
+    """The bytes an all-reduce moves per rank (0 for other kinds)."""
+    if kind_info(op.kind).allreduce_bytes:
+        return op.count * op.esize
+    return 0
+
+cdef inline int comm_blocked(al_comm** blocked, int n, al_comm* c) noexcept nogil:
+    cdef int i
+    if n > 64:
+        return 1
+    for i in range(n):
+        if blocked[i] == c:
+            return 1
+    return 0
+
+cdef inline int serial_gate(al_op* active, al_op* op, al_comm** blocked, int n) noexcept nogil:
+    """`op` is a large all-reduce (at least g_serial_bytes) and a large one on its
+    communicator is still running: it starts when that one completes.  Two large all-reduces
+    progressed together share memory bandwidth and cache and each finishes later; one after
+    the other, the first finishes early and the total is lower (AL_ENGINE_SERIAL_BYTES).
+    It also waits while an earlier op on its communicator waits to start (`blocked`): else it
+    could overtake a large MPI all-reduce held back on this rank only (ht_gate), then hold
+    that one back, while the other ranks run the two in call order (a deadlock)."""
+    cdef al_op* a = active
+    if g_serial_bytes <= 0 or op_bytes(op) < g_serial_bytes:
+        return 0
+    if comm_blocked(blocked, n, op.comm):
+        return 1
+    while a != NULL:
+        if a.comm == op.comm and op_bytes(a) >= g_serial_bytes:
+            return 1
+        a = a.next
+    return 0
+
+cdef inline void unlink(al_op** head, al_op** tail, al_op* prev, al_op* op) noexcept nogil:
+    """Remove `op` (whose predecessor is `prev`, NULL at the head) from a tail-tracked list."""
+    if prev == NULL:
+        head[0] = op.next
+    else:
+        prev.next = op.next
+    if tail[0] == op:
+        tail[0] = prev
+    op.next = NULL
+
+cdef void* engine_main(void* arg) noexcept nogil:
+    global g_qhead, g_qtail, g_loops
+    cdef al_op* active = NULL
+    cdef al_op* tail = NULL
+    cdef al_op* take
+    cdef al_op* op
+    cdef al_op* prev
+    cdef al_op* nxt
+    cdef int stopping = 0, progress
+    cdef long idle = 0
+    cdef int seen = 0
+    cdef double spin_until
+    cdef al_op* deferred = NULL       # submitted, not yet started (FIFO)
+    cdef al_op* dtail = NULL
+    cdef al_comm* blocked[64]
+    cdef int nblocked = 0
+    cdef double deadline = 0.0
+    al_cuda_mark_engine_thread()      # CUDA contexts stay current on this thread (al_device.h)
+    while True:
+        if active == NULL and deferred == NULL and g_idle_spin > 0:
+            # idle: poll for new work for a short while before sleeping, so that a burst of
+            # submissions (one allreduce per layer) does not pay a thread wake-up each time
+            spin_until = al_now() + g_idle_spin
+            while al_load_acquire(&g_nsubmitted) == seen and al_now() < spin_until:
+                sched_yield()
+        pthread_mutex_lock(&g_lock)
+        while g_qhead == NULL and active == NULL and deferred == NULL and not g_stop:
+            pthread_cond_wait(&g_submit_cond, &g_lock)
+        seen = al_load_acquire(&g_nsubmitted)
+        take = g_qhead
+        g_qhead = NULL
+        g_qtail = NULL
+        if g_stop and not stopping:
+            stopping = 1
+            deadline = al_now() + g_exit_grace
+        pthread_mutex_unlock(&g_lock)
+        g_loops += 1
+        progress = 0
+        # newly submitted ops join the start queue in submission order
+        if take != NULL:
+            progress = 1
+            if dtail == NULL:
+                deferred = take
+            else:
+                dtail.next = take
+            while take.next != NULL:
+                take = take.next
+            dtail = take
+        # start queued ops in order (per communicator: call order). An op that starts an MPI
+        # collective waits while an earlier host-transfer op on its communicator has not yet
+        # started its own MPI collective (that waits for a device copy), so MPI sees every
+        # communicator's collectives in call order on every rank.  A large all-reduce waits
+        # for the large one running on its communicator (serial_gate); a waiting op also holds
+        # back the later MPI collectives and large all-reduces on its communicator.
+        nblocked = 0
+        prev = NULL
+        op = deferred
+        while op != NULL:
+            nxt = op.next
+            if op.phase == PH_NEW and ((starts_mpi_collective(op) and (
+                    comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
+                    or serial_gate(active, op, blocked, nblocked)):
+                if not comm_blocked(blocked, nblocked, op.comm):   # each communicator once
+                    if nblocked < 64:
+                        blocked[nblocked] = op.comm
+                    nblocked += 1
+                prev = op
+                op = nxt
+                continue
+            unlink(&deferred, &dtail, prev, op)
+            progress = 1
+            if op.phase == PH_NEW and op_start(op, 0):
+                notify_done(op)
+            else:
+                if tail == NULL:
+                    active = op
+                else:
+                    tail.next = op
+                tail = op
+            op = nxt
+        # step every active op
+        prev = NULL
+        op = active
+        while op != NULL:
+            nxt = op.next
+            if op_step(op, 0):
+                progress = 1
+                unlink(&active, &tail, prev, op)
+                notify_done(op)
+            else:
+                prev = op
+            op = nxt
+        if stopping and ((active == NULL and deferred == NULL) or al_now() > deadline):
+            break
+        if progress:
+            idle = 0
+        else:
+            idle += 1
+            if g_yield_every > 0 and idle % g_yield_every == 0:
+                sched_yield()
+    # shutdown: abandon what is left
+    if dtail != NULL:                 # never-started ops are abandoned like the rest
+        dtail.next = active
+        active = deferred
+    while active != NULL:
+        op = active
+        active = op.next
+        op.next = NULL
+        op_cancel(op, "cancelled: the progress engine stopped at interpreter exit before this op completed")
+        notify_done(op)
+    pthread_mutex_lock(&g_lock)
+    take = g_qhead
+    g_qhead = NULL
+    g_qtail = NULL
+    pthread_mutex_unlock(&g_lock)
+    while take != NULL:
+        op = take
+        take = op.next
+        op.next = NULL
+        op_cancel(op, "cancelled: the progress engine stopped at interpreter exit before this op started")
+        notify_done(op)
+    return NULL
+
+cdef int engine_submit(al_op* op) noexcept nogil:
+    """Queue an op for the engine (starting the thread if needed). Returns 0 or an errno."""
+    global g_qhead, g_qtail, g_started
+    cdef int rc = 0
+    op.counted = 1
+    al_fetch_add(&op.comm.pending, 1)
+    pthread_mutex_lock(&g_lock)
+    if g_stop:
+        pthread_mutex_unlock(&g_lock)
+        al_fetch_add(&op.comm.pending, -1)
+        op.counted = 0
+        return -1
+    if not g_started:
+        rc = pthread_create(&g_thread, NULL, engine_main, NULL)
+        if rc != 0:
+            pthread_mutex_unlock(&g_lock)
+            al_fetch_add(&op.comm.pending, -1)
+            op.counted = 0
+            return rc
+        g_started = 1
+    op.next = NULL
+    if g_qtail == NULL:
+        g_qhead = op
+    else:
+        g_qtail.next = op
+    g_qtail = op
+    al_fetch_add(&g_nsubmitted, 1)
+    pthread_cond_signal(&g_submit_cond)
+    pthread_mutex_unlock(&g_lock)
+    return 0
+
+cdef int wait_done(al_op* op, double timeout) noexcept nogil:
+    """Wait for op.done; timeout < 0 waits forever. Returns 1 if done, 0 on timeout."""
+    cdef int i
+    cdef double deadline, now, until
+    cdef timespec ts
+    for i in range(200):
+        if al_load_acquire(&op.done):
+            return 1
+        if i >= 50:
+            sched_yield()
+    deadline = al_now() + timeout if timeout >= 0 else 1e300
+    pthread_mutex_lock(&g_lock)
+    al_fetch_add(&g_waiters, 1)
+    while not al_load_seqcst(&op.done):
+        now = al_now()
+        if now >= deadline:
+            break
+        until = deadline - now
+        if until > 0.05:
+            until = 0.05
+        clock_gettime(CLOCK_REALTIME, &ts)
+        ts.tv_nsec += <long>(until * 1e9)
+        ts.tv_sec += ts.tv_nsec // 1000000000
+        ts.tv_nsec = ts.tv_nsec % 1000000000
+        pthread_cond_timedwait(&g_done_cond, &g_lock, &ts)
+    al_fetch_add(&g_waiters, -1)
+    pthread_mutex_unlock(&g_lock)
+    return al_load_acquire(&op.done)
+
+cdef int run_inline(al_op* op, double timeout) noexcept nogil:
+    """Drive an op to completion in the calling thread. Returns 1 if done, 0 on timeout."""
+    cdef double deadline
+    cdef int n = 0
+    if timeout < 0:
+        if not op_start(op, 1):
+            while not op_step(op, 1):
+                pass
+    else:
+        deadline = al_now() + timeout
+        if not op_start(op, 0):
+            while not op_step(op, 0):
+                n += 1
+                if (n & 255) == 0 and al_now() > deadline:
+                    return 0
+    op.t_done = al_now()
+    al_store_release(&op.done, 1)
+    return 1
+
+def shutdown_engine(double grace=2.0):
+    """Stop the progress engine: finish what completes within `grace` seconds, cancel the rest."""
+    global g_stop, g_exit_grace, g_started
+    cdef int started
+    with nogil:
+        pthread_mutex_lock(&g_lock)
+        g_exit_grace = grace
+        g_stop = 1
+        started = g_started
+        pthread_cond_signal(&g_submit_cond)
+        pthread_mutex_unlock(&g_lock)
+        if started:
+            pthread_join(g_thread, NULL)
+            g_started = 0
+
+def engine_running():
+    return bool(g_started) and not g_stop
+
+def engine_loops():
+    """Number of progress-engine loop iterations so far (a diagnostic)."""
+    return g_loops

@@ -1,0 +1,245 @@
+# The allreduce call path, in Cython because it is latency-critical: buffer checks, op/dtype
+# check, algorithm choice (cached per communicator), schedule lookup (cached), op creation and
+# launch.  Anything unusual (non-ndarray buffers, errors) defers to the Python helpers in
+# `_hooks`, so each error message is written once, in Python.
+
+cdef inline cnp.ndarray as_array(obj, str name, bint writable):
+    cdef cnp.ndarray a
+    if type(obj) is cnp.ndarray:
+        a = <cnp.ndarray>obj
+        if cnp.PyArray_IS_C_CONTIGUOUS(a) and (not writable or cnp.PyArray_ISWRITEABLE(a)):
+            return a
+    return _hooks.as_array(obj, name, writable)
+
+cdef inline int dtype_code_of(cnp.ndarray a) except -1:
+    code = _dtype_codes.get(<object>cnp.PyArray_DESCR(a))
+    if code is None:
+        _hooks.as_array(a, "sendbuf", False)      # raises the unsupported-dtype error
+        return -1
+    return code
+
+cdef inline void check_error(NativeOp o) except *:
+    if o.op.err != 0:
+        _hooks.raise_error(o)
+
+
+cdef class Launcher:
+    """Per-communicator call path: caches of auto's choice and of native schedules."""
+    cdef readonly CommState state
+    cdef dict auto_cache
+    cdef dict sched_cache
+    cdef object selector          # (nbytes, itemsize) -> algorithm name (Python, cached here)
+    cdef object builder           # (alg, count, inplace) -> Schedule
+    cdef frozenset host_algs
+
+    def choose(self, Py_ssize_t nbytes, int itemsize):
+        """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
+        return self.resolve("auto", nbytes, itemsize)
+
+    def __cinit__(self, CommState state, selector, builder, host_algs):
+        self.state = state
+        self.auto_cache = {}
+        self.sched_cache = {}
+        self.selector = selector
+        self.builder = builder
+        self.host_algs = frozenset(host_algs)
+
+    cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
+        """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
+        cdef int ok
+        if self.state.freed:
+            _hooks.fail(f"{o.name}: the communicator has been freed")
+        # MPI matches blocking collectives only with blocking ones and nonblocking only with
+        # nonblocking ones, so the variant must not depend on per-rank state (whether this
+        # rank still has ops pending): blocking calls use the blocking MPI call, wherever they
+        # run (here or, behind pending ops, in the engine), unless a hang timeout is set (the
+        # same on every rank), which needs the pollable MPI_I* call.
+        o.op.mpi.blocking = blocking and timeout < 0
+        if not blocking:
+            o.submit()
+            return _hooks.request(o, algorithm)
+        if al_load_acquire(&self.state.c.pending) == 0:
+            with nogil:
+                ok = run_inline(o.op, timeout)
+            if not ok:
+                # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
+                # where submit raises) it stays posted and MPI may still write its buffers
+                o.orphan()
+                o.submit(adopt=True)
+                _hooks.raise_timeout(o, timeout)
+            check_error(o)
+            return None
+        o.submit()                      # keep call order behind this communicator's pending ops
+        if not o.wait(timeout):
+            o.orphan()
+            _hooks.raise_timeout(o, timeout)
+        check_error(o)
+        return None
+
+    cdef str resolve(self, str algorithm, Py_ssize_t nbytes, int itemsize):
+        cdef object alg
+        cdef Py_ssize_t key
+        if algorithm == "auto":
+            key = (nbytes << 5) | itemsize
+            alg = self.auto_cache.get(key)
+            if alg is None:
+                alg = self.selector(nbytes, itemsize)
+                if len(self.auto_cache) > 4096:
+                    self.auto_cache.clear()
+                self.auto_cache[key] = alg
+            return <str>alg
+        if algorithm in self.host_algs:
+            return algorithm
+        return _hooks.bad_algorithm(algorithm)     # raises
+
+    cdef Schedule schedule(self, str alg, Py_ssize_t count, bint inplace):
+        key = (alg, count, inplace)
+        sched = self.sched_cache.get(key)
+        if sched is None:
+            sched = self.builder(alg, count, inplace)
+            if len(self.sched_cache) >= 256:
+                self.sched_cache.clear()
+            self.sched_cache[key] = sched
+        return <Schedule>sched
+
+    cdef NativeOp build_allreduce(self, intptr_t sp, intptr_t rp, Py_ssize_t count, int code,
+                                  int esize, int opcode, str alg, bint inplace, keep):
+        """One allreduce op on checked buffers (addresses; sp == rp in place)."""
+        cdef NativeOp o = NativeOp.__new__(NativeOp)
+        cdef Schedule sched
+        init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
+        o.op.result.buf = <char*>rp
+        o.op.result.count = count
+        if opcode == AL_AVG:
+            o.op.result.avg_div = <double>self.state.c.size
+        if alg == "mpi":
+            o.op.kind = K_ALLREDUCE
+            o.op.sbuf = NULL if inplace else <char*>sp
+            o.name = "allreduce/mpi"
+            o.keep = (self.state, None, keep)
+        else:
+            sched = self.schedule(alg, count, inplace)
+            o.op.tag = self.state.next_tag()
+            o.op.sched.steps = sched.steps
+            o.op.sched.nsteps = sched.nsteps
+            o.op.result.avg_in_steps = sched.owned
+            o.op.sched.tmpbytes = <size_t>(sched.tmp_elems * esize)
+            o.name = "allreduce/" + alg
+            o.keep = (self.state, sched, keep)
+        return o
+
+    def host_transfer_allreduce(self, Device dev, uintptr_t stream, uintptr_t dsend,
+                                uintptr_t drecv, Py_ssize_t count, int code, int esize,
+                                int opcode, str algorithm, keep, double timeout=-1.0):
+        """Enqueue a host-transfer allreduce on `stream` and hand it to the engine.
+
+        On the stream: copy dsend -> pinned, write 1 to a pinned word (cuStreamWriteValue32),
+        wait until the host writes the flag, copy pinned -> drecv, write 1 to another word.  The
+        engine polls the first word, runs the host algorithm (`algorithm`, in place on the
+        pinned buffer), writes the flag, polls the second word, then returns the pinned buffer
+        to the device's pool.  The engine makes no driver call for the op: a thread inside the
+        driver waiting on this stream (a pageable cudaMemcpy, cuMemFreeHost, a synchronize)
+        may hold locks an event query would need, and the engine must stay free to write the
+        flag that stream waits for (the deadlock the first 2-rank GPU run hit).  The host
+        never waits for the device.
+        `timeout` > 0 (AL_HANG_TIMEOUT): the engine abandons the host part if it has not
+        finished that many seconds after this call (ht_abandon).  Returns the NativeOp
+        (submitted).
+        """
+        cdef size_t nbytes = <size_t>count * esize
+        cdef al_device* d = dev.dev
+        cdef NativeOp outer, inner
+        cdef char* pinned
+        cdef int rc
+        if self.state.freed:
+            _hooks.fail("host-transfer allreduce: the communicator has been freed")
+        alg = self.resolve(algorithm, nbytes, esize)
+        dev.take_pinned(nbytes + 64, &pinned)
+        try:
+            inner = self.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
+                                         opcode, alg, True, None)
+        except BaseException:
+            al_pinned_put(d, pinned)              # nothing was enqueued: the buffer is free
+            raise
+        outer = NativeOp.__new__(NativeOp)
+        outer.op.kind = K_HOST_TRANSFER
+        outer.op.phase = PH_NEW
+        outer.op.comm = self.state.c
+        outer.op.ht.dev = d
+        outer.op.ht.stream = <void*>stream
+        outer.op.ht.pinned = pinned
+        outer.op.ht.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
+        outer.op.ht.flag[FLAG_RELEASE] = 0           # written by the engine
+        outer.op.ht.flag[FLAG_COPIED_OUT] = 0        # written by the stream
+        outer.op.ht.flag[FLAG_COPIED_BACK] = 0       # written by the stream
+        outer.op.ht.inner = inner.op
+        if timeout > 0:
+            outer.op.ht.hang = timeout
+            outer.op.ht.deadline = al_now() + timeout
+        outer.name = "allreduce/ht_" + alg
+        outer.keep = (self.state, inner, (dev, keep))
+        what = "cuMemcpyAsync (device to pinned)"
+        rc = d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.ht.stream)
+        if rc == 0:
+            what = "cuStreamWriteValue32"
+            rc = d.write_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_COPIED_OUT], 1)
+        if rc == 0:
+            what = "cuStreamWaitValue32"
+            rc = d.wait_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_RELEASE], 1)
+        if rc == 0:
+            what = "cuMemcpyAsync (pinned to device)"
+            rc = d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.ht.stream)
+        if rc == 0:
+            what = "cuStreamWriteValue32"
+            rc = d.write_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_COPIED_BACK], 1)
+        if rc != 0:
+            # part of the op may be queued: release the stream, leak the buffer (the stream
+            # may still copy from it), never submit
+            al_store_release(<int*>&outer.op.ht.flag[FLAG_RELEASE], 1)
+            outer.op.ht.pinned = NULL
+            outer.op.phase = PH_DONE
+            dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)
+        outer.submit()
+        return outer
+
+    def allreduce(self, sendbuf, recvbuf, int opcode, str algorithm, bint blocking, double timeout):
+        cdef cnp.ndarray s, r
+        cdef bint inplace
+        cdef Py_ssize_t count
+        cdef intptr_t sp, rp
+        cdef int code
+        cdef char* slo
+        cdef char* rlo
+        cdef NativeOp o
+        cdef str alg
+        s = as_array(sendbuf, "sendbuf", recvbuf is None)
+        code = dtype_code_of(s)
+        count = cnp.PyArray_SIZE(s)
+        if recvbuf is None:
+            r = s
+            inplace = True
+        else:
+            r = as_array(recvbuf, "recvbuf", True)
+            if cnp.PyArray_DESCR(r) != cnp.PyArray_DESCR(s) and r.dtype != s.dtype:
+                _hooks.same_dtype(s, r, "sendbuf", "recvbuf")
+            if cnp.PyArray_SIZE(r) < count:
+                _hooks.at_least(r, count, "recvbuf", "one element per sendbuf element")
+            slo = <char*>cnp.PyArray_DATA(s)
+            rlo = <char*>cnp.PyArray_DATA(r)
+            if count == 0 or slo == rlo:
+                inplace = count != 0
+            elif slo < rlo + cnp.PyArray_NBYTES(r) and rlo < slo + cnp.PyArray_NBYTES(s):
+                _hooks.no_partial_overlap(s, r, "sendbuf", "recvbuf")   # raises
+                inplace = False
+            else:
+                inplace = False
+        if opcode < 0 or opcode >= 16 or not _valid[code][opcode]:
+            _hooks.check_op(opcode, code, s.dtype)                        # raises
+        if count > 2147483647:
+            _hooks.too_many(count, "sendbuf")
+        alg = self.resolve(algorithm, cnp.PyArray_NBYTES(s), <int>cnp.PyArray_ITEMSIZE(s))
+        rp = <intptr_t>cnp.PyArray_DATA(r)
+        sp = rp if inplace else <intptr_t>cnp.PyArray_DATA(s)
+        o = self.build_allreduce(sp, rp, count, code, <int>cnp.PyArray_ITEMSIZE(s), opcode, alg,
+                                 inplace, (s, r))
+        return self.launch(o, blocking, timeout, alg)

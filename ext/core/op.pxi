@@ -1,0 +1,113 @@
+# The op state machine: op_start and op_step are non-blocking and return 1 once the op is
+# complete; the caller (blocking calls) and the engine thread drive every kind with them.
+# Each kind's machine lives in its own file (schedule.pxi, passthrough.pxi,
+# host_transfer.pxi); op_finish is where every op ends.
+
+cdef inline int set_mpi_error(al_op* op, int rc, const char* where) noexcept nogil:
+    cdef char msg[512]
+    cdef int n = 0
+    if mpi.MPI_Error_string(rc, msg, &n) != mpi.MPI_SUCCESS:
+        n = 0
+    msg[n if n < 511 else 511] = 0
+    op.err = rc
+    snprintf(op.errmsg, 256, "%s failed: %s", where, msg)
+    return -1
+
+cdef inline int status_error(al_op* op, int rc) noexcept nogil:
+    """MPI_ERR_IN_STATUS: the real error is in one of the statuses."""
+    cdef int i
+    if rc == mpi.MPI_ERR_IN_STATUS:
+        for i in range(op.nreqs):
+            if op.stats[i].MPI_ERROR != mpi.MPI_SUCCESS and op.stats[i].MPI_ERROR != mpi.MPI_ERR_PENDING:
+                return op.stats[i].MPI_ERROR
+    return rc
+
+cdef int op_finish(al_op* op) noexcept nogil:
+    # post-processing of this rank's result region (result.buf[:result.count])
+    if op.err == 0 and op.result.count > 0:
+        if op.result.avg_div > 0 and not op.result.avg_in_steps:
+            al_scale_div(op.dtype, op.result.buf, <size_t>op.result.count, op.result.avg_div)
+        if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
+            # one rank: no reduction ran, but logical results are 0/1 as with more ranks
+            al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf,
+                      <size_t>op.result.count)
+    if op.sched.tmp != NULL:
+        scratch_put(op.sched.tmp, op.sched.tmpbytes)
+        op.sched.tmp = NULL
+    op.phase = PH_DONE
+    return 1
+
+
+cdef int op_start(al_op* op, int block) noexcept nogil:
+    """Begin an op. Schedules wait for their first step only with `block`; MPI pass-through
+    ops make the blocking MPI call when op.mpi.blocking. Returns 1 if already complete."""
+    op.phase = PH_RUNNING
+    op.t_start = al_now()
+    if op.kind == K_HOST_TRANSFER:
+        op.ht.phase = HT_COPY_OUT
+        return ht_step(op)
+    if op.kind == K_SCHEDULE:
+        op.sched.cur = 0
+        op.sched.posted = 0
+        if op.sched.tmpbytes > 0:
+            op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
+            if op.sched.tmp == NULL:
+                op.err = -1
+                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",
+                         op.sched.tmpbytes)
+                return op_finish(op)
+        return sched_advance(op, block)
+    return mpi_start(op)
+
+cdef int op_step(al_op* op, int block) noexcept nogil:
+    """Make progress; returns 1 when the op is complete. With block, waits for the current step."""
+    cdef int rc, flag
+    if op.phase == PH_DONE:
+        return 1
+    if op.kind == K_SCHEDULE:
+        return sched_advance(op, block)
+    if op.kind == K_HOST_TRANSFER:
+        return ht_step(op)
+    if op.nreqs > 0:
+        if block:
+            rc = mpi.MPI_Waitall(op.nreqs, op.reqs, op.stats)
+            flag = 1
+        else:
+            rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
+        if rc != mpi.MPI_SUCCESS:
+            set_mpi_error(op, status_error(op, rc), "MPI_Waitall" if block else "MPI_Testall")
+            op.nreqs = 0
+            return op_finish(op)
+        if not flag:
+            return 0
+        op.nreqs = 0
+    return op_finish(op)
+
+cdef inline int req_is_recv(al_op* op, int i) noexcept nogil:
+    """Whether op.reqs[i] is a receive (see sched_advance and mpi_start for the order)."""
+    if op.kind == K_SCHEDULE:
+        return (i == 0 and op.sched.cur < op.sched.nsteps
+                and op.sched.steps[op.sched.cur].recv_peer >= 0)
+    return i == 0 and kind_info(op.kind).recv_first
+
+cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
+    """Abandon an op (engine shutdown): cancel its outstanding receives and free every
+    outstanding MPI request.  Sends and collectives are only freed: MPI-4 deprecates
+    cancelling sends (MPICH over UCX crashed cancelling a large, unmatched one) and forbids
+    cancelling collectives."""
+    cdef int i
+    if op.phase == PH_NEW:
+        op.t_start = al_now()         # never started: Request.times reads (cancel, cancel)
+    for i in range(op.nreqs):
+        if req_is_recv(op, i):
+            mpi.MPI_Cancel(&op.reqs[i])
+        mpi.MPI_Request_free(&op.reqs[i])
+    op.nreqs = 0
+    if op.kind == K_HOST_TRANSFER and op.ht.flag != NULL:
+        if op.ht.inner != NULL and op.ht.inner.phase == PH_RUNNING:
+            op_cancel(op.ht.inner, why)
+        al_store_release(<int*>&op.ht.flag[FLAG_RELEASE], 1)   # never leave a device stream blocked
+        # the pinned buffer is leaked: the device may still copy from it
+    op.err = -1
+    strncpy(op.errmsg, why, 255)
+    op_finish(op)
