@@ -28,19 +28,19 @@ cdef class Launcher:
     cdef readonly CommState state
     cdef dict auto_cache
     cdef dict sched_cache
-    cdef object selector          # (nbytes, itemsize) -> algorithm name (Python, cached here)
+    cdef object chooser           # (nbytes, itemsize) -> algorithm name (tuning.Chooser.choose; cached here)
     cdef object builder           # (alg, count, inplace) -> Schedule
     cdef frozenset host_algs
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
-        return self.resolve("auto", nbytes, itemsize)
+        return self.choose_for("auto", nbytes, itemsize)
 
-    def __cinit__(self, CommState state, selector, builder, host_algs):
+    def __cinit__(self, CommState state, chooser, builder, host_algs):
         self.state = state
         self.auto_cache = {}
         self.sched_cache = {}
-        self.selector = selector
+        self.chooser = chooser
         self.builder = builder
         self.host_algs = frozenset(host_algs)
 
@@ -76,14 +76,14 @@ cdef class Launcher:
         check_error(o)
         return None
 
-    cdef str resolve(self, str algorithm, Py_ssize_t nbytes, int itemsize):
+    cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize):
         cdef object alg
         cdef Py_ssize_t key
         if algorithm == "auto":
             key = (nbytes << 5) | itemsize
             alg = self.auto_cache.get(key)
             if alg is None:
-                alg = self.selector(nbytes, itemsize)
+                alg = self.chooser(nbytes, itemsize)
                 if len(self.auto_cache) > 4096:
                     self.auto_cache.clear()
                 self.auto_cache[key] = alg
@@ -153,7 +153,7 @@ cdef class Launcher:
         cdef int rc
         if self.state.freed:
             _hooks.fail("host-transfer allreduce: the communicator has been freed")
-        alg = self.resolve(algorithm, nbytes, esize)
+        alg = self.choose_for(algorithm, nbytes, esize)
         dev.take_pinned(nbytes + 64, &pinned)
         try:
             inner = self.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
@@ -237,7 +237,7 @@ cdef class Launcher:
             _hooks.check_op(opcode, code, s.dtype)                        # raises
         if count > 2147483647:
             _hooks.too_many(count, "sendbuf")
-        alg = self.resolve(algorithm, cnp.PyArray_NBYTES(s), <int>cnp.PyArray_ITEMSIZE(s))
+        alg = self.choose_for(algorithm, cnp.PyArray_NBYTES(s), <int>cnp.PyArray_ITEMSIZE(s))
         rp = <intptr_t>cnp.PyArray_DATA(r)
         sp = rp if inplace else <intptr_t>cnp.PyArray_DATA(s)
         o = self.build_allreduce(sp, rp, count, code, <int>cnp.PyArray_ITEMSIZE(s), opcode, alg,
