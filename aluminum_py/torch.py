@@ -1,0 +1,193 @@
+"""PyTorch integration (docs/torch.md): DDP communication hooks over the library's nonblocking
+allreduce.
+
+* :func:`allreduce_hook` -- ``ddp.register_comm_hook(comm, allreduce_hook)``: each bucket is
+  averaged in place with ``Iallreduce(op=AVG, algorithm="auto")``; the returned
+  ``torch.futures.Future`` is completed by one shared waiter thread when the allreduce completes
+  (errors are set on the Future, so DDP raises them from ``backward()``).
+* :func:`fp16_compress_hook`, :func:`bf16_compress_hook` -- the same on a float16 / bfloat16 copy
+  of the bucket, cast back when done (as torch's own compression hooks).
+
+torch is imported by this submodule only: ``import aluminum_py`` works without it.
+"""
+import queue
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import AVG, Communicator
+
+__all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "default_communicator"]
+
+_lock = threading.Lock()
+_default: Communicator | None = None
+# (id of the host communicator, CUDA stream handle) -> (host communicator, bound communicator)
+_bound: dict[tuple[int, int], tuple[Communicator, Communicator]] = {}
+
+
+def default_communicator() -> Communicator:
+    """The communicator hooks use when their state is None: one ``al.Communicator()`` over
+    ``MPI.COMM_WORLD``, created on first use (collective: every rank's first hook call creates
+    it, at the same bucket)."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = Communicator()
+        return _default
+
+
+def _communicator(state, tensor) -> Communicator:
+    """The communicator for `tensor`: the hook's state (or the default one); for a CUDA tensor,
+    a communicator over it bound to torch's current stream (created once per stream,
+    collectively, at the first bucket that runs on that stream)."""
+    if state is None:
+        comm = default_communicator()
+    elif isinstance(state, Communicator):
+        comm = state
+    else:
+        raise TypeError(f"state: expected an aluminum_py.Communicator or None, "
+                        f"got {type(state).__name__}")
+    if not tensor.is_cuda:
+        return comm
+    stream = torch.cuda.current_stream(tensor.device)
+    key = (id(comm), int(stream.cuda_stream))
+    with _lock:
+        hit = _bound.get(key)
+        if hit is None or hit[0] is not comm:
+            hit = (comm, Communicator(comm, stream=stream))
+            _bound[key] = hit
+        return hit[1]
+
+
+def as_buffer(tensor: torch.Tensor):
+    """A buffer the library reduces in place, sharing `tensor`'s memory (no copy): a numpy view
+    of a contiguous CPU tensor (bfloat16 through ``ml_dtypes``), the tensor itself on CUDA."""
+    if not tensor.is_contiguous():
+        raise ValueError("tensor: not contiguous (it is reduced in place)")
+    if tensor.is_cuda:
+        return tensor
+    t = tensor.detach()
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError as e:
+            raise TypeError("bfloat16 host tensors need ml_dtypes (pip install ml_dtypes)") from e
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+class _Waiter:
+    """One daemon thread that waits for host requests in submission order and completes their
+    Futures: ``set_result(finish())`` once the request completed, ``set_exception`` if waiting
+    or ``finish`` failed.  DDP's buckets are launched in order on one communicator, so waiting
+    in submission order delays no Future behind one that completes later."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def submit(self, request, future, finish: Callable[[], Any]) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="aluminum_py.torch waiter")
+                self._thread.start()
+        self._jobs.put((request, future, finish))
+
+    def _run(self):
+        while True:
+            request, future, finish = self._jobs.get()
+            try:
+                request.Wait()              # releases the GIL; AL_HANG_TIMEOUT bounds it
+                value = finish()
+            except BaseException as e:      # noqa: BLE001  (delivered through the Future)
+                future.set_exception(e)
+            else:
+                future.set_result(value)
+            del request, future, finish     # drop the buffers before blocking again
+
+
+_waiter = _Waiter()
+
+
+def _failed(exc: BaseException) -> torch.futures.Future:
+    fut = torch.futures.Future()
+    fut.set_exception(exc)
+    return fut
+
+
+def _average(state, tensor, finish: Callable[[], Any]) -> torch.futures.Future:
+    """Start averaging `tensor` in place over the ranks; the Future gets ``finish()`` once the
+    allreduce completed.
+
+    Host tensors: the shared waiter thread completes the Future.  CUDA tensors: the allreduce
+    is enqueued on the current stream's communicator and ``Wait()`` makes that stream wait for
+    it, so the Future is completed at once (like NCCL work Futures in torch): work queued on
+    the stream afterwards, DDP's copy of the result included, runs after the allreduce.
+    """
+    try:
+        comm = _communicator(state, tensor)
+        request = comm.Iallreduce(as_buffer(tensor), op=AVG, algorithm="auto")
+        if not tensor.is_cuda:
+            fut = torch.futures.Future()
+            _waiter.submit(request, fut, finish)
+            return fut
+        request.Wait()
+        fut = torch.futures.Future(devices=[tensor.device])
+        fut.set_result(finish())
+        return fut
+    except Exception as e:              # noqa: BLE001  (DDP raises it from the Future)
+        return _failed(e)
+
+
+def allreduce_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: averages ``bucket.buffer()`` in place over the ranks.
+
+    Args:
+        state: an ``aluminum_py.Communicator`` over the DDP ranks (same rank order as the
+            process group), or None for :func:`default_communicator`.
+        bucket: the ``torch.distributed.GradBucket`` DDP passes.
+    Returns:
+        A ``torch.futures.Future`` holding the bucket's tensor, completed when the allreduce
+        completes; a failure is set on it, and DDP raises it from ``backward()``.
+
+    Example (``mpiexec -n 2 python train.py``)::
+
+        import aluminum_py as al, aluminum_py.torch as alt
+        ddp = torch.nn.parallel.DistributedDataParallel(model)   # gloo group, same ranks
+        ddp.register_comm_hook(al.Communicator(), alt.allreduce_hook)
+    """
+    tensor = bucket.buffer()
+    return _average(state, tensor, lambda: tensor)
+
+
+def _compress_hook(state, bucket, dtype) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    compressed = buffer.to(dtype).contiguous()
+
+    def finish():
+        buffer.copy_(compressed)
+        return buffer
+    return _average(state, compressed, finish)
+
+
+def fp16_compress_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """As :func:`allreduce_hook` on a float16 copy of the bucket, written back into the bucket
+    when done (torch's ``default_hooks.fp16_compress_hook``): half the bytes on the wire, float16
+    precision; each pairwise sum is computed in float32 and rounded once."""
+    return _compress_hook(state, bucket, torch.float16)
+
+
+def bf16_compress_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """As :func:`fp16_compress_hook` with bfloat16 (float32's range, 8 bits of precision);
+    host tensors need ``ml_dtypes``."""
+    return _compress_hook(state, bucket, torch.bfloat16)
+
+
+# DDP refuses a hook *named* bf16_compress_hook without CUDA and NCCL (it checks torch's own
+# hook by name); ours reduces host tensors too
+bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "al_bf16_compress_hook"
