@@ -181,3 +181,66 @@ def test_allreduce_hook_cuda(group, comm):
     net = ddp(model(torch.float32).cuda(), alt.allreduce_hook, comm)
     got = train(net, shard(X).cuda(), shard(Y).cuda(), 3)
     assert all_ranks_ok(max_diff([g.cpu() for g in got], reference) < 1e-5)
+
+
+# --------------------------------------------------------------------- synchronize_gradients
+@pytest.mark.parametrize("policy,zero,hook", [
+    ("auto", "arena", "auto"),
+    ("none", "set_to_none", "post_accumulate"),
+    ("fixed", "set_to_false", "tensor"),
+])
+def test_synchronize_gradients_matches_single_process(comm, policy, zero, hook):
+    X, Y = data(torch.float64)
+    steps = 14 if policy == "auto" else 4          # auto tunes over the first steps
+    reference = train(model(torch.float64), X, Y, steps)
+    net = model(torch.float64)
+    sync = alt.synchronize_gradients(net, comm, policy=policy, hook=hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    in_arena = True
+    for _ in range(steps):
+        if zero == "arena":
+            sync.zero_grad()
+        else:
+            opt.zero_grad(set_to_none=(zero == "set_to_none"))
+        torch.nn.functional.mse_loss(net(shard(X)), shard(Y)).backward()
+        sync.wait(timeout=60)
+        in_arena &= all(p.grad.data_ptr() == torch.from_numpy(g).data_ptr()
+                        for p, g in zip(net.parameters(), sync.grads))
+        opt.step()
+    got = [p.detach().clone() for p in net.parameters()]
+    ok = max_diff(got, reference) < 1e-12 and same_on_all_ranks(got) and in_arena
+    if policy == "auto":
+        ok &= sync.synchronizer.chosen is not None
+    assert all_ranks_ok(ok)
+    sync.remove()
+
+
+def test_synchronize_gradients_mixed_dtypes_and_shared_parameter(comm):
+    torch.manual_seed(3)
+    a = torch.nn.Linear(4, 4).double()
+    b = torch.nn.Linear(4, 2)                      # float32
+    params = list(a.parameters()) + list(b.parameters()) + [a.weight]   # a.weight twice
+    sync = alt.synchronize_gradients(params, comm, policy="fixed", threshold=64)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(WORLD.rank))
+    sync.zero_grad()
+    (a(x).sum() + b(a(x).float()).sum()).backward()
+    sync.wait(timeout=60)
+    mine = [p.grad.detach().numpy().copy() for p in sync.params]
+    local = []
+    for p in sync.params:                           # the local gradients, recomputed
+        p.grad = None
+    sync.remove()
+    (a(x).sum() + b(a(x).float()).sum()).backward()
+    local = [p.grad.detach().numpy() for p in sync.params]
+    ok = len(sync.params) == 4 and set(sync.arenas) == {np.dtype("float64"), np.dtype("float32")}
+    for m, loc in zip(mine, local):
+        expect = gather_all(loc.reshape(-1)).mean(axis=0).astype(loc.dtype).reshape(loc.shape)
+        ok &= np.allclose(m, expect, rtol=1e-6 if m.dtype == np.float32 else 1e-13, atol=0)
+    assert all_ranks_ok(ok)
+
+
+def test_synchronize_gradients_rejects(comm):
+    with pytest.raises(ValueError, match="hook"):
+        alt.synchronize_gradients(model(torch.float64), comm, hook="bogus")
+    with pytest.raises(ValueError, match="no parameter"):
+        alt.synchronize_gradients([torch.zeros(2)], comm)
