@@ -188,10 +188,11 @@ def test_allreduce_hook_cuda(group, comm):
     ("auto", "arena", "auto"),
     ("none", "set_to_none", "post_accumulate"),
     ("fixed", "set_to_false", "tensor"),
+    ("osf", "arena", "auto"),                     # measures its profile, then plans
 ])
 def test_synchronize_gradients_matches_single_process(comm, policy, zero, hook):
     X, Y = data(torch.float64)
-    steps = 14 if policy == "auto" else 4          # auto tunes over the first steps
+    steps = {"auto": 14, "osf": 7}.get(policy, 4)   # auto tunes, osf measures first
     reference = train(model(torch.float64), X, Y, steps)
     net = model(torch.float64)
     sync = alt.synchronize_gradients(net, comm, policy=policy, hook=hook)
@@ -211,6 +212,8 @@ def test_synchronize_gradients_matches_single_process(comm, policy, zero, hook):
     ok = max_diff(got, reference) < 1e-12 and same_on_all_ranks(got) and in_arena
     if policy == "auto":
         ok &= sync.synchronizer.chosen is not None
+    if policy == "osf":
+        ok &= sync.profile is not None and sync.profile.measured
     assert all_ranks_ok(ok)
     sync.remove()
 
