@@ -11,7 +11,8 @@ parameters and see the same data (per rank: its own random batch, a fixed seed):
 * ``gloo``: ``DistributedDataParallel(model)``, its built-in allreduce on the gloo group;
 * ``hook``: the same DDP with ``register_comm_hook(comm, aluminum_py.torch.allreduce_hook)``;
 * ``sync``: no DDP: ``aluminum_py.torch.synchronize_gradients(model, comm, policy="auto")``,
-  whose tuning steps run (untimed) before the measurement.
+  whose tuning steps run (untimed) before the measurement;
+* with ``--local``, also ``local``: the model alone, no averaging (the compute's own time).
 
 Models: ``cnn``, five conv layers and two linear layers, 6.3 M float32 parameters (25 MB of
 gradients), 32x32 RGB inputs; ``mlp``, 48 linear layers of 128x128 (97 gradients, 3.2 MB).
@@ -44,6 +45,7 @@ import aluminum_py as al  # noqa: E402
 import aluminum_py.torch as alt  # noqa: E402
 
 TRAINERS = ("gloo", "hook", "sync")
+EXTRA = ("local",)              # --local: the same step without any gradient averaging
 
 
 def cnn():
@@ -86,6 +88,8 @@ class Trainer:
         if kind == "sync":
             self.net = self.model
             self.sync = alt.synchronize_gradients(self.model, comm, policy="auto")
+        elif kind == "local":
+            self.net = self.model
         else:
             self.net = DDP(self.model)
             if kind == "hook":
@@ -119,7 +123,8 @@ def bench_model(name, args, world, comm):
     g = torch.Generator().manual_seed(100 + world.rank)
     batch = (inputs(per_rank, g), torch.randint(0, 10, (per_rank,), generator=g))
     nparams = sum(p.numel() for p in initial.parameters())
-    trainers = {k: Trainer(k, initial, comm, batch) for k in TRAINERS}
+    kinds = TRAINERS + (EXTRA if args.local else ())
+    trainers = {k: Trainer(k, initial, comm, batch) for k in kinds}
     say = world.rank == 0
     if say:
         print(f"# {name}: {nparams / 1e6:.2f} M parameters, {nparams * 4 / 1e6:.1f} MB of "
@@ -132,7 +137,7 @@ def bench_model(name, args, world, comm):
     for t in trainers.values():                  # warm-up (DDP rebuilds its buckets)
         for _ in range(2):
             t.step()
-    times = {k: [] for k in TRAINERS}
+    times = {k: [] for k in kinds}
     for r in range(args.rounds):
         for k, t in trainers.items():
             mine = []
@@ -146,7 +151,7 @@ def bench_model(name, args, world, comm):
             times[k] += worst.tolist()
         if say:
             print(f"  round {r + 1}/{args.rounds}: " + "  ".join(
-                f"{k} {np.median(times[k]) * 1e3:.1f} ms" for k in TRAINERS), flush=True)
+                f"{k} {np.median(times[k]) * 1e3:.1f} ms" for k in kinds), flush=True)
     chosen = trainers["sync"].sync.synchronizer.chosen
     # parameters after check-steps steps, from the same initial parameters
     fresh = {k: Trainer(k, initial, comm, batch) for k in TRAINERS}
@@ -164,7 +169,7 @@ def bench_model(name, args, world, comm):
               "steps_measured": len(times["gloo"])}
     if say:
         print(f"  median step: " + "  ".join(
-            f"{k} {med[k] * 1e3:.1f} ms ({med['gloo'] / med[k]:.2f}x)" for k in TRAINERS) +
+            f"{k} {med[k] * 1e3:.1f} ms ({med['gloo'] / med[k]:.2f}x)" for k in kinds) +
             f"; sync chose {chosen!r} after {tune} tuning steps", flush=True)
         print(f"  after {args.check_steps} steps, max |param - gloo DDP|: " + "  ".join(
             f"{k} {diffs[k]:.3g}{' (bitwise)' if diffs[k] == 0 else ''}"
@@ -197,6 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6, help="steps per trainer per round")
     ap.add_argument("--check-steps", type=int, default=20)
+    ap.add_argument("--local", action="store_true",
+                    help="also time the step without gradient averaging")
     ap.add_argument("--json", help="write the results here (rank 0)")
     ap.add_argument("--plot", help="write a PNG bar chart here (rank 0)")
     args = ap.parse_args(argv)

@@ -24,15 +24,16 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def group():
-    """The gloo process group DDP needs (rendezvous through a file named by rank 0)."""
-    if not dist.is_initialized():
-        path = None
-        if WORLD.rank == 0:
-            path = os.path.join(tempfile.mkdtemp(prefix="al-torch-"), "store")
-        path = WORLD.bcast(path, root=0)
-        dist.init_process_group("gloo", init_method=f"file://{path}", rank=WORLD.rank,
-                                world_size=WORLD.size)
-    return dist.group.WORLD
+    """The gloo process group DDP needs (rendezvous through a file named by rank 0), for this
+    module only."""
+    path = None
+    if WORLD.rank == 0:
+        path = os.path.join(tempfile.mkdtemp(prefix="al-torch-"), "store")
+    path = WORLD.bcast(path, root=0)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=WORLD.rank,
+                            world_size=WORLD.size)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
 
 
 def data(dtype, features=6, outputs=3, seed=7):
@@ -163,6 +164,19 @@ def test_waiter_sets_exceptions_and_results():
     with pytest.raises(Exception, match="not complete"):
         failed.wait()
     assert torch.equal(done.wait(), torch.ones(2))
+
+
+def test_drain_completes_every_pending_future_once():
+    """The last bucket's hook completes the pending Futures in the training thread; each Future
+    is completed exactly once whichever thread gets to it."""
+    calls = []
+    ok = type("Done", (), {"Wait": lambda self, timeout=None: None})()
+    futs = [torch.futures.Future() for _ in range(20)]
+    for k, f in enumerate(futs):
+        alt._waiter.submit(ok, f, lambda k=k: calls.append(k) or torch.tensor([k]))
+    alt._waiter.drain()
+    assert [int(f.wait()) for f in futs] == list(range(20))
+    assert sorted(calls) == list(range(20))
 
 
 def test_as_buffer_shares_memory():
