@@ -16,3 +16,39 @@ def verdict(steps, final_loss, diff, spread, tol, elapsed) -> int:
         return 1
     print("OK", flush=True)
     return 0
+
+
+def torch_verdict(world, args, params, reference, X, Y, loss_fn, elapsed) -> int:
+    """The PyTorch examples' end: the ranks' parameters compared with each other and, on rank 0,
+    with `reference` (the same initial model) trained single-process on the full batch (X, Y)
+    with the same SGD; the exit status, the same on every rank."""
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy().copy()
+    mine = flat.copy()
+    world.Bcast(flat, root=0)
+    spread = world.allreduce(float(np.max(np.abs(mine - flat))), op=MPI.MAX)
+    status = 0
+    if world.rank == 0:
+        opt = torch.optim.SGD(reference.parameters(), lr=args.lr, momentum=args.momentum)
+        for _ in range(args.steps):
+            opt.zero_grad()
+            loss_fn(reference(X), Y).backward()
+            opt.step()
+        with torch.no_grad():
+            diff = max(float((p - r).abs().max()) for p, r in zip(params, reference.parameters()))
+            final = float(loss_fn(reference(X), Y))
+        status = verdict(args.steps, final, diff, spread, args.tol, elapsed)
+    return int(world.bcast(status, root=0))
+
+
+def print_loss(world, args, step, loss) -> None:
+    """Every ``args.print_every`` steps and at the last: rank 0 prints the mean loss over ranks
+    (collective)."""
+    if step % args.print_every == 0 or step == args.steps - 1:
+        total = world.allreduce(loss) / world.size
+        if world.rank == 0:
+            print(f"step {step:4d}  loss {total:.6f}", flush=True)

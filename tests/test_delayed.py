@@ -27,3 +27,20 @@ def test_pieces_without_forward_times_use_backward_and_errors():
         split_pieces([10], [8], lambda n: 1.0, [1e-3], [1e-3])
     with pytest.raises(ValueError, match="compute_times"):
         split_pieces([10], [8], cost, [0.0], [0.0])
+
+
+def test_measured_profile_of_one_step():
+    """aluminum_py.overlap.profiled.measure: backward times from grad_ready timestamps."""
+    from aluminum_py.overlap.profiled import measure
+    ready = [10.0, 9.5, 9.25, 9.0]              # model order; backward runs 3, 2, 1, 0
+    # with begin_backward at 8.5: the first gradient took 0.5 s, the forward pass 8.5 - 8.0
+    compute, forward = measure(ready, 8.5, 8.0, [8, 8, 8, 8])
+    assert compute == [0.5, 0.25, 0.25, 0.5] and forward == 0.5
+    # without it: D = 1.0 from the previous wait(), the rest of backward B = 1.0; the first
+    # gradient gets (2D - B) / 3 and the forward pass the rest of D
+    compute, forward = measure(ready, None, 8.0, [8, 8, 8, 8])
+    assert compute[:3] == [0.5, 0.25, 0.25]
+    assert compute[3] == pytest.approx(1 / 3) and forward == pytest.approx(2 / 3)
+    # a gradient reported before its predecessor in backward order counts 0
+    compute, _ = measure([9.0, 9.5, 9.25, 9.0], 8.5, 8.0, [8, 8, 8, 8])
+    assert compute[:3] == [0.0, 0.25, 0.25]

@@ -64,3 +64,11 @@ def test_torch_ddp_hooks(nranks, hook):
     pytest.importorskip("torch")
     out = run_example("torch_ddp_hooks.py", nranks, "--steps", "5", "--hook", hook)
     check_match(out, nranks)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_torch_ddp_cnn(nranks):
+    pytest.importorskip("torch")
+    out = run_example("torch_ddp_cnn.py", nranks, "--steps", "4", "--samples", "48")
+    check_match(out, nranks)
+    assert "DDP + allreduce_hook" in out, out

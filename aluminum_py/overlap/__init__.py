@@ -7,8 +7,10 @@ before the optimizer step (docs/overlap.md).
 * :mod:`.buckets` -- bucket formation per policy and the bucketed strategy; :func:`gradient_arena`.
 * :mod:`.autotune` -- policy ``"auto"``: measure the candidate groupings, keep the fastest.
 * :mod:`.delayed` -- policy ``"deft"``: DeFT's delayed updates.
+* :mod:`.profiled` -- a planned policy without a profile: measure the first steps, then plan.
 """
 from .buckets import gradient_arena
+from .profiled import Profile
 from .synchronizer import POLICIES, GradientSynchronizer, SyncInfo
 
-__all__ = ["GradientSynchronizer", "SyncInfo", "POLICIES", "gradient_arena"]
+__all__ = ["GradientSynchronizer", "SyncInfo", "Profile", "POLICIES", "gradient_arena"]

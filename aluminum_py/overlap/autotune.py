@@ -17,7 +17,7 @@ import numpy as np
 from ..ops import MAX
 from .buckets import BUCKET_POLICIES, array_module
 from .buckets import create as bucketed
-from .strategy import Strategy, StepResult, SyncOptions
+from .strategy import Delegating, StepResult, SyncOptions
 
 _now = time.monotonic          # the clock (a module attribute so tests can drive it)
 
@@ -42,7 +42,7 @@ def default_candidates(opts: dict) -> list[tuple[str, str, dict]]:
     return cands
 
 
-class AutoTune(Strategy):
+class AutoTune(Delegating):
     """The tuning state of one ``policy="auto"`` synchronizer; every call goes to the candidate
     that runs the current step (:attr:`active`).
 
@@ -91,29 +91,8 @@ class AutoTune(Strategy):
 
     @property
     def active(self):
+        """The candidate that runs the current step (it does the work)."""
         return self.syncs[self._index]
-
-    # the candidate that runs the current step does the work
-    @property
-    def buckets(self):
-        return self.active.buckets
-
-    @property
-    def max_ctas(self):
-        return self.active.max_ctas
-
-    @property
-    def op(self):
-        return self.active.op
-
-    def grad_ready(self, i: int) -> None:
-        self.active.grad_ready(i)
-
-    def begin_backward(self) -> None:
-        self.active.begin_backward()
-
-    def flush(self, timeout) -> tuple[int, ...]:
-        return self.active.flush(timeout)
 
     @property
     def chosen_label(self) -> str | None:

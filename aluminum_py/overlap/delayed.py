@@ -130,6 +130,9 @@ class DelayedUpdates(Strategy):
     def views(self):
         return self.layout.views
 
+    def start_at(self, iteration: int) -> None:
+        self._restart(iteration)
+
     def _restart(self, base):
         comm, f, b, scale = self._sched_args
         self.scheduler = DelayedUpdateScheduler(comm, f, b, capacity_scale=scale)

@@ -56,6 +56,10 @@ class Strategy(ABC):
     def begin_backward(self) -> None:
         """The backward pass starts now (a strategy that sends older gradients starts them)."""
 
+    def start_at(self, iteration: int) -> None:
+        """Called before the first step when that step is not iteration 0 (a strategy built
+        after measuring): a strategy that reports iterations counts from `iteration`."""
+
     @abstractmethod
     def wait(self, iteration: int, timeout: float | None) -> StepResult:
         """Complete step ``iteration``: every transfer of the step is done and the gradients
@@ -81,3 +85,47 @@ class Strategy(ABC):
     def tuning_report(self) -> dict | None:
         """A tuning strategy's measurements once it has chosen: label -> median step seconds."""
         return None
+
+
+class Delegating(Strategy):
+    """A strategy that hands each step to another one, :attr:`active` (the candidate under
+    tuning, the measuring or the planned strategy); subclasses define ``active`` and
+    ``wait``."""
+
+    @property
+    @abstractmethod
+    def active(self) -> Strategy:
+        """The strategy that runs the current step."""
+
+    @property
+    def buckets(self):
+        return self.active.buckets
+
+    @property
+    def max_ctas(self):
+        return self.active.max_ctas
+
+    @property
+    def op(self):
+        return self.active.op
+
+    @property
+    def views(self):
+        return self.active.views
+
+    @property
+    def buffers(self):
+        return self.active.buffers
+
+    @property
+    def held_iterations(self) -> tuple[int, ...]:
+        return self.active.held_iterations
+
+    def grad_ready(self, i: int) -> None:
+        self.active.grad_ready(i)
+
+    def begin_backward(self) -> None:
+        self.active.begin_backward()
+
+    def flush(self, timeout) -> tuple[int, ...]:
+        return self.active.flush(timeout)

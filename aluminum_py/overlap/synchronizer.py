@@ -3,9 +3,9 @@ the strategy that does the work (:mod:`.buckets`, :mod:`.autotune`, :mod:`.delay
 :class:`SyncInfo` its ``wait()`` returns."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from . import autotune, buckets, delayed
+from . import autotune, buckets, delayed, profiled
 from .strategy import Strategy, SyncOptions
 
 POLICIES = buckets.BUCKET_POLICIES + ("deft", "auto")
@@ -50,13 +50,18 @@ class GradientSynchronizer:
         comm: an aluminum_py.Communicator.
         grads: arrays (numpy, or GPU arrays for a GPU communicator) in model (forward) order;
             each must stay the same object across steps (they are reduced in place).
-        policy: one of POLICIES.
+        policy: one of POLICIES (default ``"auto"``, the recommended one).
         average: divide by the number of ranks (floating gradients) instead of summing.
         algorithm: allreduce algorithm for every bucket (default "auto").
         threshold, cycle_time: policy "fixed" (threshold: also "deft"'s buckets).
-        compute_times, forward_times: per-gradient profile (seconds), for the planned policies.
+        compute_times, forward_times: per-gradient profile (seconds), for the planned policies
+            (``mgwfbp``, ``adafusion``, ``osf``, ``libra``, ``deft``). Without
+            ``compute_times`` they measure it: the first ``sum(profile_steps)`` steps run as
+            ``"none"`` (results exact), then the policy plans from the measurement
+            (:attr:`profile`; aluminum_py.overlap.profiled).
         cost: allreduce time as a function of bytes (callable), for "mgwfbp" / "adafusion".
-        plan: a LIBRA Plan (policy "libra"); groups index layers in backward order.
+        plan: a LIBRA Plan (policy "libra"); groups index layers in backward order. Without
+            one, "libra" plans with ``planning.libra.optimize`` from the profile.
         groups: explicit buckets (inclusive ranges over backward order) for any policy but
             "none" (overrides the policy's own grouping; used by benchmarks and tests).
         channel_aware: policy "adafusion": also count the time the channel is still busy with
@@ -67,13 +72,15 @@ class GradientSynchronizer:
             default list (aluminum_py.overlap.autotune.default_candidates).
         tune_steps: policy "auto": ``(warmup, trials)`` rounds; each round runs one step with
             every candidate; warm-up rounds are not measured (default ``(1, 5)``).
+        profile_steps: ``(warmup, measured)`` steps of a planned policy that measures its
+            profile (default ``(1, 3)``; the first step is always a warm-up).
     """
 
-    def __init__(self, comm, grads, policy: str = "adafusion", average: bool = True, *,
+    def __init__(self, comm, grads, policy: str = "auto", average: bool = True, *,
                  algorithm: str = "auto", threshold: int = 64 << 20, cycle_time=None,
                  compute_times=None, forward_times=None, cost=None, plan=None, groups=None,
                  channel_aware: bool = False, capacity_scale: float = 1.0, candidates=None,
-                 tune_steps=(1, 5)):
+                 tune_steps=(1, 5), profile_steps=(1, 3)):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
         options = SyncOptions(threshold=threshold, cycle_time=cycle_time,
@@ -84,12 +91,41 @@ class GradientSynchronizer:
         self.comm, self.grads, self.policy = comm, list(grads), policy
         self.average, self.algorithm, self.iteration = bool(average), algorithm, 0
         create = _STRATEGIES.get(policy, buckets.create)
-        self._strategy: Strategy = create(comm, self.grads, policy, self.average, algorithm,
-                                          options)
-        # the strategy under its policy's name, for introspection (tests; bench overlap's
-        # prediction of "deft")
-        self._auto = self._strategy if policy == "auto" else None
-        self._deft = self._strategy if policy == "deft" else None
+        self._given_profile = None
+        if profiled.needs_measuring(policy, options):
+            self._strategy: Strategy = profiled.create(comm, self.grads, policy, self.average,
+                                                       algorithm, options, create,
+                                                       tuple(profile_steps))
+        else:
+            if policy == "libra" and options.plan is None and options.groups is None:
+                # planned from the given compute_times
+                options = replace(options,
+                                  plan=profiled.libra_plan(comm, self.grads, options))
+            if policy in profiled.PLANNED and compute_times is not None:
+                self._given_profile = profiled.Profile(
+                    tuple(float(x) for x in compute_times),
+                    None if forward_times is None else tuple(float(x) for x in forward_times),
+                    False)
+            self._strategy = create(comm, self.grads, policy, self.average, algorithm, options)
+
+    # the strategy under its policy's name, for introspection (tests; bench overlap's
+    # prediction of "deft")
+    @property
+    def _auto(self):
+        return self._strategy if self.policy == "auto" else None
+
+    @property
+    def _deft(self):
+        s = getattr(self._strategy, "planned", self._strategy)
+        return s if isinstance(s, delayed.DelayedUpdates) else None
+
+    @property
+    def profile(self) -> "profiled.Profile | None":
+        """The per-gradient profile a planned policy plans from: the one given
+        (``compute_times``), or the one it measured (``measured=True``), None while it is
+        still measuring and for policies that plan nothing (``none``, ``fixed``, ``auto``,
+        ``libra`` with a ``plan``)."""
+        return getattr(self._strategy, "profile", self._given_profile)
 
     @property
     def buckets(self) -> list[list[int]]:

@@ -107,10 +107,8 @@ def test_errors(comm):
     grads = [np.zeros(4), np.zeros(3)]
     with pytest.raises(ValueError, match="policy"):
         GradientSynchronizer(comm, grads, policy="bogus")
-    with pytest.raises(ValueError, match="compute_times"):
-        GradientSynchronizer(comm, grads, policy="mgwfbp")
-    with pytest.raises(ValueError, match="plan"):
-        GradientSynchronizer(comm, grads, policy="libra")
+    with pytest.raises(ValueError, match="profile_steps"):
+        GradientSynchronizer(comm, grads, policy="mgwfbp", profile_steps=(1, 0))
     with pytest.raises(ValueError, match="average"):
         GradientSynchronizer(comm, [np.zeros(3, dtype=np.int32)], policy="none")
     with pytest.raises(ValueError, match="contiguous"):
@@ -220,8 +218,6 @@ def test_deft_applies_the_iterations_it_reports(comm, load, average, layout):
 
 def test_deft_errors_and_flush_of_other_policies(comm):
     grads = [np.zeros(s) for s in SHAPES]
-    with pytest.raises(ValueError, match="compute_times"):
-        GradientSynchronizer(comm, grads, policy="deft")
     with pytest.raises(ValueError, match="exceeds"):
         GradientSynchronizer(comm, grads, policy="deft", cost=lambda n: 1.0, **DEFT_PROFILE)
     sync = GradientSynchronizer(comm, grads, policy="none")
@@ -287,3 +283,103 @@ def test_auto_default_candidates_and_duplicates(comm):
     with pytest.raises(ValueError, match="cannot be a candidate"):
         GradientSynchronizer(comm, grads, policy="auto", candidates=[("d", "deft", {})])
     sync.flush()
+
+
+# ---------------------------------------------------------------- planned policies without a profile
+PLANNED = ["mgwfbp", "adafusion", "osf", "libra", "deft"]
+PLANNED_OPTIONS = {"deft": {"cost": DEFT_COSTS["light"], "threshold": 1024},
+                   "adafusion": {"cost": lambda n: 2e-4 + n * 1e-9}}
+
+
+def emulated_step(sync, grads, fresh, clock, rank, begin=True):
+    """One step on a fake clock: the forward pass takes 2 ms, gradient i's backward
+    ``profile()[i]``, both 10% longer per rank (the slowest rank's profile is planned)."""
+    slow = 1.0 + 0.1 * rank
+    for g, v in zip(grads, fresh):
+        g[...] = v
+    clock["t"] += 2e-3 * slow
+    if begin:
+        sync.begin_backward()
+    for i in reversed(range(len(grads))):
+        clock["t"] += profile()[i] * slow
+        sync.grad_ready(i)
+    return sync.wait(timeout=60)
+
+
+@pytest.mark.parametrize("policy", PLANNED)
+def test_planned_policies_measure_their_profile(comm, policy, monkeypatch):
+    """Without compute_times: the first steps run as "none" (one bucket per gradient), results
+    exact; after profile_steps the policy plans from the measured profile (the maximum over
+    ranks, the same on every rank); results stay exact (deft: the reported iterations'
+    gradients, every iteration applied once)."""
+    from aluminum_py.overlap import profiled
+    clock = {"t": 100.0}
+    monkeypatch.setattr(profiled, "_now", lambda: clock["t"])
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads, policy=policy, **PLANNED_OPTIONS.get(policy, {}))
+    n, history, applied, steps = len(SHAPES), [], [], 10
+    for step in range(steps):
+        measuring = step < 4                    # profile_steps (1, 3)
+        assert (sync.profile is None) == measuring
+        if measuring:
+            assert sync.buckets == [[i] for i in reversed(range(n))]
+        fresh = make_grads(comm.rank, step)
+        history.append([gather_all(v) for v in fresh])
+        info = emulated_step(sync, grads, fresh, clock, comm.rank)
+        assert info.iteration == step
+        iters = info.applied_iterations[0]
+        applied += list(iters)
+        for j, g in enumerate(grads):
+            assert np.array_equal(g, expected_sum(history, iters, j, comm.size, True))
+    prof = sync.profile
+    slowest = 1.0 + 0.1 * (comm.size - 1)
+    assert prof.measured and prof.steps == 3 and prof.error is None
+    assert np.allclose(prof.compute_times, [t * slowest for t in profile()], rtol=1e-9)
+    assert np.isclose(sum(prof.forward_times), 2e-3 * slowest, rtol=1e-9)
+    assert (sync._deft is not None) == (policy == "deft")
+    info = sync.flush(timeout=60)
+    applied += list(info.applied_iterations[0])
+    assert sorted(applied) == list(range(steps))
+
+
+def test_planned_policy_given_a_profile_does_not_measure(comm):
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads, policy="mgwfbp", compute_times=profile())
+    assert sync.profile.compute_times == tuple(profile()) and not sync.profile.measured
+    libra_sync = GradientSynchronizer(comm, grads, policy="libra", compute_times=profile())
+    assert libra_sync.profile is not None and len(libra_sync.buckets) >= 1
+    for step in range(2):
+        fresh = make_grads(comm.rank, step)
+        run_step(libra_sync, grads, fresh)
+        for g, v in zip(grads, fresh):
+            assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
+
+
+def test_unplannable_measurement_keeps_running_exactly(comm, monkeypatch):
+    """DeFT cannot hide an allreduce of one element under the measured compute (a cost of
+    1 s): the synchronizer says why in its profile and keeps running as "none"."""
+    from aluminum_py.overlap import profiled
+    clock = {"t": 0.0}
+    monkeypatch.setattr(profiled, "_now", lambda: clock["t"])
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads, policy="deft", cost=lambda n: 1.0)
+    for step in range(6):
+        fresh = make_grads(comm.rank, step)
+        info = emulated_step(sync, grads, fresh, clock, comm.rank, begin=False)
+        assert info.applied_iterations[0] == (step,)
+        for g, v in zip(grads, fresh):
+            assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
+    assert "exceeds" in sync.profile.error and sync._deft is None
+
+
+def test_default_constructor(comm):
+    """GradientSynchronizer(comm, grads): policy "auto", no profile needed, exact results."""
+    grads = [np.zeros(s) for s in SHAPES]
+    sync = GradientSynchronizer(comm, grads)
+    assert sync.policy == "auto" and sync.profile is None
+    for step in range(14):
+        fresh = make_grads(comm.rank, step)
+        run_step(sync, grads, fresh)
+        for g, v in zip(grads, fresh):
+            assert np.array_equal(g, gather_all(v).sum(axis=0) / comm.size)
+    assert sync.chosen in ("none", "fixed 1 MiB")

@@ -1,0 +1,142 @@
+"""A small CNN (no torchvision) trained with PyTorch DDP and ``aluminum_py.torch.allreduce_hook``.
+
+    mpiexec -n 2 python examples/torch_ddp_cnn.py [--steps 10] [--hook allreduce|fp16]
+
+Synthetic 1-channel 16x16 images of three classes (a horizontal bar, a vertical bar, a
+diagonal, plus noise; fixed seed) that every rank builds; each rank takes a disjoint, equal
+shard of the global batch (cross-entropy, mean reduction). DDP needs a process group for its
+own set-up (parameter broadcast, bucket rebuilding): a gloo group whose rendezvous is a file
+named by rank 0 over MPI. The gradients go through the hook:
+``ddp.register_comm_hook(comm, allreduce_hook)`` averages each DDP bucket in place with the
+library's nonblocking allreduce, overlapped with the rest of the backward pass.
+
+Rank 0 also trains the same initial model single-process on the full batch (float64) and the
+script exits 1 if the largest absolute parameter difference exceeds ``--tol`` (1e-10; with
+``--hook fp16`` use a loose one, e.g. 1e-2) or the ranks' parameters differ. Without torch it
+prints a message and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import tempfile
+import time
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+
+import aluminum_py as al  # noqa: E402
+from _compare import print_loss, torch_verdict  # noqa: E402  (examples/_compare.py)
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import aluminum_py.torch as alt
+except ImportError:
+    torch = None
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--hook", choices=("allreduce", "fp16"), default="allreduce")
+    p.add_argument("--samples", type=int, default=96,
+                   help="global batch = whole dataset; divisible by the number of ranks")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--bucket-mb", type=float, default=0.01, help="DDP bucket_cap_mb")
+    p.add_argument("--tol", type=float, default=1e-10)
+    p.add_argument("--print-every", type=int, default=2)
+    p.add_argument("--seed", type=int, default=2024)
+    return p
+
+
+def make_data(args, size=16):
+    g = torch.Generator().manual_seed(args.seed)
+    labels = torch.randint(0, 3, (args.samples,), generator=g)
+    X = 0.3 * torch.randn(args.samples, 1, size, size, generator=g, dtype=torch.float64)
+    pos = torch.randint(2, size - 2, (args.samples,), generator=g)
+    idx = torch.arange(size)
+    for n in range(args.samples):
+        k, c = int(labels[n]), int(pos[n])
+        if k == 0:
+            X[n, 0, c, :] += 1.0
+        elif k == 1:
+            X[n, 0, :, c] += 1.0
+        else:
+            X[n, 0, idx, idx] += 1.0
+    return X, labels
+
+
+def make_model(args):
+    torch.manual_seed(args.seed + 1)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),     # 8x8
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),    # 4x4
+        torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 32), torch.nn.ReLU(),
+        torch.nn.Linear(32, 3),
+    ).double()
+
+
+def init_process_group(world):
+    """A gloo group over the MPI ranks (rendezvous: a file rank 0 names)."""
+    path = os.path.join(tempfile.mkdtemp(prefix="al-ddp-"), "store") if world.rank == 0 else None
+    path = world.bcast(path, root=0)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=world.rank,
+                            world_size=world.size)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    if torch is None:
+        if world.rank == 0:
+            print("torch is not installed: skipping the PyTorch example")
+        return 0
+    rank, size = world.rank, world.size
+    if args.samples % size:
+        if rank == 0:
+            print(f"--samples {args.samples} is not divisible by {size} ranks", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    init_process_group(world)
+    comm = al.Communicator()
+
+    X, labels = make_data(args)
+    shard = args.samples // size
+    Xs, ls = X[rank * shard:(rank + 1) * shard], labels[rank * shard:(rank + 1) * shard]
+    model = make_model(args)
+    reference = copy.deepcopy(model) if rank == 0 else None
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+    hook = alt.allreduce_hook if args.hook == "allreduce" else alt.fp16_compress_hook
+    ddp.register_comm_hook(comm, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    params = list(model.parameters())
+    if rank == 0:
+        print(f"{size} ranks x {shard} samples, DDP + {hook.__name__}, torch {torch.__version__}, "
+              f"{sum(p.numel() for p in params)} parameters", flush=True)
+
+    world.Barrier()
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        opt.zero_grad()
+        loss = loss_fn(ddp(Xs), ls)
+        loss.backward()                     # the buckets' allreduces complete in here
+        opt.step()
+        print_loss(world, args, step, loss.item())
+    elapsed = time.perf_counter() - t0
+
+    status = torch_verdict(world, args, params, reference, X, labels, loss_fn, elapsed)
+    dist.destroy_process_group()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
