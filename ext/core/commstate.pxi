@@ -4,6 +4,7 @@ cdef class CommState:
     cdef readonly object coll_comm, p2p_comm
     cdef readonly unsigned int seq
     cdef public bint freed
+    cdef public object interrupted   # NativeOp of a blocking call a signal interrupted, until done
 
     def __cinit__(self, coll_comm, p2p_comm):
         mpi_tables_init()
@@ -25,6 +26,23 @@ cdef class CommState:
         # referencing it (ops keep a reference to this object).
         free(self.c)
         self.c = NULL
+
+    def check_usable(self, name):
+        """Raise unless ops may start on this communicator: not freed, and no blocking call
+        interrupted by a signal still running (the ranks may be out of step: the interrupted
+        call has not completed here, the program has gone on as if it had failed)."""
+        if self.freed:
+            _hooks.fail(f"{name}: the communicator has been freed")
+        o = self.interrupted
+        if o is not None:
+            if o.done:
+                self.interrupted = None
+                return
+            _hooks.fail(f"{name}: this communicator is unusable: an earlier blocking call, "
+                        f"{o.describe()}, was interrupted by a signal (KeyboardInterrupt?) "
+                        f"before it completed; it goes on in the background and the "
+                        f"communicator works again once it completes (its peers joined). "
+                        f"Otherwise use a new Communicator.")
 
     @property
     def rank(self):

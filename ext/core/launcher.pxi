@@ -47,34 +47,61 @@ cdef class Launcher:
     cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
         cdef int ok
-        if self.state.freed:
-            _hooks.fail(f"{o.name}: the communicator has been freed")
-        # MPI matches blocking collectives only with blocking ones and nonblocking only with
-        # nonblocking ones, so the variant must not depend on per-rank state (whether this
-        # rank still has ops pending): blocking calls use the blocking MPI call, wherever they
-        # run (here or, behind pending ops, in the engine), unless a hang timeout is set (the
-        # same on every rank), which needs the pollable MPI_I* call.
-        o.op.mpi.blocking = blocking and timeout < 0
+        cdef double deadline
+        if self.state.freed or self.state.interrupted is not None:
+            self.state.check_usable(o.name)
+        # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
+        # or, behind pending ops, in the engine, so that the caller can check for signals and
+        # time out. MPI matches blocking collectives only with blocking ones, so the variant
+        # must not depend on per-rank state: it is always MPI_I* (op.mpi.blocking stays 0).
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)
         if al_load_acquire(&self.state.c.pending) == 0:
+            deadline = deadline_of(timeout)
             with nogil:
-                ok = run_inline(o.op, timeout)
-            if not ok:
-                # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
-                # where submit raises) it stays posted and MPI may still write its buffers
-                o.orphan()
-                o.submit(adopt=True)
-                _hooks.raise_timeout(o, timeout)
+                ok = run_inline(o.op, deadline)
+            while ok != 1:
+                if ok == 0:
+                    # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
+                    # where submit raises) it stays posted and MPI may still write its buffers
+                    o.orphan()
+                    o.submit(adopt=True)
+                    _hooks.raise_timeout(o, timeout)
+                try:
+                    PyErr_CheckSignals()
+                except BaseException:
+                    self.interrupted(o, True)
+                    raise
+                with nogil:
+                    ok = run_inline(o.op, deadline)
             check_error(o)
             return None
         o.submit()                      # keep call order behind this communicator's pending ops
-        if not o.wait(timeout):
+        try:
+            ok = o.wait(timeout)
+        except BaseException:
+            self.interrupted(o, False)
+            raise
+        if not ok:
             o.orphan()
             _hooks.raise_timeout(o, timeout)
         check_error(o)
         return None
+
+    cdef void interrupted(self, NativeOp o, bint inline) except *:
+        """A signal handler raised during the blocking call of `o`: the engine keeps the op
+        (running it to completion; its buffers stay alive) and the communicator is unusable
+        until it completes (check_usable)."""
+        if al_load_acquire(&o.op.done):
+            return
+        o.orphan()
+        if inline:
+            try:
+                o.submit(adopt=True)
+            except Exception:       # below MPI_THREAD_MULTIPLE: it stays posted, kept alive
+                pass
+        self.state.interrupted = o
 
     cdef str resolve(self, str algorithm, Py_ssize_t nbytes, int itemsize):
         cdef object alg
@@ -107,6 +134,8 @@ cdef class Launcher:
         """One allreduce op on checked buffers (addresses; sp == rp in place)."""
         cdef NativeOp o = NativeOp.__new__(NativeOp)
         cdef Schedule sched
+        if self.state.interrupted is not None:    # before next_tag: a refused op takes no tag
+            self.state.check_usable("allreduce/" + alg)
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
         o.op.result.buf = <char*>rp
         o.op.result.count = count

@@ -1,0 +1,163 @@
+"""Reliability under the conditions users hit (issue 16): Ctrl-C while a peer is late, fork,
+threads, long runs.
+
+The SIGINT tests send the signal from a timer thread (``os.kill``) while rank 0 waits for a
+late rank 1; they assert on state (KeyboardInterrupt raised, op pending, results equal to
+numpy's) and bound the latency only generously (2 s for a 100 ms target): the measured figure
+is printed and recorded in docs/semantics.md, never asserted tightly.
+"""
+import contextlib
+import os
+import signal
+import statistics
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+
+from conftest import WORLD, all_ranks_ok, differences, every_rank, ramp, ramp_reference, wait_for
+
+LATE = 4.0          # seconds rank 1 is late: far above the latency bound below
+SIGNAL_AT = 0.5     # rank 0 gets SIGINT this long after it started waiting
+BOUND = 2.0         # generous bound on the SIGINT latency (the target is 100 ms)
+
+
+@contextlib.contextmanager
+def sigint_after(delay: float, sent: list):
+    """Send this process SIGINT after `delay` seconds (from a timer thread), recording when in
+    `sent`. The default handler (KeyboardInterrupt) is installed for the duration: a launcher
+    may start ranks with SIGINT ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def fire():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Timer(delay, fire)
+    t.start()
+    try:
+        yield
+    finally:
+        t.cancel()
+        t.join()
+        signal.signal(signal.SIGINT, old)
+
+
+def interrupted(call, failures: list) -> float | None:
+    """Run `call` with a SIGINT sent SIGNAL_AT seconds later; the seconds from the signal to
+    the KeyboardInterrupt (None, and a failure, if it was not raised)."""
+    sent = []
+    try:
+        with sigint_after(SIGNAL_AT, sent):
+            call()
+    except KeyboardInterrupt:
+        return time.monotonic() - sent[0]
+    failures.append(f"no KeyboardInterrupt: {call} returned")
+    return None
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nonblocking"])
+def test_sigint_while_peer_is_late(mode):
+    """Rank 1 is LATE seconds late to an Allreduce; rank 0 gets SIGINT after SIGNAL_AT seconds
+    and raises KeyboardInterrupt within BOUND (today's target: 100 ms). The op stays with the
+    engine and completes when rank 1 arrives (result equal to numpy's). Blocking: the
+    communicator refuses new ops, naming the interrupted one, until it completes, then works
+    again. Nonblocking: the Request stays valid; Wait again completes it."""
+    if WORLD.size < 2:
+        pytest.skip("needs a late peer")
+    comm = al.Communicator()
+    failures = []
+    n = 50000
+    x = ramp(n, 0, comm.rank)
+    expected = ramp_reference(n, 0, comm.size)
+    WORLD.Barrier()
+    if comm.rank == 1:
+        time.sleep(LATE)
+    if comm.rank == 0:
+        req = []
+
+        def call():
+            if mode == "blocking":
+                comm.Allreduce(x, algorithm="ring")
+            else:
+                req.append(comm.Iallreduce(x, algorithm="ring"))
+                req[0].Wait()
+
+        latency = interrupted(call, failures)
+        if latency is not None:
+            print(f"\nSIGINT latency ({mode}): {latency * 1e3:.1f} ms")
+            if latency > BOUND:
+                failures.append(f"KeyboardInterrupt {latency:.2f} s after SIGINT (bound {BOUND} s)")
+        if mode == "blocking":
+            try:
+                comm.Allreduce(np.zeros(3, np.float32))     # rank 1 still sleeps: refused
+                failures.append("a new op ran on the communicator of the interrupted call")
+            except al.Error as e:
+                if "interrupted" not in str(e) or "allreduce/ring" not in str(e):
+                    failures.append(f"the error does not name the interrupted op: {e}")
+            if not wait_for(lambda: comm._state.pending == 0):
+                failures.append("the interrupted op never completed")
+        else:
+            if req:
+                req[0].Wait(timeout=60)
+    else:
+        comm.Allreduce(x, algorithm="ring")
+    failures += differences(f"{mode} interrupted allreduce", x, expected)
+    y = ramp(1000, 1, comm.rank)
+    comm.Allreduce(y)                                   # the communicator works again
+    failures += differences("allreduce after", y, ramp_reference(1000, 1, comm.size))
+    fresh = al.Communicator()
+    z = ramp(100, 2, comm.rank)
+    fresh.Allreduce(z)
+    failures += differences("allreduce on a new communicator", z, ramp_reference(100, 2, comm.size))
+    fresh.Free()
+    comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_sigint_latency():
+    """The SIGINT latency of a blocking call waiting in the caller and of Request.Wait, median
+    of 5 each (printed; recorded in docs/semantics.md): each interrupted call completes when
+    rank 1 joins; every result equals numpy's."""
+    if WORLD.size < 2:
+        pytest.skip("needs a late peer")
+    failures, blocking, waits = [], [], []
+    late = SIGNAL_AT + 0.7
+    for k in range(5):
+        comm = al.Communicator()             # a fresh one: the interrupted one is unusable
+        x = ramp(1000, k, comm.rank)
+        WORLD.Barrier()
+        if comm.rank == 1:
+            time.sleep(late)
+            comm.Allreduce(x)
+        elif comm.rank == 0:
+            lat = interrupted(lambda: comm.Allreduce(x), failures)
+            if lat is not None:
+                blocking.append(lat)
+            wait_for(lambda: comm._state.pending == 0)
+        else:
+            comm.Allreduce(x)
+        failures += differences(f"blocking {k}", x, ramp_reference(1000, k, comm.size))
+        WORLD.Barrier()
+        y = ramp(1000, k + 10, comm.rank)
+        if comm.rank == 1:
+            time.sleep(late)
+        req = comm.Iallreduce(y)
+        if comm.rank == 0:
+            lat = interrupted(req.Wait, failures)
+            if lat is not None:
+                waits.append(lat)
+        req.Wait(timeout=60)
+        failures += differences(f"nonblocking {k}", y, ramp_reference(1000, k + 10, comm.size))
+        comm.Free()
+    if WORLD.rank == 0 and blocking and waits:
+        print(f"\nSIGINT latency, median of {len(blocking)}: blocking call "
+              f"{statistics.median(blocking) * 1e3:.1f} ms (max {max(blocking) * 1e3:.1f}), "
+              f"Request.Wait {statistics.median(waits) * 1e3:.1f} ms "
+              f"(max {max(waits) * 1e3:.1f})")
+        if max(blocking + waits) > BOUND:
+            failures.append(f"latencies above {BOUND} s: {blocking} {waits}")
+    assert all_ranks_ok(not failures), every_rank(failures)
