@@ -46,6 +46,7 @@ class Communicator:
 
     def __init__(self, comm=None, *, stream=None):
         from mpi4py import MPI
+        _core.check_not_forked("Communicator()")
         if stream is not None:
             require_cuda("stream=: a GPU communicator")
         if isinstance(comm, Communicator):
@@ -116,6 +117,7 @@ class Communicator:
         everything is freed."""
         if self._state.freed:
             return
+        _core.check_not_forked("Free")
         if self._gpu is not None:
             self._gpu.drain(config.hang_timeout())
         if self._state.pending:

@@ -1,3 +1,15 @@
+cdef void fork_fail(name) except *:
+    """Raise the error of any use of the library in a child process after os.fork()."""
+    _hooks.fail(f"{name}: this process was made by os.fork() from a process that had imported "
+                f"aluminum_py; communicators, requests and MPI cannot be used in it (the "
+                f"progress engine thread and MPI's state do not survive fork). Communicate in "
+                f"the parent, or start workers with multiprocessing's 'spawn' method.")
+
+def check_not_forked(name):
+    """Raise aluminum_py.Error naming fork in a child process after os.fork()."""
+    if g_forked:
+        fork_fail(name)
+
 cdef class CommState:
     """Native state of one Communicator: two duplicated MPI communicators and a pending count."""
     cdef al_comm* c
@@ -28,9 +40,12 @@ cdef class CommState:
         self.c = NULL
 
     def check_usable(self, name):
-        """Raise unless ops may start on this communicator: not freed, and no blocking call
-        interrupted by a signal still running (the ranks may be out of step: the interrupted
-        call has not completed here, the program has gone on as if it had failed)."""
+        """Raise unless ops may start on this communicator: not in a child after os.fork(),
+        not freed, and no blocking call interrupted by a signal still running (the ranks may be
+        out of step: the interrupted call has not completed here, the program has gone on as if
+        it had failed)."""
+        if g_forked:
+            fork_fail(name)
         if self.freed:
             _hooks.fail(f"{name}: the communicator has been freed")
         o = self.interrupted

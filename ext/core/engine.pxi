@@ -329,6 +329,29 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
     al_store_release(&op.done, 1)
     return 1
 
+# os.fork(): the child has a copy of the engine's state but not its thread, and MPI cannot be
+# used there; a lock the engine held at the fork stays held. The child marks itself (every
+# entry point then raises, see fork_fail) and forgets the thread (interpreter exit must not
+# join it).
+cdef int g_forked = 0
+
+def _after_fork_in_child():
+    global g_forked, g_started, g_stop, g_waiters
+    g_forked = 1
+    g_started = 0
+    g_stop = 1
+    g_waiters = 0
+    pthread_mutex_init(&g_lock, NULL)
+    pthread_cond_init(&g_submit_cond, NULL)
+    pthread_cond_init(&g_done_cond, NULL)
+
+import os as _os
+_os.register_at_fork(after_in_child=_after_fork_in_child)
+
+def forked():
+    """True in a child process made by os.fork() after this module was imported."""
+    return g_forked != 0
+
 def shutdown_engine(double grace=2.0):
     """Stop the progress engine: finish what completes within `grace` seconds, cancel the rest."""
     global g_stop, g_exit_grace, g_started

@@ -48,7 +48,7 @@ cdef class Launcher:
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
         cdef int ok
         cdef double deadline
-        if self.state.freed or self.state.interrupted is not None:
+        if g_forked or self.state.freed or self.state.interrupted is not None:
             self.state.check_usable(o.name)
         # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
         # or, behind pending ops, in the engine, so that the caller can check for signals and
@@ -134,7 +134,7 @@ cdef class Launcher:
         """One allreduce op on checked buffers (addresses; sp == rp in place)."""
         cdef NativeOp o = NativeOp.__new__(NativeOp)
         cdef Schedule sched
-        if self.state.interrupted is not None:    # before next_tag: a refused op takes no tag
+        if g_forked or self.state.interrupted is not None:   # before next_tag: a refused op takes no tag
             self.state.check_usable("allreduce/" + alg)
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
         o.op.result.buf = <char*>rp
@@ -180,8 +180,8 @@ cdef class Launcher:
         cdef NativeOp outer, inner
         cdef char* pinned
         cdef int rc
-        if self.state.freed:
-            _hooks.fail("host-transfer allreduce: the communicator has been freed")
+        if g_forked or self.state.freed:
+            self.state.check_usable("host-transfer allreduce")
         alg = self.resolve(algorithm, nbytes, esize)
         dev.take_pinned(nbytes + 64, &pinned)
         try:

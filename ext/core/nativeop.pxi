@@ -51,6 +51,8 @@ cdef class NativeOp:
     def submit(self, adopt=False):
         """Hand the op to the progress engine."""
         cdef int rc
+        if g_forked:
+            fork_fail(self.name)
         if _orphans:
             _sweep_orphans()
         if not thread_multiple():
@@ -72,6 +74,8 @@ cdef class NativeOp:
         cdef double deadline
         if al_load_acquire(&self.op.done):
             return True
+        if g_forked:
+            fork_fail(self.name)
         deadline = deadline_of(timeout)
         while True:
             with nogil:

@@ -161,3 +161,80 @@ def test_sigint_latency():
         if max(blocking + waits) > BOUND:
             failures.append(f"latencies above {BOUND} s: {blocking} {waits}")
     assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def in_child(body, seconds: float = 30.0) -> str:
+    """Run `body()` in a child made by os.fork(); returns what it reported ("" on success, else
+    a message). The child never returns into pytest or runs exit handlers (os._exit), and is
+    killed if it outlives `seconds` (a hang)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                      # the child
+        os.close(r)
+        try:
+            msg = body()
+        except BaseException as e:                    # noqa: BLE001 (reported to the parent)
+            msg = f"child raised {type(e).__name__}: {e}"
+        os.write(w, (msg or "").encode()[:60000])
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + seconds
+    while True:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return f"the child hung (killed after {seconds} s)"
+        time.sleep(0.01)
+    with os.fdopen(r, "rb") as f:
+        return f.read().decode()
+
+
+def test_fork_child_gets_a_clear_error(comm):
+    """After os.fork(), every use of the library in the child (a blocking and a nonblocking
+    collective, point-to-point, Wait on a request of the parent, a new Communicator, Free)
+    raises aluminum_py.Error naming fork, at once, instead of hanging; the parent goes on."""
+    failures = []
+    x = ramp(1000, 0, comm.rank)
+    comm.Iallreduce(x).Wait()                         # the engine thread runs in the parent
+    x = ramp(1000, 0, comm.rank)
+    WORLD.Barrier()
+    pending = comm.Irecv(np.zeros(4, np.float32), source=comm.rank, tag=77)   # never matched here
+
+    def child():
+        msgs = []
+        calls = {
+            "Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
+            "Allreduce mpi": lambda: comm.Allreduce(np.ones(4, np.float32), algorithm="mpi"),
+            "Iallreduce": lambda: comm.Iallreduce(np.ones(4, np.float32)),
+            "Barrier": comm.Barrier,
+            "Send": lambda: comm.Send(np.ones(4, np.float32), dest=comm.rank, tag=5),
+            "Wait": lambda: pending.Wait(timeout=5),
+            "Communicator()": al.Communicator,
+            "Free": comm.Free,
+        }
+        for what, call in calls.items():
+            try:
+                call()
+                msgs.append(f"{what}: no error in the child")
+            except al.Error as e:
+                if "fork" not in str(e):
+                    msgs.append(f"{what}: the error does not name fork: {e}")
+        if not al._core.forked():
+            msgs.append("_core.forked() is False in the child")
+        return "; ".join(msgs)
+
+    report = in_child(child)
+    if report:
+        failures.append(report)
+    if al._core.forked():
+        failures.append("_core.forked() is True in the parent")
+    comm.Send(np.arange(4, dtype=np.float32), dest=comm.rank, tag=77)
+    pending.Wait(timeout=60)
+    comm.Allreduce(x)                                 # the parent's communicator still works
+    failures += differences("allreduce in the parent after fork", x,
+                            ramp_reference(1000, 0, comm.size))
+    assert all_ranks_ok(not failures), every_rank(failures)
