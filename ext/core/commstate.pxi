@@ -17,6 +17,7 @@ cdef class CommState:
     cdef readonly unsigned int seq
     cdef public bint freed
     cdef public object interrupted   # NativeOp of a blocking call a signal interrupted, until done
+    cdef public bint busy            # a thread is inside a blocking call on this communicator
 
     def __cinit__(self, coll_comm, p2p_comm):
         mpi_tables_init()
@@ -41,13 +42,18 @@ cdef class CommState:
 
     def check_usable(self, name):
         """Raise unless ops may start on this communicator: not in a child after os.fork(),
-        not freed, and no blocking call interrupted by a signal still running (the ranks may be
+        not freed, no other thread inside a blocking call on it, and no blocking call interrupted by a signal still running (the ranks may be
         out of step: the interrupted call has not completed here, the program has gone on as if
         it had failed)."""
         if g_forked:
             fork_fail(name)
         if self.freed:
             _hooks.fail(f"{name}: the communicator has been freed")
+        if self.busy:
+            _hooks.fail(f"{name}: this communicator is in use by another thread (a blocking "
+                        f"call has not returned); a communicator may be used by one thread at "
+                        f"a time, because every rank must see its calls in the same order: "
+                        f"give each thread its own Communicator")
         o = self.interrupted
         if o is not None:
             if o.done:

@@ -46,9 +46,7 @@ cdef class Launcher:
 
     cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
-        cdef int ok
-        cdef double deadline
-        if g_forked or self.state.freed or self.state.interrupted is not None:
+        if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
             self.state.check_usable(o.name)
         # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
         # or, behind pending ops, in the engine, so that the caller can check for signals and
@@ -57,6 +55,18 @@ cdef class Launcher:
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)
+        # One thread at a time (check_usable): two threads' calls could reach MPI in a
+        # different order on each rank. The GIL makes the check and the mark one step.
+        self.state.busy = True
+        try:
+            return self.run_blocking(o, timeout)
+        finally:
+            self.state.busy = False
+
+    cdef object run_blocking(self, NativeOp o, double timeout):
+        """Run `o` to completion in the caller, or behind the pending ops in the engine."""
+        cdef int ok
+        cdef double deadline
         if al_load_acquire(&self.state.c.pending) == 0:
             deadline = deadline_of(timeout)
             with nogil:
@@ -134,7 +144,7 @@ cdef class Launcher:
         """One allreduce op on checked buffers (addresses; sp == rp in place)."""
         cdef NativeOp o = NativeOp.__new__(NativeOp)
         cdef Schedule sched
-        if g_forked or self.state.interrupted is not None:   # before next_tag: a refused op takes no tag
+        if g_forked or self.state.busy or self.state.interrupted is not None:   # before next_tag
             self.state.check_usable("allreduce/" + alg)
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
         o.op.result.buf = <char*>rp

@@ -163,6 +163,20 @@ def test_sigint_latency():
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def refused(calls: dict, why: str) -> list:
+    """Failure messages unless each of `calls` (name -> callable) raises aluminum_py.Error
+    whose message contains `why`."""
+    msgs = []
+    for what, call in calls.items():
+        try:
+            call()
+            msgs.append(f"{what}: no error")
+        except al.Error as e:
+            if why not in str(e):
+                msgs.append(f"{what}: the error does not say {why!r}: {e}")
+    return msgs
+
+
 def in_child(body, seconds: float = 30.0) -> str:
     """Run `body()` in a child made by os.fork(); returns what it reported ("" on success, else
     a message). The child never returns into pytest or runs exit handlers (os._exit), and is
@@ -205,7 +219,6 @@ def test_fork_child_gets_a_clear_error(comm):
     pending = comm.Irecv(np.zeros(4, np.float32), source=comm.rank, tag=77)   # never matched here
 
     def child():
-        msgs = []
         calls = {
             "Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
             "Allreduce mpi": lambda: comm.Allreduce(np.ones(4, np.float32), algorithm="mpi"),
@@ -216,13 +229,7 @@ def test_fork_child_gets_a_clear_error(comm):
             "Communicator()": al.Communicator,
             "Free": comm.Free,
         }
-        for what, call in calls.items():
-            try:
-                call()
-                msgs.append(f"{what}: no error in the child")
-            except al.Error as e:
-                if "fork" not in str(e):
-                    msgs.append(f"{what}: the error does not name fork: {e}")
+        msgs = refused(calls, "fork")
         if not al._core.forked():
             msgs.append("_core.forked() is False in the child")
         return "; ".join(msgs)
@@ -237,4 +244,95 @@ def test_fork_child_gets_a_clear_error(comm):
     comm.Allreduce(x)                                 # the parent's communicator still works
     failures += differences("allreduce in the parent after fork", x,
                             ramp_reference(1000, 0, comm.size))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def run_threads(*bodies) -> list:
+    """Run each body in its own thread; the exceptions they raised, as failure messages."""
+    errors = []
+
+    def wrap(body):
+        try:
+            body()
+        except BaseException as e:                    # noqa: BLE001 (reported)
+            errors.append(f"{body.__name__}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=wrap, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        if t.is_alive():
+            errors.append("a thread hung")
+    return errors
+
+
+def test_two_threads_with_their_own_communicators():
+    """Two threads, each with its own communicator, run mixed collectives at the same time
+    (blocking and nonblocking, library algorithms and MPI's): every result equals numpy's."""
+    comms = [al.Communicator(), al.Communicator()]
+    failures = []
+
+    def worker(t):
+        comm = comms[t]
+        algs = ["ring", "recursive_doubling", "rabenseifner", "mpi", "auto"]
+
+        def body():
+            for k in range(60):
+                n = (k * 7919 + t * 13) % 40000
+                kk = 100 * t + k
+                x = ramp(n, kk, comm.rank)
+                alg = algs[k % len(algs)]
+                if k % 3 == 0:
+                    comm.Iallreduce(x, algorithm=alg).Wait(timeout=60)
+                else:
+                    comm.Allreduce(x, algorithm=alg)
+                failures.extend(differences(f"thread {t} op {k} {alg} n={n}", x,
+                                            ramp_reference(n, kk, comm.size)))
+                b = np.arange(16, dtype=np.int64) + kk if comm.rank == 0 else np.zeros(16, np.int64)
+                comm.Bcast(b, root=0)
+                failures.extend(differences(f"thread {t} bcast {k}", b,
+                                            np.arange(16, dtype=np.int64) + kk))
+                g = np.empty(comm.size * 3, np.int32)
+                comm.Allgather(np.full(3, comm.rank + kk, np.int32), g)
+                failures.extend(differences(f"thread {t} allgather {k}", g,
+                                            np.repeat(np.arange(comm.size, dtype=np.int32) + kk, 3)))
+
+        body.__name__ = f"thread {t}"
+        return body
+
+    failures += run_threads(worker(0), worker(1))
+    for c in comms:
+        c.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_one_communicator_from_two_threads_is_an_error():
+    """While one thread is inside a blocking call on a communicator (here: waiting for a late
+    rank 1), another thread's call on it raises aluminum_py.Error at once (saying the
+    communicator is in use by another thread), without taking part; the first call completes
+    with the right result and the communicator works afterwards."""
+    if WORLD.size < 2:
+        pytest.skip("needs a late peer")
+    comm = al.Communicator()
+    failures = []
+    x = ramp(20000, 3, comm.rank)
+    if comm.rank == 0:
+        first = threading.Thread(target=lambda: comm.Allreduce(x, algorithm="ring"))
+        first.start()
+        if not wait_for(lambda: comm._state.busy, 30):
+            failures.append("the first thread's call never started")
+        failures += refused({"Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
+                             "Iallreduce": lambda: comm.Iallreduce(np.ones(4, np.float32)),
+                             "Barrier": comm.Barrier}, "another thread")
+        WORLD.Barrier()                               # now rank 1 joins the first call
+        first.join(60)
+    else:
+        WORLD.Barrier()
+        comm.Allreduce(x, algorithm="ring")
+    failures += differences("the first thread's allreduce", x, ramp_reference(20000, 3, comm.size))
+    y = ramp(100, 4, comm.rank)
+    comm.Allreduce(y)
+    failures += differences("allreduce afterwards", y, ramp_reference(100, 4, comm.size))
+    comm.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
