@@ -18,6 +18,7 @@ import pytest
 
 import aluminum_py as al
 
+import conftest
 from conftest import WORLD, all_ranks_ok, differences, every_rank, ramp, ramp_reference, wait_for
 
 LATE = 4.0          # seconds rank 1 is late: far above the latency bound below
@@ -334,5 +335,190 @@ def test_one_communicator_from_two_threads_is_an_error():
     y = ramp(100, 4, comm.rank)
     comm.Allreduce(y)
     failures += differences("allreduce afterwards", y, ramp_reference(100, 4, comm.size))
+    comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+# ---------------------------------------------------------------------------- soak
+KINDS = ["Allreduce", "Reduce", "Reduce_scatter", "Allgather", "Bcast", "Alltoall", "Gather",
+         "Scatter", "Barrier"]
+SOAK_ALGS = ["auto", "ring", "recursive_doubling", "rabenseifner", "mpi"]
+SOAK_OPS = {"SUM": al.SUM, "AVG": al.AVG, "MAX": al.MAX}
+
+
+def rss_bytes() -> int:
+    """Resident memory, after returning the C heap's free memory to the system (malloc_trim):
+    the figure then moves with what is held, not with how the heap is fragmented."""
+    import ctypes
+    import gc
+    conftest._ramp_reference.cache_clear()           # the test's own cache of references
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):                 # not glibc
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Soak:
+    """A stream of mixed operations, the same on every rank (one seeded generator): every
+    collective, blocking and nonblocking (up to 8 outstanding), sizes 0 B to 4 MiB (mostly
+    small), a random allreduce algorithm, SUM/AVG/MAX. One op in `every` is checked against
+    numpy (ramp inputs, rebuilt from (n, k, rank))."""
+
+    def __init__(self, comm, seed: int, every: int = 16):
+        self.comm, self.every = comm, every
+        self.rng = np.random.default_rng(seed)
+        self.k = 0
+        self.window = []                # (request, check or None)
+        self.failures = []
+        self.count = 0
+
+    def size(self) -> int:
+        """Elements (float32): 90% up to 4 KiB, 9% up to 256 KiB, 1% up to 4 MiB."""
+        u = self.rng.random()
+        top = 1 << 10 if u < 0.9 else (1 << 16 if u < 0.99 else 1 << 20)
+        return int(self.rng.integers(0, top + 1))
+
+    def step(self, kind=None, n=None, alg=None, blocking=None):
+        comm, rng = self.comm, self.rng
+        p, r = comm.size, comm.rank
+        kind = kind or KINDS[int(rng.integers(len(KINDS)))]
+        n = self.size() if n is None else n
+        alg = alg or SOAK_ALGS[int(rng.integers(len(SOAK_ALGS)))]
+        opname = list(SOAK_OPS)[int(rng.integers(3))]
+        op = SOAK_OPS[opname]
+        blocking = bool(rng.integers(2)) if blocking is None else blocking
+        root = int(rng.integers(p))
+        self.k += 1
+        k = self.k % 1000
+        check = self.k % self.every == 0
+        m = max(n // p, 0)
+        name = f"{'' if blocking else 'I'}{kind} #{self.k} n={n} {alg} {opname} root={root}"
+        f32 = np.float32
+        if kind == "Allreduce":
+            x = ramp(n, k, r) if check else np.ones(n, f32)
+            args, kw = (x,), dict(op=op, algorithm=alg)
+            want = (lambda: (x, ramp_reference(n, k, p, f32, op)))
+        elif kind == "Reduce":
+            x = ramp(n, k, r) if check else np.ones(n, f32)
+            y = np.zeros(n, f32)
+            args, kw = (x, y), dict(op=op, root=root)
+            want = (lambda: (y, ramp_reference(n, k, p, f32, op)) if r == root else None)
+        elif kind == "Reduce_scatter":
+            x = ramp(m * p, k, r) if check else np.ones(m * p, f32)
+            y = np.zeros(m, f32)
+            args, kw = (x, y), dict(op=op)
+            want = (lambda: (y, ramp_reference(m * p, k, p, f32, op)[r * m:(r + 1) * m]))
+        elif kind == "Allgather":
+            y = np.zeros(m * p, f32)
+            args, kw = (ramp(m, k, r), y), {}
+            want = (lambda: (y, np.concatenate([ramp(m, k, j) for j in range(p)])))
+        elif kind == "Bcast":
+            x = ramp(n, k, root) if r == root else np.zeros(n, f32)
+            args, kw = (x,), dict(root=root)
+            want = (lambda: (x, ramp(n, k, root)))
+        elif kind == "Alltoall":
+            y = np.zeros(m * p, f32)
+            args, kw = (ramp(m * p, k, r), y), {}
+            want = (lambda: (y, np.concatenate([ramp(m * p, k, j)[r * m:(r + 1) * m]
+                                                for j in range(p)])))
+        elif kind == "Gather":
+            y = np.zeros(m * p, f32) if r == root else None
+            args, kw = (ramp(m, k, r), y), dict(root=root)
+            want = (lambda: (y, np.concatenate([ramp(m, k, j) for j in range(p)]))
+                    if r == root else None)
+        elif kind == "Scatter":
+            x = ramp(m * p, k, root) if r == root else None
+            y = np.zeros(m, f32)
+            args, kw = (x, y), dict(root=root)
+            want = (lambda: (y, ramp(m * p, k, root)[r * m:(r + 1) * m]))
+        else:
+            args, kw, want = (), {}, (lambda: None)
+        if not check:
+            want = None
+        if kind != "Allreduce":
+            kw.pop("algorithm", None)
+        if blocking:
+            getattr(comm, kind)(*args, **kw)
+            self.verify(name, want)
+        else:
+            iname = "I" + kind[0].lower() + kind[1:]
+            self.window.append((getattr(comm, iname)(*args, **kw), name, want))
+            if len(self.window) >= 8:
+                self.drain()
+        self.count += 1
+
+    def drain(self):
+        al.Waitall([w[0] for w in self.window], timeout=120)
+        for _, name, want in self.window:
+            self.verify(name, want)
+        self.window.clear()
+
+    def verify(self, name, want):
+        if want is None:
+            return
+        pair = want()
+        if pair is None:
+            return
+        got, expected = pair
+        if "AVG" in name and got.size and np.allclose(got, expected, rtol=1e-6, atol=0):
+            return
+        self.failures += differences(name, got, expected)[:1]
+        del self.failures[20:]
+
+
+@pytest.mark.soak
+def test_soak():
+    """AL_SOAK_SECONDS (unset: skipped; tests/test_reliability_launch.py runs it at 2 ranks
+    for 20 s) of mixed operations (Soak). After a warm-up (every kind and algorithm at the
+    largest size, then a quarter of the time, at least 2 s, of the mix), resident memory may grow by under 5 MiB and open file
+    descriptors not at all; the scratch cache stays within its cap. Prints ops/s and the
+    growth."""
+    seconds = float(os.environ.get("AL_SOAK_SECONDS", "0"))
+    if seconds <= 0:
+        pytest.skip("set AL_SOAK_SECONDS to run the soak test")
+    comm = al.Communicator()
+    soak = Soak(comm, seed=16)
+    for kind in KINDS:
+        for alg in SOAK_ALGS if kind == "Allreduce" else ["auto"]:
+            for blocking in (True, False):
+                soak.step(kind, 1 << 20, alg, blocking)
+    soak.drain()
+    t_end = time.monotonic() + max(2.0, seconds / 4)    # the bounded caches fill up
+    while WORLD.bcast(time.monotonic() < t_end if WORLD.rank == 0 else None):
+        for _ in range(100):
+            soak.step()
+    soak.drain()
+    rss0, fds0, n0 = rss_bytes(), open_fds(), soak.count
+    cached0 = al._core.scratch_stats()["cached"]
+    t0 = time.monotonic()
+    t_end = t0 + seconds
+    while WORLD.bcast(time.monotonic() < t_end if WORLD.rank == 0 else None):
+        for _ in range(100):
+            soak.step()
+    soak.drain()
+    elapsed = time.monotonic() - t0
+    rss1, fds1 = rss_bytes(), open_fds()
+    ops = soak.count - n0
+    stats = al._core.scratch_stats()
+    failures = list(soak.failures)
+    # the scratch cache may fill up to its cap (checked below): not a leak
+    growth = rss1 - rss0 - max(stats["cached"] - cached0, 0)
+    print(f"\nsoak rank {comm.rank}: {ops} ops in {elapsed:.1f} s = {ops / elapsed:.0f} ops/s; "
+          f"RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, scratch cache "
+          f"{cached0 / 2**20:.1f} -> {stats['cached'] / 2**20:.1f} MiB, growth less the cache "
+          f"{growth / 2**20:+.2f} MiB; fds {fds0} -> {fds1}; scratch {stats}")
+    if growth >= 5 << 20:
+        failures.append(f"RSS grew by {growth / 2**20:.2f} MiB after warm-up")
+    if fds1 != fds0:
+        failures.append(f"open fds {fds0} -> {fds1}")
+    if stats["cached"] > 256 << 20:
+        failures.append(f"scratch cache above its cap: {stats}")
     comm.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
