@@ -32,7 +32,11 @@ class CommState:
     coll_comm: Any
     p2p_comm: Any
     seq: int
+    freed: bool
+    busy: bool
+    interrupted: Any
     def __init__(self, coll_comm: Any, p2p_comm: Any) -> None: ...
+    def check_usable(self, name: str) -> None: ...
     @property
     def rank(self) -> int: ...
     @property
