@@ -275,13 +275,15 @@ cdef inline double deadline_of(double timeout) noexcept nogil:
     """The monotonic deadline of a wait of `timeout` seconds (< 0: none)."""
     return al_now() + timeout if timeout >= 0 else 1e300
 
-cdef int wait_done(al_op* op, double deadline) noexcept nogil:
-    """Wait for op.done until `deadline` (al_now's clock) or for at most WAKE seconds.
+cdef int wait_done(al_op* op, double deadline, int spin) noexcept nogil:
+    """Wait for op.done until `deadline` (al_now's clock) or for at most WAKE seconds, first
+    polling a little if `spin` (the first slice of a wait: a short op is seen without a
+    sleep; later slices skip it, as a loaded machine's sched_yield can take milliseconds).
     Returns 1 if done, 0 past the deadline, SLICE when WAKE passed first."""
     cdef int i
     cdef double now, until, wake
     cdef timespec ts
-    for i in range(200):
+    for i in range(200 if spin else 1):
         if al_load_acquire(&op.done):
             return 1
         if i >= 50:

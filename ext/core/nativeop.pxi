@@ -70,7 +70,7 @@ cdef class NativeOp:
         """Wait for completion (timeout < 0: forever). Returns True when done. Every WAKE
         seconds it runs the signal handlers: their exception (KeyboardInterrupt) propagates
         and the op goes on in the engine."""
-        cdef int r
+        cdef int r, spin = 1
         cdef double deadline
         if al_load_acquire(&self.op.done):
             return True
@@ -79,9 +79,10 @@ cdef class NativeOp:
         deadline = deadline_of(timeout)
         while True:
             with nogil:
-                r = wait_done(self.op, deadline)
+                r = wait_done(self.op, deadline, spin)
             if r != SLICE:
                 return r == 1
+            spin = 0
             PyErr_CheckSignals()
 
     def test(self):

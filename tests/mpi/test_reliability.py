@@ -60,13 +60,13 @@ def interrupted(call, failures: list) -> float | None:
     return None
 
 
-@pytest.mark.parametrize("mode", ["blocking", "nonblocking"])
+@pytest.mark.parametrize("mode", ["blocking", "nonblocking", "waitall"])
 def test_sigint_while_peer_is_late(mode):
     """Rank 1 is LATE seconds late to an Allreduce; rank 0 gets SIGINT after SIGNAL_AT seconds
     and raises KeyboardInterrupt within BOUND (today's target: 100 ms). The op stays with the
     engine and completes when rank 1 arrives (result equal to numpy's). Blocking: the
     communicator refuses new ops, naming the interrupted one, until it completes, then works
-    again. Nonblocking: the Request stays valid; Wait again completes it."""
+    again. Nonblocking (Wait, Waitall): the Request stays valid; Wait again completes it."""
     if WORLD.size < 2:
         pytest.skip("needs a late peer")
     comm = al.Communicator()
@@ -85,7 +85,10 @@ def test_sigint_while_peer_is_late(mode):
                 comm.Allreduce(x, algorithm="ring")
             else:
                 req.append(comm.Iallreduce(x, algorithm="ring"))
-                req[0].Wait()
+                if mode == "waitall":
+                    al.Waitall(req)
+                else:
+                    req[0].Wait()
 
         latency = interrupted(call, failures)
         if latency is not None:
