@@ -17,7 +17,7 @@ from . import _core, config
 from .backends.gpu import GpuBackend
 from .backends.host import HostBackend
 from .backends.host_transfer import HostTransfer
-from .errors import Error
+from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
 from .ops import SUM, Op, as_op
 from .request import Request
@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from .tuning import Choice
 
 _ndarray = np.ndarray
+
+
+def _warn_thread_level() -> None:
+    import warnings
+    from mpi4py import MPI
+    names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+    level = _core.thread_level()
+    warnings.warn(f"aluminum_py: MPI provides {names.get(level, level)}, not "
+                  f"MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level lowered, or the MPI library "
+                  f"cannot provide it): nonblocking operations (I-calls) and blocking calls "
+                  f"that must queue or time out will raise aluminum_py.Error, and no two "
+                  f"threads may call the library (or MPI) at the same time",
+                  ThreadLevelWarning, stacklevel=3)
 
 
 class Communicator:
@@ -46,6 +60,7 @@ class Communicator:
 
     def __init__(self, comm=None, *, stream=None):
         from mpi4py import MPI
+        _core.check_not_forked("Communicator()")
         if stream is not None:
             require_cuda("stream=: a GPU communicator")
         if isinstance(comm, Communicator):
@@ -58,6 +73,8 @@ class Communicator:
         self._coll = base.Dup()
         self._p2p = base.Dup()
         self._state = _core.CommState(self._coll, self._p2p)
+        if not _core.thread_multiple():
+            _warn_thread_level()
         self.rank: int = self._state.rank
         self.size: int = self._state.size
         node = base.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -116,6 +133,7 @@ class Communicator:
         everything is freed."""
         if self._state.freed:
             return
+        _core.check_not_forked("Free")
         if self._gpu is not None:
             self._gpu.drain(config.hang_timeout())
         if self._state.pending:

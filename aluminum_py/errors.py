@@ -44,3 +44,8 @@ class NcclError(Error):
 
     def __reduce__(self):
         return (type(self), (self.args[0], self.code))
+
+
+class ThreadLevelWarning(RuntimeWarning):
+    """Issued by ``Communicator()`` when MPI provides less than MPI_THREAD_MULTIPLE: nonblocking
+    operations will raise :class:`Error`, and threads must not call the library concurrently."""

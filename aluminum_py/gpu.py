@@ -245,7 +245,14 @@ class GpuRequest:
         """
         if self._host is not None:
             if timeout is not None:
-                self._b.report(self._host, float(timeout))
+                try:
+                    self._b.report(self._host, float(timeout))
+                except Error:
+                    raise
+                except BaseException:       # a signal's exception (Ctrl-C): report it later
+                    if self._host not in self._b._unreported:
+                        self._b._unreported.append(self._host)
+                    raise
             elif self._host.done:
                 self._b.report(self._host, 0.0)
             elif self._host not in self._b._unreported:

@@ -261,26 +261,41 @@ cdef int engine_submit(al_op* op) noexcept nogil:
     pthread_mutex_unlock(&g_lock)
     return 0
 
-cdef int wait_done(al_op* op, double timeout) noexcept nogil:
-    """Wait for op.done; timeout < 0 waits forever. Returns 1 if done, 0 on timeout."""
+# Every wait of a calling thread (blocking calls, Wait, Waitall, Free) returns to Python at
+# least every WAKE seconds so that it can run the signal handlers (PyErr_CheckSignals): a
+# Ctrl-C is raised within about WAKE, not when the peers arrive.  Only waits pay for it; a
+# call that completes at once never reaches the check.
+DEF WAKE = 0.05
+DEF SLICE = 2                     # wait_done / run_inline: WAKE passed, the op is not done
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() except -1
+
+cdef inline double deadline_of(double timeout) noexcept nogil:
+    """The monotonic deadline of a wait of `timeout` seconds (< 0: none)."""
+    return al_now() + timeout if timeout >= 0 else 1e300
+
+cdef int wait_done(al_op* op, double deadline, int spin) noexcept nogil:
+    """Wait for op.done until `deadline` (al_now's clock) or for at most WAKE seconds, first
+    polling a little if `spin` (the first slice of a wait: a short op is seen without a
+    sleep; later slices skip it, as a loaded machine's sched_yield can take milliseconds).
+    Returns 1 if done, 0 past the deadline, SLICE when WAKE passed first."""
     cdef int i
-    cdef double deadline, now, until
+    cdef double now, until, wake
     cdef timespec ts
-    for i in range(200):
+    for i in range(200 if spin else 1):
         if al_load_acquire(&op.done):
             return 1
         if i >= 50:
             sched_yield()
-    deadline = al_now() + timeout if timeout >= 0 else 1e300
+    wake = al_now() + WAKE
     pthread_mutex_lock(&g_lock)
     al_fetch_add(&g_waiters, 1)
     while not al_load_seqcst(&op.done):
         now = al_now()
-        if now >= deadline:
+        if now >= deadline or now >= wake:
             break
-        until = deadline - now
-        if until > 0.05:
-            until = 0.05
+        until = (deadline if deadline < wake else wake) - now
         clock_gettime(CLOCK_REALTIME, &ts)
         ts.tv_nsec += <long>(until * 1e9)
         ts.tv_sec += ts.tv_nsec // 1000000000
@@ -288,26 +303,56 @@ cdef int wait_done(al_op* op, double timeout) noexcept nogil:
         pthread_cond_timedwait(&g_done_cond, &g_lock, &ts)
     al_fetch_add(&g_waiters, -1)
     pthread_mutex_unlock(&g_lock)
-    return al_load_acquire(&op.done)
+    if al_load_acquire(&op.done):
+        return 1
+    return 0 if al_now() >= deadline else SLICE
 
-cdef int run_inline(al_op* op, double timeout) noexcept nogil:
-    """Drive an op to completion in the calling thread. Returns 1 if done, 0 on timeout."""
-    cdef double deadline
+cdef int run_inline(al_op* op, double deadline) noexcept nogil:
+    """Drive an op in the calling thread (starting it if new), polling: returns 1 once done,
+    0 past `deadline`, SLICE after WAKE seconds (call again to go on).  Never a blocking MPI
+    call, so the caller can check for signals and hand the op to the engine."""
     cdef int n = 0
-    if timeout < 0:
-        if not op_start(op, 1):
-            while not op_step(op, 1):
-                pass
-    else:
-        deadline = al_now() + timeout
-        if not op_start(op, 0):
-            while not op_step(op, 0):
-                n += 1
-                if (n & 255) == 0 and al_now() > deadline:
-                    return 0
+    cdef double now, wake
+    if op.phase == PH_NEW:
+        if op_start(op, 0):
+            op.t_done = al_now()
+            al_store_release(&op.done, 1)
+            return 1
+    wake = al_now() + WAKE
+    while not op_step(op, 0):
+        n += 1
+        if (n & 15) == 0:
+            now = al_now()
+            if now > deadline:
+                return 0
+            if now > wake:
+                return SLICE
     op.t_done = al_now()
     al_store_release(&op.done, 1)
     return 1
+
+# os.fork(): the child has a copy of the engine's state but not its thread, and MPI cannot be
+# used there; a lock the engine held at the fork stays held. The child marks itself (every
+# entry point then raises, see fork_fail) and forgets the thread (interpreter exit must not
+# join it).
+cdef int g_forked = 0
+
+def _after_fork_in_child():
+    global g_forked, g_started, g_stop, g_waiters
+    g_forked = 1
+    g_started = 0
+    g_stop = 1
+    g_waiters = 0
+    pthread_mutex_init(&g_lock, NULL)
+    pthread_cond_init(&g_submit_cond, NULL)
+    pthread_cond_init(&g_done_cond, NULL)
+
+import os as _os
+_os.register_at_fork(after_in_child=_after_fork_in_child)
+
+def forked():
+    """True in a child process made by os.fork() after this module was imported."""
+    return g_forked != 0
 
 def shutdown_engine(double grace=2.0):
     """Stop the progress engine: finish what completes within `grace` seconds, cancel the rest."""

@@ -46,35 +46,72 @@ cdef class Launcher:
 
     cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
-        cdef int ok
-        if self.state.freed:
-            _hooks.fail(f"{o.name}: the communicator has been freed")
-        # MPI matches blocking collectives only with blocking ones and nonblocking only with
-        # nonblocking ones, so the variant must not depend on per-rank state (whether this
-        # rank still has ops pending): blocking calls use the blocking MPI call, wherever they
-        # run (here or, behind pending ops, in the engine), unless a hang timeout is set (the
-        # same on every rank), which needs the pollable MPI_I* call.
-        o.op.mpi.blocking = blocking and timeout < 0
+        if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
+            self.state.check_usable(o.name)
+        # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
+        # or, behind pending ops, in the engine, so that the caller can check for signals and
+        # time out. MPI matches blocking collectives only with blocking ones, so the variant
+        # must not depend on per-rank state: it is always MPI_I* (op.mpi.blocking stays 0).
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)
+        # One thread at a time (check_usable): two threads' calls could reach MPI in a
+        # different order on each rank. The GIL makes the check and the mark one step.
+        self.state.busy = True
+        try:
+            return self.run_blocking(o, timeout)
+        finally:
+            self.state.busy = False
+
+    cdef object run_blocking(self, NativeOp o, double timeout):
+        """Run `o` to completion in the caller, or behind the pending ops in the engine."""
+        cdef int ok
+        cdef double deadline
         if al_load_acquire(&self.state.c.pending) == 0:
+            deadline = deadline_of(timeout)
             with nogil:
-                ok = run_inline(o.op, timeout)
-            if not ok:
-                # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
-                # where submit raises) it stays posted and MPI may still write its buffers
-                o.orphan()
-                o.submit(adopt=True)
-                _hooks.raise_timeout(o, timeout)
+                ok = run_inline(o.op, deadline)
+            while ok != 1:
+                if ok == 0:
+                    # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
+                    # where submit raises) it stays posted and MPI may still write its buffers
+                    o.orphan()
+                    o.submit(adopt=True)
+                    _hooks.raise_timeout(o, timeout)
+                try:
+                    PyErr_CheckSignals()
+                except BaseException:
+                    self.interrupted(o, True)
+                    raise
+                with nogil:
+                    ok = run_inline(o.op, deadline)
             check_error(o)
             return None
         o.submit()                      # keep call order behind this communicator's pending ops
-        if not o.wait(timeout):
+        try:
+            ok = o.wait(timeout)
+        except BaseException:
+            self.interrupted(o, False)
+            raise
+        if not ok:
             o.orphan()
             _hooks.raise_timeout(o, timeout)
         check_error(o)
         return None
+
+    cdef void interrupted(self, NativeOp o, bint inline) except *:
+        """A signal handler raised during the blocking call of `o`: the engine keeps the op
+        (running it to completion; its buffers stay alive) and the communicator is unusable
+        until it completes (check_usable)."""
+        if al_load_acquire(&o.op.done):
+            return
+        o.orphan()
+        if inline:
+            try:
+                o.submit(adopt=True)
+            except Exception:       # below MPI_THREAD_MULTIPLE: it stays posted, kept alive
+                pass
+        self.state.interrupted = o
 
     cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize):
         cdef object alg
@@ -107,6 +144,8 @@ cdef class Launcher:
         """One allreduce op on checked buffers (addresses; sp == rp in place)."""
         cdef NativeOp o = NativeOp.__new__(NativeOp)
         cdef Schedule sched
+        if g_forked or self.state.busy or self.state.interrupted is not None:   # before next_tag
+            self.state.check_usable("allreduce/" + alg)
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
         o.op.result.buf = <char*>rp
         o.op.result.count = count
@@ -151,8 +190,8 @@ cdef class Launcher:
         cdef NativeOp outer, inner
         cdef char* pinned
         cdef int rc
-        if self.state.freed:
-            _hooks.fail("host-transfer allreduce: the communicator has been freed")
+        if g_forked or self.state.freed:
+            self.state.check_usable("host-transfer allreduce")
         alg = self.choose_for(algorithm, nbytes, esize)
         dev.take_pinned(nbytes + 64, &pinned)
         try:

@@ -51,6 +51,8 @@ cdef class NativeOp:
     def submit(self, adopt=False):
         """Hand the op to the progress engine."""
         cdef int rc
+        if g_forked:
+            fork_fail(self.name)
         if _orphans:
             _sweep_orphans()
         if not thread_multiple():
@@ -65,13 +67,23 @@ cdef class NativeOp:
                         else f"could not start the progress engine thread (errno {rc})")
 
     def wait(self, double timeout=-1.0):
-        """Wait for completion (timeout < 0: forever). Returns True when done."""
-        cdef int ok
+        """Wait for completion (timeout < 0: forever). Returns True when done. Every WAKE
+        seconds it runs the signal handlers: their exception (KeyboardInterrupt) propagates
+        and the op goes on in the engine."""
+        cdef int r, spin = 1
+        cdef double deadline
         if al_load_acquire(&self.op.done):
             return True
-        with nogil:
-            ok = wait_done(self.op, timeout)
-        return bool(ok)
+        if g_forked:
+            fork_fail(self.name)
+        deadline = deadline_of(timeout)
+        while True:
+            with nogil:
+                r = wait_done(self.op, deadline, spin)
+            if r != SLICE:
+                return r == 1
+            spin = 0
+            PyErr_CheckSignals()
 
     def test(self):
         return al_load_acquire(&self.op.done) != 0

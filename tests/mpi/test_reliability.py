@@ -1,0 +1,527 @@
+"""Reliability under the conditions users hit (issue 16): Ctrl-C while a peer is late, fork,
+threads, long runs.
+
+The SIGINT tests send the signal from a timer thread (``os.kill``) while rank 0 waits for a
+late rank 1; they assert on state (KeyboardInterrupt raised, op pending, results equal to
+numpy's) and bound the latency only generously (2 s for a 100 ms target): the measured figure
+is printed and recorded in docs/semantics.md, never asserted tightly.
+"""
+import contextlib
+import os
+import signal
+import statistics
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+
+import conftest
+from conftest import WORLD, all_ranks_ok, differences, every_rank, ramp, ramp_reference, wait_for
+
+LATE = 4.0          # seconds rank 1 is late: far above the latency bound below
+SIGNAL_AT = 0.5     # rank 0 gets SIGINT this long after it started waiting
+BOUND = 2.0         # generous bound on the SIGINT latency (the target is 100 ms)
+
+
+@contextlib.contextmanager
+def sigint_after(delay: float, sent: list):
+    """Send this process SIGINT after `delay` seconds (from a timer thread), recording when in
+    `sent`. The default handler (KeyboardInterrupt) is installed for the duration: a launcher
+    may start ranks with SIGINT ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def fire():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Timer(delay, fire)
+    t.start()
+    try:
+        yield
+    finally:
+        t.cancel()
+        t.join()
+        signal.signal(signal.SIGINT, old)
+
+
+def interrupted(call, failures: list) -> float | None:
+    """Run `call` with a SIGINT sent SIGNAL_AT seconds later; the seconds from the signal to
+    the KeyboardInterrupt (None, and a failure, if it was not raised)."""
+    sent = []
+    try:
+        with sigint_after(SIGNAL_AT, sent):
+            call()
+    except KeyboardInterrupt:
+        return time.monotonic() - sent[0]
+    failures.append(f"no KeyboardInterrupt: {call} returned")
+    return None
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nonblocking", "waitall"])
+def test_sigint_while_peer_is_late(mode):
+    """Rank 1 is LATE seconds late to an Allreduce; rank 0 gets SIGINT after SIGNAL_AT seconds
+    and raises KeyboardInterrupt within BOUND (today's target: 100 ms). The op stays with the
+    engine and completes when rank 1 arrives (result equal to numpy's). Blocking: the
+    communicator refuses new ops, naming the interrupted one, until it completes, then works
+    again. Nonblocking (Wait, Waitall): the Request stays valid; Wait again completes it."""
+    if WORLD.size < 2:
+        pytest.skip("needs a late peer")
+    comm = al.Communicator()
+    failures = []
+    n = 50000
+    x = ramp(n, 0, comm.rank)
+    expected = ramp_reference(n, 0, comm.size)
+    WORLD.Barrier()
+    if comm.rank == 1:
+        time.sleep(LATE)
+    if comm.rank == 0:
+        req = []
+
+        def call():
+            if mode == "blocking":
+                comm.Allreduce(x, algorithm="ring")
+            else:
+                req.append(comm.Iallreduce(x, algorithm="ring"))
+                if mode == "waitall":
+                    al.Waitall(req)
+                else:
+                    req[0].Wait()
+
+        latency = interrupted(call, failures)
+        if latency is not None:
+            print(f"\nSIGINT latency ({mode}): {latency * 1e3:.1f} ms")
+            if latency > BOUND:
+                failures.append(f"KeyboardInterrupt {latency:.2f} s after SIGINT (bound {BOUND} s)")
+        if mode == "blocking":
+            try:
+                comm.Allreduce(np.zeros(3, np.float32))     # rank 1 still sleeps: refused
+                failures.append("a new op ran on the communicator of the interrupted call")
+            except al.Error as e:
+                if "interrupted" not in str(e) or "allreduce/ring" not in str(e):
+                    failures.append(f"the error does not name the interrupted op: {e}")
+            if not wait_for(lambda: comm._state.pending == 0):
+                failures.append("the interrupted op never completed")
+        else:
+            if req:
+                req[0].Wait(timeout=60)
+    else:
+        comm.Allreduce(x, algorithm="ring")
+    failures += differences(f"{mode} interrupted allreduce", x, expected)
+    y = ramp(1000, 1, comm.rank)
+    comm.Allreduce(y)                                   # the communicator works again
+    failures += differences("allreduce after", y, ramp_reference(1000, 1, comm.size))
+    fresh = al.Communicator()
+    z = ramp(100, 2, comm.rank)
+    fresh.Allreduce(z)
+    failures += differences("allreduce on a new communicator", z, ramp_reference(100, 2, comm.size))
+    fresh.Free()
+    comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_sigint_latency():
+    """The SIGINT latency of a blocking call waiting in the caller and of Request.Wait, median
+    of 5 each (printed; recorded in docs/semantics.md): each interrupted call completes when
+    rank 1 joins; every result equals numpy's."""
+    if WORLD.size < 2:
+        pytest.skip("needs a late peer")
+    failures, blocking, waits = [], [], []
+    late = SIGNAL_AT + 0.7
+    for k in range(5):
+        comm = al.Communicator()             # a fresh one: the interrupted one is unusable
+        x = ramp(1000, k, comm.rank)
+        WORLD.Barrier()
+        if comm.rank == 1:
+            time.sleep(late)
+            comm.Allreduce(x)
+        elif comm.rank == 0:
+            lat = interrupted(lambda: comm.Allreduce(x), failures)
+            if lat is not None:
+                blocking.append(lat)
+            wait_for(lambda: comm._state.pending == 0)
+        else:
+            comm.Allreduce(x)
+        failures += differences(f"blocking {k}", x, ramp_reference(1000, k, comm.size))
+        WORLD.Barrier()
+        y = ramp(1000, k + 10, comm.rank)
+        if comm.rank == 1:
+            time.sleep(late)
+        req = comm.Iallreduce(y)
+        if comm.rank == 0:
+            lat = interrupted(req.Wait, failures)
+            if lat is not None:
+                waits.append(lat)
+        req.Wait(timeout=60)
+        failures += differences(f"nonblocking {k}", y, ramp_reference(1000, k + 10, comm.size))
+        comm.Free()
+    if WORLD.rank == 0 and blocking and waits:
+        print(f"\nSIGINT latency, median of {len(blocking)}: blocking call "
+              f"{statistics.median(blocking) * 1e3:.1f} ms (max {max(blocking) * 1e3:.1f}), "
+              f"Request.Wait {statistics.median(waits) * 1e3:.1f} ms "
+              f"(max {max(waits) * 1e3:.1f})")
+        if max(blocking + waits) > BOUND:
+            failures.append(f"latencies above {BOUND} s: {blocking} {waits}")
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def refused(calls: dict, why: str) -> list:
+    """Failure messages unless each of `calls` (name -> callable) raises aluminum_py.Error
+    whose message contains `why`."""
+    msgs = []
+    for what, call in calls.items():
+        try:
+            call()
+            msgs.append(f"{what}: no error")
+        except al.Error as e:
+            if why not in str(e):
+                msgs.append(f"{what}: the error does not say {why!r}: {e}")
+    return msgs
+
+
+def in_child(body, seconds: float = 30.0) -> str:
+    """Run `body()` in a child made by os.fork(); returns what it reported ("" on success, else
+    a message). The child never returns into pytest or runs exit handlers (os._exit), and is
+    killed if it outlives `seconds` (a hang)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                      # the child
+        os.close(r)
+        try:
+            msg = body()
+        except BaseException as e:                    # noqa: BLE001 (reported to the parent)
+            msg = f"child raised {type(e).__name__}: {e}"
+        os.write(w, (msg or "").encode()[:60000])
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + seconds
+    while True:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return f"the child hung (killed after {seconds} s)"
+        time.sleep(0.01)
+    with os.fdopen(r, "rb") as f:
+        return f.read().decode()
+
+
+def test_fork_child_gets_a_clear_error(comm):
+    """After os.fork(), every use of the library in the child (a blocking and a nonblocking
+    collective, point-to-point, Wait on a request of the parent, a new Communicator, Free)
+    raises aluminum_py.Error naming fork, at once, instead of hanging; the parent goes on."""
+    failures = []
+    x = ramp(1000, 0, comm.rank)
+    comm.Iallreduce(x).Wait()                         # the engine thread runs in the parent
+    x = ramp(1000, 0, comm.rank)
+    WORLD.Barrier()
+    pending = comm.Irecv(np.zeros(4, np.float32), source=comm.rank, tag=77)   # never matched here
+
+    def child():
+        calls = {
+            "Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
+            "Allreduce mpi": lambda: comm.Allreduce(np.ones(4, np.float32), algorithm="mpi"),
+            "Iallreduce": lambda: comm.Iallreduce(np.ones(4, np.float32)),
+            "Barrier": comm.Barrier,
+            "Send": lambda: comm.Send(np.ones(4, np.float32), dest=comm.rank, tag=5),
+            "Wait": lambda: pending.Wait(timeout=5),
+            "Communicator()": al.Communicator,
+            "Free": comm.Free,
+        }
+        msgs = refused(calls, "fork")
+        if not al._core.forked():
+            msgs.append("_core.forked() is False in the child")
+        return "; ".join(msgs)
+
+    report = in_child(child)
+    if report:
+        failures.append(report)
+    if al._core.forked():
+        failures.append("_core.forked() is True in the parent")
+    comm.Send(np.arange(4, dtype=np.float32), dest=comm.rank, tag=77)
+    pending.Wait(timeout=60)
+    comm.Allreduce(x)                                 # the parent's communicator still works
+    failures += differences("allreduce in the parent after fork", x,
+                            ramp_reference(1000, 0, comm.size))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def run_threads(*bodies) -> list:
+    """Run each body in its own thread; the exceptions they raised, as failure messages."""
+    errors = []
+
+    def wrap(body):
+        try:
+            body()
+        except BaseException as e:                    # noqa: BLE001 (reported)
+            errors.append(f"{body.__name__}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=wrap, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        if t.is_alive():
+            errors.append("a thread hung")
+    return errors
+
+
+def test_two_threads_with_their_own_communicators():
+    """Two threads, each with its own communicator, run mixed collectives at the same time
+    (blocking and nonblocking, library algorithms and MPI's): every result equals numpy's."""
+    comms = [al.Communicator(), al.Communicator()]
+    failures = []
+
+    def worker(t):
+        comm = comms[t]
+        algs = ["ring", "recursive_doubling", "rabenseifner", "mpi", "auto"]
+
+        def body():
+            for k in range(60):
+                n = (k * 7919 + t * 13) % 40000
+                kk = 100 * t + k
+                x = ramp(n, kk, comm.rank)
+                alg = algs[k % len(algs)]
+                if k % 3 == 0:
+                    comm.Iallreduce(x, algorithm=alg).Wait(timeout=60)
+                else:
+                    comm.Allreduce(x, algorithm=alg)
+                failures.extend(differences(f"thread {t} op {k} {alg} n={n}", x,
+                                            ramp_reference(n, kk, comm.size)))
+                b = np.arange(16, dtype=np.int64) + kk if comm.rank == 0 else np.zeros(16, np.int64)
+                comm.Bcast(b, root=0)
+                failures.extend(differences(f"thread {t} bcast {k}", b,
+                                            np.arange(16, dtype=np.int64) + kk))
+                g = np.empty(comm.size * 3, np.int32)
+                comm.Allgather(np.full(3, comm.rank + kk, np.int32), g)
+                failures.extend(differences(f"thread {t} allgather {k}", g,
+                                            np.repeat(np.arange(comm.size, dtype=np.int32) + kk, 3)))
+
+        body.__name__ = f"thread {t}"
+        return body
+
+    failures += run_threads(worker(0), worker(1))
+    for c in comms:
+        c.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_one_communicator_from_two_threads_is_an_error():
+    """While one thread is inside a blocking call on a communicator (here: waiting for a late
+    rank 1), another thread's call on it raises aluminum_py.Error at once (saying the
+    communicator is in use by another thread), without taking part; the first call completes
+    with the right result and the communicator works afterwards."""
+    if WORLD.size < 2:
+        pytest.skip("needs a late peer")
+    comm = al.Communicator()
+    failures = []
+    x = ramp(20000, 3, comm.rank)
+    if comm.rank == 0:
+        first = threading.Thread(target=lambda: comm.Allreduce(x, algorithm="ring"))
+        first.start()
+        if not wait_for(lambda: comm._state.busy, 30):
+            failures.append("the first thread's call never started")
+        failures += refused({"Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
+                             "Iallreduce": lambda: comm.Iallreduce(np.ones(4, np.float32)),
+                             "Barrier": comm.Barrier}, "another thread")
+        WORLD.Barrier()                               # now rank 1 joins the first call
+        first.join(60)
+    else:
+        WORLD.Barrier()
+        comm.Allreduce(x, algorithm="ring")
+    failures += differences("the first thread's allreduce", x, ramp_reference(20000, 3, comm.size))
+    y = ramp(100, 4, comm.rank)
+    comm.Allreduce(y)
+    failures += differences("allreduce afterwards", y, ramp_reference(100, 4, comm.size))
+    comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+# ---------------------------------------------------------------------------- soak
+KINDS = ["Allreduce", "Reduce", "Reduce_scatter", "Allgather", "Bcast", "Alltoall", "Gather",
+         "Scatter", "Barrier"]
+SOAK_ALGS = ["auto", "ring", "recursive_doubling", "rabenseifner", "mpi"]
+SOAK_OPS = {"SUM": al.SUM, "AVG": al.AVG, "MAX": al.MAX}
+
+
+def rss_bytes() -> int:
+    """Resident memory, after returning the C heap's free memory to the system (malloc_trim):
+    the figure then moves with what is held, not with how the heap is fragmented."""
+    import ctypes
+    import gc
+    conftest._ramp_reference.cache_clear()           # the test's own cache of references
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):                 # not glibc
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Soak:
+    """A stream of mixed operations, the same on every rank (one seeded generator): every
+    collective, blocking and nonblocking (up to 8 outstanding), sizes 0 B to 4 MiB (mostly
+    small), a random allreduce algorithm, SUM/AVG/MAX. One op in `every` is checked against
+    numpy (ramp inputs, rebuilt from (n, k, rank))."""
+
+    def __init__(self, comm, seed: int, every: int = 16):
+        self.comm, self.every = comm, every
+        self.rng = np.random.default_rng(seed)
+        self.k = 0
+        self.window = []                # (request, check or None)
+        self.failures = []
+        self.count = 0
+
+    def size(self) -> int:
+        """Elements (float32): 90% up to 4 KiB, 9% up to 256 KiB, 1% up to 4 MiB."""
+        u = self.rng.random()
+        top = 1 << 10 if u < 0.9 else (1 << 16 if u < 0.99 else 1 << 20)
+        return int(self.rng.integers(0, top + 1))
+
+    def step(self, kind=None, n=None, alg=None, blocking=None):
+        comm, rng = self.comm, self.rng
+        p, r = comm.size, comm.rank
+        kind = kind or KINDS[int(rng.integers(len(KINDS)))]
+        n = self.size() if n is None else n
+        alg = alg or SOAK_ALGS[int(rng.integers(len(SOAK_ALGS)))]
+        opname = list(SOAK_OPS)[int(rng.integers(3))]
+        op = SOAK_OPS[opname]
+        blocking = bool(rng.integers(2)) if blocking is None else blocking
+        root = int(rng.integers(p))
+        self.k += 1
+        k = self.k % 1000
+        check = self.k % self.every == 0
+        m = max(n // p, 0)
+        name = f"{'' if blocking else 'I'}{kind} #{self.k} n={n} {alg} {opname} root={root}"
+        f32 = np.float32
+        if kind == "Allreduce":
+            x = ramp(n, k, r) if check else np.ones(n, f32)
+            args, kw = (x,), dict(op=op, algorithm=alg)
+            want = (lambda: (x, ramp_reference(n, k, p, f32, op)))
+        elif kind == "Reduce":
+            x = ramp(n, k, r) if check else np.ones(n, f32)
+            y = np.zeros(n, f32)
+            args, kw = (x, y), dict(op=op, root=root)
+            want = (lambda: (y, ramp_reference(n, k, p, f32, op)) if r == root else None)
+        elif kind == "Reduce_scatter":
+            x = ramp(m * p, k, r) if check else np.ones(m * p, f32)
+            y = np.zeros(m, f32)
+            args, kw = (x, y), dict(op=op)
+            want = (lambda: (y, ramp_reference(m * p, k, p, f32, op)[r * m:(r + 1) * m]))
+        elif kind == "Allgather":
+            y = np.zeros(m * p, f32)
+            args, kw = (ramp(m, k, r), y), {}
+            want = (lambda: (y, np.concatenate([ramp(m, k, j) for j in range(p)])))
+        elif kind == "Bcast":
+            x = ramp(n, k, root) if r == root else np.zeros(n, f32)
+            args, kw = (x,), dict(root=root)
+            want = (lambda: (x, ramp(n, k, root)))
+        elif kind == "Alltoall":
+            y = np.zeros(m * p, f32)
+            args, kw = (ramp(m * p, k, r), y), {}
+            want = (lambda: (y, np.concatenate([ramp(m * p, k, j)[r * m:(r + 1) * m]
+                                                for j in range(p)])))
+        elif kind == "Gather":
+            y = np.zeros(m * p, f32) if r == root else None
+            args, kw = (ramp(m, k, r), y), dict(root=root)
+            want = (lambda: (y, np.concatenate([ramp(m, k, j) for j in range(p)]))
+                    if r == root else None)
+        elif kind == "Scatter":
+            x = ramp(m * p, k, root) if r == root else None
+            y = np.zeros(m, f32)
+            args, kw = (x, y), dict(root=root)
+            want = (lambda: (y, ramp(m * p, k, root)[r * m:(r + 1) * m]))
+        else:
+            args, kw, want = (), {}, (lambda: None)
+        if not check:
+            want = None
+        if kind != "Allreduce":
+            kw.pop("algorithm", None)
+        if blocking:
+            getattr(comm, kind)(*args, **kw)
+            self.verify(name, want)
+        else:
+            iname = "I" + kind[0].lower() + kind[1:]
+            self.window.append((getattr(comm, iname)(*args, **kw), name, want))
+            if len(self.window) >= 8:
+                self.drain()
+        self.count += 1
+
+    def drain(self):
+        al.Waitall([w[0] for w in self.window], timeout=120)
+        for _, name, want in self.window:
+            self.verify(name, want)
+        self.window.clear()
+
+    def verify(self, name, want):
+        if want is None:
+            return
+        pair = want()
+        if pair is None:
+            return
+        got, expected = pair
+        if "AVG" in name and got.size and np.allclose(got, expected, rtol=1e-6, atol=0):
+            return
+        self.failures += differences(name, got, expected)[:1]
+        del self.failures[20:]
+
+
+@pytest.mark.soak
+def test_soak():
+    """AL_SOAK_SECONDS (unset: skipped; tests/test_reliability_launch.py runs it at 2 ranks
+    for 20 s) of mixed operations (Soak). After a warm-up (every kind and algorithm at the
+    largest size, then a quarter of the time, at least 2 s, of the mix), resident memory may grow by under 5 MiB and open file
+    descriptors not at all; the scratch cache stays within its cap. Prints ops/s and the
+    growth."""
+    seconds = float(os.environ.get("AL_SOAK_SECONDS", "0"))
+    if seconds <= 0:
+        pytest.skip("set AL_SOAK_SECONDS to run the soak test")
+    comm = al.Communicator()
+    soak = Soak(comm, seed=16)
+    for kind in KINDS:
+        for alg in SOAK_ALGS if kind == "Allreduce" else ["auto"]:
+            for blocking in (True, False):
+                soak.step(kind, 1 << 20, alg, blocking)
+    soak.drain()
+    t_end = time.monotonic() + max(2.0, seconds / 4)    # the bounded caches fill up
+    while WORLD.bcast(time.monotonic() < t_end if WORLD.rank == 0 else None):
+        for _ in range(100):
+            soak.step()
+    soak.drain()
+    rss0, fds0, n0 = rss_bytes(), open_fds(), soak.count
+    cached0 = al._core.scratch_stats()["cached"]
+    t0 = time.monotonic()
+    t_end = t0 + seconds
+    while WORLD.bcast(time.monotonic() < t_end if WORLD.rank == 0 else None):
+        for _ in range(100):
+            soak.step()
+    soak.drain()
+    elapsed = time.monotonic() - t0
+    rss1, fds1 = rss_bytes(), open_fds()
+    ops = soak.count - n0
+    stats = al._core.scratch_stats()
+    failures = list(soak.failures)
+    # the scratch cache may fill up to its cap (checked below): not a leak
+    growth = rss1 - rss0 - max(stats["cached"] - cached0, 0)
+    print(f"\nsoak rank {comm.rank}: {ops} ops in {elapsed:.1f} s = {ops / elapsed:.0f} ops/s; "
+          f"RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, scratch cache "
+          f"{cached0 / 2**20:.1f} -> {stats['cached'] / 2**20:.1f} MiB, growth less the cache "
+          f"{growth / 2**20:+.2f} MiB; fds {fds0} -> {fds1}; scratch {stats}")
+    if growth >= 5 << 20:
+        failures.append(f"RSS grew by {growth / 2**20:.2f} MiB after warm-up")
+    if fds1 != fds0:
+        failures.append(f"open fds {fds0} -> {fds1}")
+    if stats["cached"] > 256 << 20:
+        failures.append(f"scratch cache above its cap: {stats}")
+    comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
