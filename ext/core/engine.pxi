@@ -178,7 +178,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
                 continue
             unlink(&deferred, &dtail, prev, op)
             progress = 1
-            if op.phase == PH_NEW and op_start(op, 0):
+            if op.phase == PH_NEW and op_start(op):
                 notify_done(op)
             else:
                 if tail == NULL:
@@ -192,7 +192,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
         op = active
         while op != NULL:
             nxt = op.next
-            if op_step(op, 0):
+            if op_step(op):
                 progress = 1
                 unlink(&active, &tail, prev, op)
                 notify_done(op)
@@ -314,12 +314,12 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
     cdef int n = 0
     cdef double now, wake
     if op.phase == PH_NEW:
-        if op_start(op, 0):
+        if op_start(op):
             op.t_done = al_now()
             al_store_release(&op.done, 1)
             return 1
     wake = al_now() + WAKE
-    while not op_step(op, 0):
+    while not op_step(op):
         n += 1
         if (n & 15) == 0:
             now = al_now()

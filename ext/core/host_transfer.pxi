@@ -11,10 +11,10 @@ cdef int ht_step(al_op* op) noexcept nogil:
             return 0
         op.ht.times[HT_COPY_OUT] = al_now()
         op.ht.phase = HT_HOST_ALGORITHM
-        if op_start(op.ht.inner, 0):
+        if op_start(op.ht.inner):
             op.ht.phase = HT_RELEASE
     if op.ht.phase == HT_HOST_ALGORITHM:          # the host algorithm on the pinned buffer
-        if not op_step(op.ht.inner, 0):
+        if not op_step(op.ht.inner):
             return 0
         op.ht.phase = HT_RELEASE
     if op.ht.phase == HT_RELEASE:                 # release the stream: it copies back next

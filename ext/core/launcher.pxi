@@ -51,7 +51,7 @@ cdef class Launcher:
         # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
         # or, behind pending ops, in the engine, so that the caller can check for signals and
         # time out. MPI matches blocking collectives only with blocking ones, so the variant
-        # must not depend on per-rank state: it is always MPI_I* (op.mpi.blocking stays 0).
+        # must not depend on per-rank state: it is always MPI_I* (passthrough.pxi).
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)

@@ -38,9 +38,8 @@ cdef int op_finish(al_op* op) noexcept nogil:
     return 1
 
 
-cdef int op_start(al_op* op, int block) noexcept nogil:
-    """Begin an op. Schedules wait for their first step only with `block`; MPI pass-through
-    ops make the blocking MPI call when op.mpi.blocking. Returns 1 if already complete."""
+cdef int op_start(al_op* op) noexcept nogil:
+    """Begin an op (never blocks). Returns 1 if already complete."""
     op.phase = PH_RUNNING
     op.t_start = al_now()
     if op.kind == K_HOST_TRANSFER:
@@ -56,26 +55,22 @@ cdef int op_start(al_op* op, int block) noexcept nogil:
                 snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",
                          op.sched.tmpbytes)
                 return op_finish(op)
-        return sched_advance(op, block)
+        return sched_advance(op)
     return mpi_start(op)
 
-cdef int op_step(al_op* op, int block) noexcept nogil:
-    """Make progress; returns 1 when the op is complete. With block, waits for the current step."""
+cdef int op_step(al_op* op) noexcept nogil:
+    """Make progress without blocking; returns 1 when the op is complete."""
     cdef int rc, flag
     if op.phase == PH_DONE:
         return 1
     if op.kind == K_SCHEDULE:
-        return sched_advance(op, block)
+        return sched_advance(op)
     if op.kind == K_HOST_TRANSFER:
         return ht_step(op)
     if op.nreqs > 0:
-        if block:
-            rc = mpi.MPI_Waitall(op.nreqs, op.reqs, op.stats)
-            flag = 1
-        else:
-            rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
+        rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
         if rc != mpi.MPI_SUCCESS:
-            set_mpi_error(op, status_error(op, rc), "MPI_Waitall" if block else "MPI_Testall")
+            set_mpi_error(op, status_error(op, rc), "MPI_Testall")
             op.nreqs = 0
             return op_finish(op)
         if not flag:

@@ -1,56 +1,46 @@
 # MPI pass-through ops: the MPI library's own collectives and point-to-point calls,
-# started with the MPI_I* call (or the blocking one) and polled with MPI_Testall in op_step.
+# started with the MPI_I* call and polled with MPI_Testall in op_step (never a blocking MPI
+# call: a blocking call could not be interrupted, engine.pxi).
 
 cdef int mpi_start(al_op* op) noexcept nogil:
-    """Start an MPI pass-through op: the blocking call when op.mpi.blocking, else MPI_I*."""
+    """Start an MPI pass-through op with its MPI_I* call."""
     # the user's point-to-point calls go to their own communicator (their tags and peers)
     cdef MPI_Comm comm = op.comm.p2p if kind_info(op.kind).point_to_point else op.comm.coll
     cdef void* sb = <void*>op.sbuf if op.sbuf != NULL else mpi.MPI_IN_PLACE
     cdef void* rb = <void*>op.rbuf
     if rb == NULL and op.kind == K_SCATTER:      # root's block stays in place
         rb = mpi.MPI_IN_PLACE
-    cdef int n = <int>op.count, b = op.mpi.blocking, rc = mpi.MPI_SUCCESS
+    cdef int n = <int>op.count, rc = mpi.MPI_SUCCESS
     cdef MPI_Datatype t = op.mtype
     cdef MPI_Request* r = &op.reqs[0]
-    op.nreqs = 0 if b else 1
+    op.nreqs = 1
     if op.kind == K_ALLREDUCE:
-        rc = mpi.MPI_Allreduce(sb, rb, n, t, op.mpi.mop, comm) if b else mpi.MPI_Iallreduce(sb, rb, n, t, op.mpi.mop, comm, r)
+        rc = mpi.MPI_Iallreduce(sb, rb, n, t, op.mpi.mop, comm, r)
     elif op.kind == K_REDUCE:
-        rc = mpi.MPI_Reduce(sb, rb, n, t, op.mpi.mop, op.mpi.root, comm) if b else mpi.MPI_Ireduce(sb, rb, n, t, op.mpi.mop, op.mpi.root, comm, r)
+        rc = mpi.MPI_Ireduce(sb, rb, n, t, op.mpi.mop, op.mpi.root, comm, r)
     elif op.kind == K_REDUCE_SCATTER:
-        rc = (mpi.MPI_Reduce_scatter_block(sb, rb, n, t, op.mpi.mop, comm) if b
-              else mpi.MPI_Ireduce_scatter_block(sb, rb, n, t, op.mpi.mop, comm, r))
+        rc = mpi.MPI_Ireduce_scatter_block(sb, rb, n, t, op.mpi.mop, comm, r)
     elif op.kind == K_ALLGATHER:
-        rc = (mpi.MPI_Allgather(sb, n, t, rb, n, t, comm) if b
-              else mpi.MPI_Iallgather(sb, n, t, rb, n, t, comm, r))
+        rc = mpi.MPI_Iallgather(sb, n, t, rb, n, t, comm, r)
     elif op.kind == K_BCAST:
-        rc = mpi.MPI_Bcast(rb, n, t, op.mpi.root, comm) if b else mpi.MPI_Ibcast(rb, n, t, op.mpi.root, comm, r)
+        rc = mpi.MPI_Ibcast(rb, n, t, op.mpi.root, comm, r)
     elif op.kind == K_ALLTOALL:
-        rc = (mpi.MPI_Alltoall(sb, n, t, rb, n, t, comm) if b
-              else mpi.MPI_Ialltoall(sb, n, t, rb, n, t, comm, r))
+        rc = mpi.MPI_Ialltoall(sb, n, t, rb, n, t, comm, r)
     elif op.kind == K_GATHER:
-        rc = (mpi.MPI_Gather(sb, n, t, rb, n, t, op.mpi.root, comm) if b
-              else mpi.MPI_Igather(sb, n, t, rb, n, t, op.mpi.root, comm, r))
+        rc = mpi.MPI_Igather(sb, n, t, rb, n, t, op.mpi.root, comm, r)
     elif op.kind == K_SCATTER:
-        rc = (mpi.MPI_Scatter(sb, n, t, rb, n, t, op.mpi.root, comm) if b
-              else mpi.MPI_Iscatter(sb, n, t, rb, n, t, op.mpi.root, comm, r))
+        rc = mpi.MPI_Iscatter(sb, n, t, rb, n, t, op.mpi.root, comm, r)
     elif op.kind == K_BARRIER:
-        rc = mpi.MPI_Barrier(comm) if b else mpi.MPI_Ibarrier(comm, r)
+        rc = mpi.MPI_Ibarrier(comm, r)
     elif op.kind == K_SEND:
-        rc = (mpi.MPI_Send(sb, n, t, op.mpi.root, op.tag, comm) if b
-              else mpi.MPI_Isend(sb, n, t, op.mpi.root, op.tag, comm, r))
+        rc = mpi.MPI_Isend(sb, n, t, op.mpi.root, op.tag, comm, r)
     elif op.kind == K_RECV:
-        rc = (mpi.MPI_Recv(rb, n, t, op.mpi.root, op.tag, comm, mpi.MPI_STATUS_IGNORE) if b
-              else mpi.MPI_Irecv(rb, n, t, op.mpi.root, op.tag, comm, r))
+        rc = mpi.MPI_Irecv(rb, n, t, op.mpi.root, op.tag, comm, r)
     elif op.kind == K_SENDRECV:
-        if b:
-            rc = mpi.MPI_Sendrecv(sb, n, t, op.mpi.root, op.tag, rb, <int>op.mpi.count2, t, op.mpi.peer2, op.tag,
-                                  comm, mpi.MPI_STATUS_IGNORE)
-        else:
-            rc = mpi.MPI_Irecv(rb, <int>op.mpi.count2, t, op.mpi.peer2, op.tag, comm, &op.reqs[0])
-            if rc == mpi.MPI_SUCCESS:
-                rc = mpi.MPI_Isend(sb, n, t, op.mpi.root, op.tag, comm, &op.reqs[1])
-                op.nreqs = 2
+        rc = mpi.MPI_Irecv(rb, <int>op.mpi.count2, t, op.mpi.peer2, op.tag, comm, &op.reqs[0])
+        if rc == mpi.MPI_SUCCESS:
+            rc = mpi.MPI_Isend(sb, n, t, op.mpi.root, op.tag, comm, &op.reqs[1])
+            op.nreqs = 2
     else:
         op.err = -1
         snprintf(op.errmsg, 256, "unknown op kind %d", op.kind)
@@ -59,7 +49,5 @@ cdef int mpi_start(al_op* op) noexcept nogil:
     if rc != mpi.MPI_SUCCESS:
         op.nreqs = 0
         set_mpi_error(op, rc, "MPI call")
-        return op_finish(op)
-    if op.nreqs == 0:
         return op_finish(op)
     return 0

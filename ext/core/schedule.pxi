@@ -1,7 +1,7 @@
 # The schedule interpreter: runs the step array of one of our allreduce algorithms
 # (built in Python by aluminum_py.schedules, copied by the Schedule class).
 
-cdef int sched_advance(al_op* op, int block) noexcept nogil:
+cdef int sched_advance(al_op* op) noexcept nogil:
     """Run schedule steps until one would block (returns 0) or all are done (1)."""
     cdef al_step* st
     cdef char* dst
@@ -31,13 +31,9 @@ cdef int sched_advance(al_op* op, int block) noexcept nogil:
                 op.nreqs += 1
             op.sched.posted = 1
         if op.nreqs > 0:
-            if block:
-                rc = mpi.MPI_Waitall(op.nreqs, op.reqs, op.stats)
-                flag = 1
-            else:
-                rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
+            rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
             if rc != mpi.MPI_SUCCESS:
-                set_mpi_error(op, status_error(op, rc), "MPI_Waitall" if block else "MPI_Testall")
+                set_mpi_error(op, status_error(op, rc), "MPI_Testall")
                 return op_finish(op)
             if not flag:
                 return 0

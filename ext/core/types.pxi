@@ -136,7 +136,6 @@ ctypedef struct al_sched_state:  # K_SCHEDULE: progress through the step array (
     size_t tmpbytes
 
 ctypedef struct al_mpi_args:     # MPI pass-through kinds: the call's arguments (passthrough.pxi)
-    int blocking         # use the blocking MPI call (see Launcher.launch)
     MPI_Op mop
     int root             # root, or peer for send/recv, or dest for sendrecv
     int peer2            # source for sendrecv
