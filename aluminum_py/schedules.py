@@ -21,6 +21,11 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
 * ``rabenseifner``: reduce-scatter by recursive halving, then allgather by recursive doubling,
   over 2^floor(log2 p) blocks, with the same fold.
 * ``ring``: reduce-scatter then allgather around the ring, p blocks, any p.
+* ``hierarchical``: binomial-tree reduce inside each node to its leader (its lowest rank), an
+  allreduce among the node leaders (recursive doubling below :data:`HIER_RING_FROM` elements,
+  ring from there), binomial-tree broadcast inside each node.  It needs the node layout (the
+  node of every rank, :func:`node_layout`); with one node it is a reduce and a broadcast, with
+  one rank per node the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
 
 Every block's final value is computed by exactly one rank or identically by both partners (the
 ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
@@ -35,7 +40,7 @@ block still in cache.  ``recursive_doubling`` has no owner; AVG divides at the e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -47,7 +52,11 @@ FROM_SEND, FROM_RECV = _core.STEP_SOURCES["send"], _core.STEP_SOURCES["recv"]
 RECV_NONE, RECV_INTO, RECV_TMP_REDUCE, RECV_INTO_REDUCE = (
     _core.RECV_MODES[m] for m in ("none", "into", "tmp_reduce", "into_reduce"))
 
-ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring")
+ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring", "hierarchical")
+
+# hierarchical: the leaders' allreduce is ring from this many elements (64 KiB of float32),
+# recursive doubling below: latency decides small messages, bandwidth large ones
+HIER_RING_FROM = 16384
 
 
 @dataclass(frozen=True)
@@ -236,27 +245,92 @@ def ring(p: int, rank: int, count: int, inplace: bool):
     return b.finish()
 
 
-BUILDERS = {"recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner, "ring": ring}
+def node_layout(nodes) -> tuple[int, ...]:
+    """The layout of a communicator: per rank, its node as a small int numbered by first
+    appearance (``["b", "a", "b"]`` -> ``(0, 1, 0)``), so equal layouts compare equal."""
+    seen: dict = {}
+    return tuple(seen.setdefault(n, len(seen)) for n in nodes)
+
+
+def _tree_reduce(b: _Builder, members: list[int], i: int):
+    """Binomial-tree reduce of the whole vector to members[0] (i: this rank's index)."""
+    mask = 1
+    while mask < len(members):
+        if i & mask:
+            b.step(send_peer=members[i - mask], send=(0, 1))
+            return
+        if i + mask < len(members):
+            b.step(recv_peer=members[i + mask], recv=(0, 1), reduce=True)
+        mask <<= 1
+
+
+def _tree_bcast(b: _Builder, members: list[int], i: int):
+    """Binomial-tree broadcast of the whole vector from members[0] (the reverse of the reduce)."""
+    k = len(members)
+    mask = 1
+    while mask < k and not i & mask:
+        mask <<= 1
+    if i:
+        b.step(recv_peer=members[i - mask], recv=(0, 1))
+    mask >>= 1
+    while mask >= 1:
+        if i + mask < k:
+            b.step(send_peer=members[i + mask], send=(0, 1))
+        mask >>= 1
+
+
+def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
+    layout = node_layout(layout if layout is not None else [0] * p)
+    if len(layout) != p:
+        raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
+    members = [r for r in range(p) if layout[r] == layout[rank]]
+    leaders = [min(r for r in range(p) if layout[r] == n) for n in range(max(layout) + 1)]
+    i = members.index(rank)
+    b = _Builder(count, [0, count], inplace)
+    _tree_reduce(b, members, i)
+    if i == 0 and len(leaders) > 1:
+        inner = ring if count >= HIER_RING_FROM else recursive_doubling
+        # after the reduce the leader's recvbuf holds the node's partial sum (if it received)
+        steps, tmp = inner(len(leaders), leaders.index(rank), count, inplace or b.valid[0])
+        b.tmp = max(b.tmp, tmp)
+        for st in steps:
+            b.steps.append(replace(st, owned=0,
+                                   send_peer=leaders[st.send_peer] if st.send_peer >= 0 else -1,
+                                   recv_peer=leaders[st.recv_peer] if st.recv_peer >= 0 else -1))
+        b.valid[0] = True
+    _tree_bcast(b, members, i)
+    return b.finish()
+
+
+BUILDERS = {"recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner, "ring": ring,
+            "hierarchical": hierarchical}
+NEEDS_LAYOUT = ("hierarchical",)
 
 
 @lru_cache(maxsize=512)
-def build(algorithm: str, p: int, rank: int, count: int, inplace: bool):
-    """(steps, scratch elements) for one rank; cached."""
-    steps, tmp = BUILDERS[algorithm](p, rank, count, inplace)
+def build(algorithm: str, p: int, rank: int, count: int, inplace: bool, layout=None):
+    """(steps, scratch elements) for one rank; cached.  ``layout`` (a tuple: per rank, its
+    node) is used by the algorithms in :data:`NEEDS_LAYOUT` (None: one node)."""
+    if algorithm in NEEDS_LAYOUT:
+        steps, tmp = BUILDERS[algorithm](p, rank, count, inplace, layout)
+    else:
+        steps, tmp = BUILDERS[algorithm](p, rank, count, inplace)
     return tuple(steps), tmp
 
 
 def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = False,
-             owned=None):
+             owned=None, layout=None):
     """Execute the schedules of all ranks in one process (for tests): returns each rank's result.
 
     ``reduce(a, b)`` is the element-wise op; ``owned(a)``, if given, is applied to a rank's
     owned block after its owned step (AVG's division).  Messages are matched per (source,
     dest) in order, as MPI does with one tag.  Raises if the schedules deadlock or mismatch.
+    ``layout``: per rank, its node (for :data:`NEEDS_LAYOUT` algorithms).
     """
     p = len(inputs)
     count = inputs[0].size
-    sched = [build(algorithm, p, r, count, inplace)[0] for r in range(p)]
+    layout = None if layout is None else tuple(layout)
+    sched = [build(algorithm, p, r, count, inplace, layout)[0] for r in range(p)]
     send = [x.copy() for x in inputs]
     recv = [x.copy() if inplace else np.full_like(x, 0) for x in inputs]
     if inplace:
