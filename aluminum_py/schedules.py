@@ -23,9 +23,11 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
 * ``ring``: reduce-scatter then allgather around the ring, p blocks, any p.
 * ``hierarchical``: binomial-tree reduce inside each node to its leader (its lowest rank), an
   allreduce among the node leaders (recursive doubling below :data:`HIER_RING_FROM` elements,
-  ring from there), binomial-tree broadcast inside each node.  It needs the node layout (the
-  node of every rank, :func:`node_layout`); with one node it is a reduce and a broadcast, with
-  one rank per node the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
+  ring from there), binomial-tree broadcast inside each node; from :data:`HIER_SPLIT_FROM`
+  elements ring reduce-scatter inside the node, allreduce across nodes of each rank's block,
+  ring allgather inside the node.  It needs the node layout (the node of every rank,
+  :func:`node_layout`); with one node there is no inter-node phase, with one rank per node it is
+  the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
 
 Every block's final value is computed by exactly one rank or identically by both partners (the
 ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
@@ -57,6 +59,9 @@ ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring", "hierarchical")
 # hierarchical: the leaders' allreduce is ring from this many elements (64 KiB of float32),
 # recursive doubling below: latency decides small messages, bandwidth large ones
 HIER_RING_FROM = 16384
+# hierarchical: from this many elements (256 KiB of float32) the node reduces by reduce-scatter
+# and allgather (every rank of a node carries a share across nodes), below by a binomial tree
+HIER_SPLIT_FROM = 65536
 
 
 @dataclass(frozen=True)
@@ -279,26 +284,71 @@ def _tree_bcast(b: _Builder, members: list[int], i: int):
         mask >>= 1
 
 
+def _flat(b: _Builder, group: list[int], rank: int, lo: int, cnt: int, valid: bool):
+    """Append a flat allreduce of elements [lo, lo + cnt) among the ranks `group` (recursive
+    doubling below HIER_RING_FROM elements, ring from there).  `valid`: this rank's recvbuf
+    already holds its partial result there."""
+    inner = ring if cnt >= HIER_RING_FROM else recursive_doubling
+    steps, tmp = inner(len(group), group.index(rank), cnt, b.inplace or valid)
+    b.tmp = max(b.tmp, tmp)
+    for st in steps:
+        b.steps.append(replace(
+            st, owned=0, send_off=st.send_off + lo, recv_off=st.recv_off + lo,
+            copy_off=st.copy_off + lo,
+            send_peer=group[st.send_peer] if st.send_peer >= 0 else -1,
+            recv_peer=group[st.recv_peer] if st.recv_peer >= 0 else -1))
+
+
 def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
     layout = node_layout(layout if layout is not None else [0] * p)
     if len(layout) != p:
         raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
-    members = [r for r in range(p) if layout[r] == layout[rank]]
-    leaders = [min(r for r in range(p) if layout[r] == n) for n in range(max(layout) + 1)]
+    nodes = [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
+    members = nodes[layout[rank]]
     i = members.index(rank)
+    if count >= HIER_SPLIT_FROM and p > len(nodes):       # the same form on every rank
+        return _hierarchical_split(nodes, members, i, rank, count, inplace)
     b = _Builder(count, [0, count], inplace)
     _tree_reduce(b, members, i)
-    if i == 0 and len(leaders) > 1:
-        inner = ring if count >= HIER_RING_FROM else recursive_doubling
+    if i == 0 and len(nodes) > 1:
         # after the reduce the leader's recvbuf holds the node's partial sum (if it received)
-        steps, tmp = inner(len(leaders), leaders.index(rank), count, inplace or b.valid[0])
-        b.tmp = max(b.tmp, tmp)
-        for st in steps:
-            b.steps.append(replace(st, owned=0,
-                                   send_peer=leaders[st.send_peer] if st.send_peer >= 0 else -1,
-                                   recv_peer=leaders[st.recv_peer] if st.recv_peer >= 0 else -1))
+        _flat(b, [n[0] for n in nodes], rank, 0, count, b.valid[0])
         b.valid[0] = True
     _tree_bcast(b, members, i)
+    return b.finish()
+
+
+def _hierarchical_split(nodes, members, i, rank, count, inplace):
+    """The large-message form: ring reduce-scatter inside the node (member i then holds the
+    node's sum of block (i+1) % k of its node's k blocks), an allreduce across nodes of each
+    piece of that block, ring allgather inside the node.  Nodes of different sizes cut the
+    vector differently: the pieces are the segments between every node's block bounds, each
+    inside one block per node, so each has one owner per node; every rank does its pieces in
+    increasing order (no cycle: the lowest unfinished piece has all its owners on it)."""
+    k = len(members)
+    b = _Builder(count, block_bounds(count, k), inplace)
+    right, left = members[(i + 1) % k], members[(i - 1) % k]
+    for s in range(k - 1):                    # reduce-scatter inside the node
+        sb, rb = (i - s) % k, (i - s - 1) % k
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1), reduce=True)
+    mine = (i + 1) % k
+    if len(nodes) > 1:
+        bounds = {n[0]: block_bounds(count, len(n)) for n in nodes}
+        cuts = sorted({c for bb in bounds.values() for c in bb})
+        lo_mine, hi_mine = b.bounds[mine], b.bounds[mine + 1]
+        for lo, hi in zip(cuts, cuts[1:]):
+            if not lo_mine <= lo < hi_mine:
+                continue
+            owners = []
+            for n in nodes:                   # in each node, the owner of the block holding lo
+                bb = bounds[n[0]]
+                blk = max(j for j in range(len(n)) if bb[j] <= lo)
+                owners.append(n[(blk - 1) % len(n)])
+            _flat(b, owners, rank, lo, hi - lo, b.valid[mine])
+    b.valid[mine] = True
+    for s in range(k - 1):                    # allgather inside the node
+        sb, rb = (i + 1 - s) % k, (i - s) % k
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1))
     return b.finish()
 
 
