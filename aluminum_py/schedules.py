@@ -59,9 +59,9 @@ ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring", "hierarchical")
 # hierarchical: the leaders' allreduce is ring from this many elements (64 KiB of float32),
 # recursive doubling below: latency decides small messages, bandwidth large ones
 HIER_RING_FROM = 16384
-# hierarchical: from this many elements (256 KiB of float32) the node reduces by reduce-scatter
+# hierarchical: from this many elements (64 KiB of float32) the node reduces by reduce-scatter
 # and allgather (every rank of a node carries a share across nodes), below by a binomial tree
-HIER_SPLIT_FROM = 65536
+HIER_SPLIT_FROM = 16384
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from test_allreduce import run_allreduce
 
 pytestmark = pytest.mark.mpi
 
-SIZES = [0, 1, 3, 7, 1001, 20000]      # 20000 >= HIER_RING_FROM: the leaders run ring
+SIZES = [0, 1, 3, 7, 1001, 20000]   # 20000: the split form (one rank per node: leaders by ring)
 
 
 def layouts(p):
@@ -68,7 +68,7 @@ def test_forced_layouts(index):
     c = communicator(ls[index])
     try:
         failures = check(c, ["float32", "int64"], SIZES)
-        failures += check(c, ["float64"], [20001, 70001])    # 70001: the split form
+        failures += check(c, ["float64"], [20001, 70001])    # 70001: pieces by ring
     finally:
         c.Free()
     assert all_ranks_ok(not failures), every_rank([f"layout {ls[index]}: {f}" for f in failures])
