@@ -170,3 +170,14 @@ def test_torn_down_on_a_signal(sig):
     assert tag not in listed and not os.path.exists(f"/run/aluminum_py-cluster-{run_id}")
     assert "sleep 59.7" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                             text=True).stdout
+
+
+@pytest.mark.skipif(not _can_emulate(), reason="needs root and a working 'ip netns'")
+def test_timeout_stops_and_tears_down(capsys):
+    assert cli(["bench", "cluster", "--ranks", "2", "--nodes", "2", "--timeout", "3", "--",
+                "sleep", "58.3"]) == 124
+    assert "--timeout" in capsys.readouterr().err
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert all(not line.startswith("al") for line in listed.splitlines())
+    assert "sleep 58.3" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                              text=True).stdout

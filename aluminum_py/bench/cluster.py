@@ -357,6 +357,10 @@ def main(argv=None) -> int:
     except _Stop as e:
         print(f"bench cluster: stopped by {e}; torn down", file=sys.stderr)
         return 130
+    except subprocess.TimeoutExpired:
+        print(f"bench cluster: the command ran past --timeout {args.timeout:g} s; stopped and "
+              f"torn down", file=sys.stderr)
+        return 124
     except RuntimeError as e:
         print(f"bench cluster: setup failed: {e}", file=sys.stderr)
         return 1
