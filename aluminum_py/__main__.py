@@ -1,9 +1,11 @@
-"""``python -m aluminum_py bench crossover ...`` (under mpiexec) and ``bench map ...``."""
+"""``python -m aluminum_py bench crossover ...`` (under mpiexec), ``bench cluster ...`` (root:
+an emulated cluster), ``bench map ...``."""
 import sys
 
 USAGE = """usage: python -m aluminum_py bench crossover [options]   (run under mpiexec)
        python -m aluminum_py bench map RUN.json [RUN.json ...] [--plot FILE.png]
        python -m aluminum_py bench overlap --model NAME --policy all   (run under mpiexec)
+       python -m aluminum_py bench cluster --ranks N --nodes M [--rate 2gbit] [-- command ...]
        python -m aluminum_py plan libra --model NAME [options]
 Run a command with --help for its options."""
 
@@ -17,6 +19,9 @@ def main(argv=None) -> int:
         if argv[1] == "overlap":
             from .bench.overlap import main as overlap
             return overlap(argv[2:])
+        if argv[1] == "cluster":
+            from .bench.cluster import main as cluster
+            return cluster(argv[2:])
         if argv[1] == "map":
             from .bench.plots import map_main
             return map_main(argv[2:])

@@ -41,6 +41,8 @@ REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("recursive_doubling", ("host",), "host", candidate=True, modelled=True),
     Algorithm("rabenseifner", ("host",), "host", candidate=True, modelled=True),
     Algorithm("ring", ("host",), "host", candidate=True, modelled=True),
+    # reduce inside each node, allreduce among node leaders, broadcast inside each node
+    Algorithm("hierarchical", ("host",), "host", candidate=True),
     Algorithm("nccl", ("cuda",), "nccl", candidate=True),
     # host transfer with the host "auto" inside: what GPU "auto" falls back to without NCCL
     # (reported as a request's algorithm) and what aluminum_py.host_transfer.allreduce takes;

@@ -21,6 +21,13 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
 * ``rabenseifner``: reduce-scatter by recursive halving, then allgather by recursive doubling,
   over 2^floor(log2 p) blocks, with the same fold.
 * ``ring``: reduce-scatter then allgather around the ring, p blocks, any p.
+* ``hierarchical``: binomial-tree reduce inside each node to its leader (its lowest rank), an
+  allreduce among the node leaders (recursive doubling below :data:`HIER_RING_FROM` elements,
+  ring from there), binomial-tree broadcast inside each node; from :data:`HIER_SPLIT_FROM`
+  elements ring reduce-scatter inside the node, allreduce across nodes of each rank's block,
+  ring allgather inside the node.  It needs the node layout (the node of every rank,
+  :func:`node_layout`); with one node there is no inter-node phase, with one rank per node it is
+  the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
 
 Every block's final value is computed by exactly one rank or identically by both partners (the
 ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
@@ -35,7 +42,7 @@ block still in cache.  ``recursive_doubling`` has no owner; AVG divides at the e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -47,7 +54,14 @@ FROM_SEND, FROM_RECV = _core.STEP_SOURCES["send"], _core.STEP_SOURCES["recv"]
 RECV_NONE, RECV_INTO, RECV_TMP_REDUCE, RECV_INTO_REDUCE = (
     _core.RECV_MODES[m] for m in ("none", "into", "tmp_reduce", "into_reduce"))
 
-ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring")
+ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring", "hierarchical")
+
+# hierarchical: the leaders' allreduce is ring from this many elements (64 KiB of float32),
+# recursive doubling below: latency decides small messages, bandwidth large ones
+HIER_RING_FROM = 16384
+# hierarchical: from this many elements (64 KiB of float32) the node reduces by reduce-scatter
+# and allgather (every rank of a node carries a share across nodes), below by a binomial tree
+HIER_SPLIT_FROM = 16384
 
 
 @dataclass(frozen=True)
@@ -236,27 +250,137 @@ def ring(p: int, rank: int, count: int, inplace: bool):
     return b.finish()
 
 
-BUILDERS = {"recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner, "ring": ring}
+def node_layout(nodes) -> tuple[int, ...]:
+    """The layout of a communicator: per rank, its node as a small int numbered by first
+    appearance (``["b", "a", "b"]`` -> ``(0, 1, 0)``), so equal layouts compare equal."""
+    seen: dict = {}
+    return tuple(seen.setdefault(n, len(seen)) for n in nodes)
+
+
+def _tree_reduce(b: _Builder, members: list[int], i: int):
+    """Binomial-tree reduce of the whole vector to members[0] (i: this rank's index)."""
+    mask = 1
+    while mask < len(members):
+        if i & mask:
+            b.step(send_peer=members[i - mask], send=(0, 1))
+            return
+        if i + mask < len(members):
+            b.step(recv_peer=members[i + mask], recv=(0, 1), reduce=True)
+        mask <<= 1
+
+
+def _tree_bcast(b: _Builder, members: list[int], i: int):
+    """Binomial-tree broadcast of the whole vector from members[0] (the reverse of the reduce)."""
+    k = len(members)
+    mask = 1
+    while mask < k and not i & mask:
+        mask <<= 1
+    if i:
+        b.step(recv_peer=members[i - mask], recv=(0, 1))
+    mask >>= 1
+    while mask >= 1:
+        if i + mask < k:
+            b.step(send_peer=members[i + mask], send=(0, 1))
+        mask >>= 1
+
+
+def _flat(b: _Builder, group: list[int], rank: int, lo: int, cnt: int, valid: bool):
+    """Append a flat allreduce of elements [lo, lo + cnt) among the ranks `group` (recursive
+    doubling below HIER_RING_FROM elements, ring from there).  `valid`: this rank's recvbuf
+    already holds its partial result there."""
+    inner = ring if cnt >= HIER_RING_FROM else recursive_doubling
+    steps, tmp = inner(len(group), group.index(rank), cnt, b.inplace or valid)
+    b.tmp = max(b.tmp, tmp)
+    for st in steps:
+        b.steps.append(replace(
+            st, owned=0, send_off=st.send_off + lo, recv_off=st.recv_off + lo,
+            copy_off=st.copy_off + lo,
+            send_peer=group[st.send_peer] if st.send_peer >= 0 else -1,
+            recv_peer=group[st.recv_peer] if st.recv_peer >= 0 else -1))
+
+
+def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
+    layout = node_layout(layout if layout is not None else [0] * p)
+    if len(layout) != p:
+        raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
+    nodes = [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
+    members = nodes[layout[rank]]
+    i = members.index(rank)
+    if count >= HIER_SPLIT_FROM and p > len(nodes):       # the same form on every rank
+        return _hierarchical_split(nodes, members, i, rank, count, inplace)
+    b = _Builder(count, [0, count], inplace)
+    _tree_reduce(b, members, i)
+    if i == 0 and len(nodes) > 1:
+        # after the reduce the leader's recvbuf holds the node's partial sum (if it received)
+        _flat(b, [n[0] for n in nodes], rank, 0, count, b.valid[0])
+        b.valid[0] = True
+    _tree_bcast(b, members, i)
+    return b.finish()
+
+
+def _hierarchical_split(nodes, members, i, rank, count, inplace):
+    """The large-message form: ring reduce-scatter inside the node (member i then holds the
+    node's sum of block (i+1) % k of its node's k blocks), an allreduce across nodes of each
+    piece of that block, ring allgather inside the node.  Nodes of different sizes cut the
+    vector differently: the pieces are the segments between every node's block bounds, each
+    inside one block per node, so each has one owner per node; every rank does its pieces in
+    increasing order (no cycle: the lowest unfinished piece has all its owners on it)."""
+    k = len(members)
+    b = _Builder(count, block_bounds(count, k), inplace)
+    right, left = members[(i + 1) % k], members[(i - 1) % k]
+    for s in range(k - 1):                    # reduce-scatter inside the node
+        sb, rb = (i - s) % k, (i - s - 1) % k
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1), reduce=True)
+    mine = (i + 1) % k
+    if len(nodes) > 1:
+        bounds = {n[0]: block_bounds(count, len(n)) for n in nodes}
+        cuts = sorted({c for bb in bounds.values() for c in bb})
+        lo_mine, hi_mine = b.bounds[mine], b.bounds[mine + 1]
+        for lo, hi in zip(cuts, cuts[1:]):
+            if not lo_mine <= lo < hi_mine:
+                continue
+            owners = []
+            for n in nodes:                   # in each node, the owner of the block holding lo
+                bb = bounds[n[0]]
+                blk = max(j for j in range(len(n)) if bb[j] <= lo)
+                owners.append(n[(blk - 1) % len(n)])
+            _flat(b, owners, rank, lo, hi - lo, b.valid[mine])
+    b.valid[mine] = True
+    for s in range(k - 1):                    # allgather inside the node
+        sb, rb = (i + 1 - s) % k, (i - s) % k
+        b.step(send_peer=right, send=(sb, sb + 1), recv_peer=left, recv=(rb, rb + 1))
+    return b.finish()
+
+
+BUILDERS = {"recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner, "ring": ring,
+            "hierarchical": hierarchical}
+NEEDS_LAYOUT = ("hierarchical",)
 
 
 @lru_cache(maxsize=512)
-def build(algorithm: str, p: int, rank: int, count: int, inplace: bool):
-    """(steps, scratch elements) for one rank; cached."""
-    steps, tmp = BUILDERS[algorithm](p, rank, count, inplace)
+def build(algorithm: str, p: int, rank: int, count: int, inplace: bool, layout=None):
+    """(steps, scratch elements) for one rank; cached.  ``layout`` (a tuple: per rank, its
+    node) is used by the algorithms in :data:`NEEDS_LAYOUT` (None: one node)."""
+    if algorithm in NEEDS_LAYOUT:
+        steps, tmp = BUILDERS[algorithm](p, rank, count, inplace, layout)
+    else:
+        steps, tmp = BUILDERS[algorithm](p, rank, count, inplace)
     return tuple(steps), tmp
 
 
 def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = False,
-             owned=None):
+             owned=None, layout=None):
     """Execute the schedules of all ranks in one process (for tests): returns each rank's result.
 
     ``reduce(a, b)`` is the element-wise op; ``owned(a)``, if given, is applied to a rank's
     owned block after its owned step (AVG's division).  Messages are matched per (source,
     dest) in order, as MPI does with one tag.  Raises if the schedules deadlock or mismatch.
+    ``layout``: per rank, its node (for :data:`NEEDS_LAYOUT` algorithms).
     """
     p = len(inputs)
     count = inputs[0].size
-    sched = [build(algorithm, p, r, count, inplace)[0] for r in range(p)]
+    layout = None if layout is None else tuple(layout)
+    sched = [build(algorithm, p, r, count, inplace, layout)[0] for r in range(p)]
     send = [x.copy() for x in inputs]
     recv = [x.copy() if inplace else np.full_like(x, 0) for x in inputs]
     if inplace:

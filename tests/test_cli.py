@@ -24,13 +24,13 @@ def test_crossover_tune_json_csv_plot_and_map(tmp_path):
         run = json.loads(out.read_text())
         assert run["ranks"] == n and run["sizes"][0] == 4 and run["sizes"][-1] == 65536
         assert 12 in run["sizes"]                                   # --odd
-        assert set(run["median"]) == {"mpi", "recursive_doubling", "rabenseifner", "ring"}
+        assert set(run["median"]) == {"mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical"}
         for i in range(len(run["sizes"])):
             assert run["fastest"][i] == min(run["median"], key=lambda a: run["median"][a][i])
             for a in run["median"]:
                 assert run["min"][a][i] <= run["median"][a][i] <= run["max"][a][i]
         rows = list(csv.DictReader(open(tmp_path / f"run{n}.csv")))
-        assert len(rows) == 4 * len(run["sizes"])
+        assert len(rows) == len(run["median"]) * len(run["sizes"])
         assert (tmp_path / f"run{n}.png").stat().st_size > 1000
         runs.append(str(out))
     table = json.loads((tmp_path / "tuning.json").read_text())

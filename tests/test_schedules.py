@@ -117,3 +117,104 @@ def test_single_rank_is_a_copy():
     steps, tmp = build("ring", 1, 0, 5, False)
     assert len(steps) == 1 and steps[0].copy_cnt == 5 and tmp == 0
     assert build("ring", 1, 0, 5, True)[0] == ()
+
+
+# ---------------------------------------------------------------------------- hierarchical
+def _layouts(p, rng):
+    """One node, a node per rank, pairs, interleaved, uneven, and random labels."""
+    out = [[0] * p, list(range(p)), [r // 2 for r in range(p)], [r % 2 for r in range(p)],
+           [0] + [1] * (p - 1), [min(r, 2) for r in range(p)]]
+    out += [list(rng.integers(0, max(1, p // 2) + 1, p)) for _ in range(4)]
+    return out
+
+
+@pytest.mark.parametrize("p", range(1, 10))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_hierarchical_every_layout(p, inplace):
+    rng = np.random.default_rng(p)
+    for layout in _layouts(p, rng):
+        for count in [0, 1, 2, 7, 100, schedules.HIER_RING_FROM + 3,
+                      schedules.HIER_SPLIT_FROM + 5]:
+            xs = inputs(p, count, seed=p * 1000 + count)
+            expected = np.sum(xs, axis=0)
+            for r, got in enumerate(simulate("hierarchical", xs, np.add, inplace,
+                                             layout=layout)):
+                assert np.array_equal(got, expected), (p, layout, count, inplace, r)
+
+
+@pytest.fixture
+def split_from(monkeypatch):
+    """Make the large-message form (reduce-scatter/allgather inside nodes) run at any count."""
+    def set_(split, ring_from):
+        monkeypatch.setattr(schedules, "HIER_SPLIT_FROM", split)
+        monkeypatch.setattr(schedules, "HIER_RING_FROM", ring_from)
+        build.cache_clear()
+    yield set_
+    build.cache_clear()
+
+
+@pytest.mark.parametrize("p", range(2, 11))
+@pytest.mark.parametrize("ring_from", [0, 10 ** 9])     # leaders' pieces by ring / by doubling
+def test_hierarchical_split_every_layout(split_from, p, ring_from):
+    split_from(0, ring_from)
+    rng = np.random.default_rng(p + 100)
+    for layout in _layouts(p, rng):
+        for count in [0, 1, 2, 3, 7, 12, 100]:
+            xs = inputs(p, count, seed=p * 100 + count)
+            expected = np.sum(xs, axis=0)
+            for inplace in (False, True):
+                for r, got in enumerate(simulate("hierarchical", xs, np.add, inplace,
+                                                 layout=layout)):
+                    assert np.array_equal(got, expected), (p, layout, count, inplace, r)
+
+
+def test_hierarchical_split_spreads_the_network_traffic():
+    """From HIER_SPLIT_FROM, every rank of a 2 x 2 layout carries half the node's share across
+    nodes; below, only the leaders do."""
+    from aluminum_py.bench.cluster import expected_nic_bytes
+    n = schedules.HIER_SPLIT_FROM
+    layout = (0, 0, 1, 1)
+    crossing = [sum(s.send_cnt for s in build("hierarchical", 4, r, n, False, layout)[0]
+                    if s.send_peer >= 0 and layout[s.send_peer] != layout[r]) for r in range(4)]
+    assert crossing == [n // 2] * 4
+    small = [sum(s.send_cnt for s in build("hierarchical", 4, r, n - 1, False, layout)[0]
+                 if s.send_peer >= 0 and layout[s.send_peer] != layout[r]) for r in range(4)]
+    assert small[1] == small[3] == 0 and small[0] > 0
+    assert expected_nic_bytes("hierarchical", layout, n, 4) == [(n * 4, n * 4)] * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.lists(st.integers(0, 4), min_size=1, max_size=12),
+       count=st.integers(0, 40), inplace=st.booleans())
+def test_hierarchical_max_hypothesis(layout, count, inplace):
+    xs = inputs(len(layout), count, seed=count)
+    expected = np.max(xs, axis=0) if count else np.zeros(0, np.int64)
+    for got in simulate("hierarchical", xs, np.maximum, inplace, layout=layout):
+        assert np.array_equal(got, expected)
+
+
+def test_hierarchical_traffic_by_layout():
+    """Only leaders cross nodes; members talk only inside their node; no owned markers."""
+    layout = (0, 0, 1, 1, 1)
+    leaders = {0, 2}
+    for r in range(5):
+        steps, _ = build("hierarchical", 5, r, 64, False, layout)
+        assert not any(s.owned for s in steps)
+        for s in steps:
+            for peer in (s.send_peer, s.recv_peer):
+                if peer >= 0 and layout[peer] != layout[r]:
+                    assert r in leaders and peer in leaders
+    # one node: a reduce then a broadcast, no more than 2 log2(p) steps per rank
+    for p in range(2, 9):
+        for r in range(p):
+            assert len(build("hierarchical", p, r, 10, True, None)[0]) <= 2 * (p - 1).bit_length()
+    # leaders' inner algorithm: recursive doubling below HIER_RING_FROM, ring from it
+    big = build("hierarchical", 3, 0, schedules.HIER_RING_FROM, True, (0, 1, 2))[0]
+    assert sum(s.send_peer >= 0 for s in big) == 2 * (3 - 1)
+
+
+def test_node_layout_numbering():
+    assert schedules.node_layout(["b", "a", "b"]) == (0, 1, 0)
+    assert schedules.node_layout([7, 7, 3]) == (0, 0, 1)
+    with pytest.raises(ValueError, match="layout"):
+        build("hierarchical", 3, 0, 4, False, (0, 1))

@@ -7,6 +7,7 @@ cached choice and the cached schedule in Cython), whose error messages come from
 from __future__ import annotations
 
 import operator
+import os
 
 from .. import _core, config, schedules, tuning
 from ..algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES
@@ -87,6 +88,25 @@ def set_engine_yield(local_size: int) -> None:
     _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
 
 
+def node_layout(comm) -> tuple[int, ...]:
+    """Per rank of `comm`, its node (``schedules.node_layout`` numbering), from
+    ``MPI_Comm_split_type(SHARED)`` and one allgather (collective).  ``AL_NODE_LAYOUT`` (per
+    rank a node label, comma-separated: ``0,0,1,1``) replaces it: a testing and emulation aid
+    that makes the layout-aware algorithms treat one machine as several nodes."""
+    forced = os.environ.get("AL_NODE_LAYOUT", "").strip()
+    if forced:
+        labels = [x.strip() for x in forced.split(",")]
+        if len(labels) != comm.Get_size() or not all(labels):
+            raise ValueError(f"environment variable AL_NODE_LAYOUT={forced!r}: expected one "
+                             f"node label per rank ({comm.Get_size()} ranks), comma-separated")
+        return schedules.node_layout(labels)
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    leader = node.bcast(comm.Get_rank(), root=0)       # the node's lowest rank names it
+    node.Free()
+    return schedules.node_layout(comm.allgather(leader))
+
+
 def _no_ctas(min_ctas, max_ctas) -> None:
     if max_ctas is not None or min_ctas is not None:
         raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
@@ -101,6 +121,8 @@ class HostBackend:
         tuning_comm: the MPI communicator whose rank 0 reads the tuning table for "auto"
             (collective: construction is).
         local_size: ranks on this node (the tuning table's key).
+        The node of every rank (:func:`node_layout`, collective over `tuning_comm`) is gathered
+        here once, for the layout-aware schedules (``hierarchical``).
         any_source, any_tag: MPI.ANY_SOURCE and MPI.ANY_TAG.
     """
 
@@ -111,6 +133,7 @@ class HostBackend:
         self._any_source = any_source
         self._any_tag = any_tag
         set_engine_yield(local_size)
+        self.layout = node_layout(tuning_comm)
         exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
         self.chooser = tuning.Chooser(self.size, exact, fitted, params, HOST_CANDIDATES)
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
@@ -136,7 +159,8 @@ class HostBackend:
 
     # ------------------------------------------------------------------ helpers
     def _build_schedule(self, alg: str, count: int, inplace: bool):
-        steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace)
+        steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace,
+                                     self.layout if alg in schedules.NEEDS_LAYOUT else None)
         return _core.Schedule(steps, tmp)
 
     def _launch(self, op, blocking: bool, algorithm: str):

@@ -1,1 +1,2 @@
-"""Benchmarks behind ``python -m aluminum_py bench ...`` (run under mpiexec)."""
+"""Benchmarks behind ``python -m aluminum_py bench ...`` (run under mpiexec; ``cluster`` runs
+mpiexec itself, inside an emulated cluster)."""
