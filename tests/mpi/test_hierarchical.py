@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 import aluminum_py as al
-from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gather_all,
-                      make_input, ops_for, reference)
-from test_allreduce import run_allreduce
+from conftest import DTYPES, WORLD, all_ranks_ok, every_rank, gather_all
+from test_allreduce import matrix_failures
 
 pytestmark = pytest.mark.mpi
 
@@ -38,20 +37,7 @@ def communicator(layout):
 
 def check(comm, dtypes, sizes):
     """Failures (strings) of hierarchical over dtypes x ops x sizes x in place x blocking."""
-    failures = []
-    for dtype in dtypes:
-        for op in ops_for(dtype):
-            for count in sizes:
-                x = make_input(dtype, op, count, seed=count + 31 * op.code, rank=comm.rank)
-                expected = reference(op, gather_all(x), comm.size)
-                for inplace in (False, True):
-                    for blocking in (True, False):
-                        got = run_allreduce(comm, x, op, "hierarchical", inplace, blocking,
-                                            failures)
-                        failures += differences(f"{dtype} {op.name} n={count} "
-                                                f"inplace={inplace} blocking={blocking}",
-                                                got, expected)
-    return failures
+    return matrix_failures(comm, "hierarchical", dtypes, sizes)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
