@@ -12,7 +12,9 @@ parameters and see the same data (per rank: its own random batch, a fixed seed):
 * ``hook``: the same DDP with ``register_comm_hook(comm, aluminum_py.torch.allreduce_hook)``;
 * ``sync``: no DDP: ``aluminum_py.torch.synchronize_gradients(model, comm, policy="auto")``,
   whose tuning steps run (untimed) before the measurement;
-* with ``--local``, also ``local``: the model alone, no averaging (the compute's own time).
+* with ``--local``, also ``local``: the model alone, no averaging (the compute's own time), and
+  ``nocomm``: DDP with a hook that returns each bucket unchanged (DDP's own bucketing and
+  copies, no communication: the bound for any comm hook).
 
 Models: ``cnn``, five conv layers and two linear layers, 6.3 M float32 parameters (25 MB of
 gradients), 32x32 RGB inputs; ``mlp``, 48 linear layers of 128x128 (97 gradients, 3.2 MB).
@@ -45,7 +47,14 @@ import aluminum_py as al  # noqa: E402
 import aluminum_py.torch as alt  # noqa: E402
 
 TRAINERS = ("gloo", "hook", "sync")
-EXTRA = ("local",)              # --local: the same step without any gradient averaging
+EXTRA = ("local", "nocomm")     # --local: the same step without any gradient averaging
+
+
+def nocomm_hook(state, bucket):
+    """A DDP comm hook that communicates nothing: DDP's cost without an allreduce."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def cnn():
@@ -72,9 +81,15 @@ MODELS = {"cnn": (cnn, lambda n, g: torch.randn(n, 3, 32, 32, generator=g), 8),
           "mlp": (mlp, lambda n, g: torch.randn(n, 128, generator=g), 64)}
 
 
+_store_dir = None
+
+
 def init_process_group(world):
-    path = os.path.join(tempfile.mkdtemp(prefix="al-bench-"), "store") if world.rank == 0 else None
-    dist.init_process_group("gloo", init_method=f"file://{world.bcast(path, root=0)}",
+    """A gloo group over a file store in rank 0's temporary directory (removed at exit)."""
+    global _store_dir
+    _store_dir = tempfile.TemporaryDirectory(prefix="al-bench-") if world.rank == 0 else None
+    path = world.bcast(os.path.join(_store_dir.name, "store") if _store_dir else None, root=0)
+    dist.init_process_group("gloo", init_method=f"file://{path}",
                             rank=world.rank, world_size=world.size)
 
 
@@ -94,6 +109,8 @@ class Trainer:
             self.net = DDP(self.model)
             if kind == "hook":
                 self.net.register_comm_hook(comm, alt.allreduce_hook)
+            elif kind == "nocomm":
+                self.net.register_comm_hook(None, nocomm_hook)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.x, self.y = batch
         self.loss = torch.nn.CrossEntropyLoss()

@@ -83,10 +83,15 @@ def make_model(args):
     ).double()
 
 
+_rendezvous = None
+
+
 def init_process_group(world):
-    """A gloo group over the MPI ranks (rendezvous: a file rank 0 names)."""
-    path = os.path.join(tempfile.mkdtemp(prefix="al-ddp-"), "store") if world.rank == 0 else None
-    path = world.bcast(path, root=0)
+    """A gloo group over the MPI ranks (rendezvous: a file in rank 0's temporary directory,
+    which is removed when the program ends)."""
+    global _rendezvous
+    _rendezvous = tempfile.TemporaryDirectory(prefix="al-ddp-") if world.rank == 0 else None
+    path = world.bcast(_rendezvous and os.path.join(_rendezvous.name, "store"), root=0)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=world.rank,
                             world_size=world.size)
 
