@@ -46,6 +46,9 @@ cdef class Launcher:
 
     cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
+        if g_trace is not None:          # the timeline records: the only test when it does not
+            o.t_call = al_now()
+            trace_append(o)
         if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
             self.state.check_usable(o.name)
         # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
@@ -238,6 +241,9 @@ cdef class Launcher:
             outer.op.ht.pinned = NULL
             outer.op.phase = PH_DONE
             dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)
+        if g_trace is not None:
+            outer.t_call = al_now()
+            trace_append(outer)
         outer.submit()
         return outer
 

@@ -1,11 +1,61 @@
 _orphans = []   # (NativeOp) whose Request was dropped before completion
 
+# The timeline's buffer (aluminum_py.timeline): while it records, every launched op is appended
+# here (bounded: a full buffer drops and counts) and its writer thread takes the list. None
+# while it does not record: the launcher's one test per op.
+cdef list g_trace = None
+cdef Py_ssize_t g_trace_cap = 0
+cdef Py_ssize_t g_trace_dropped = 0
+
+cdef inline void trace_append(object item) noexcept:
+    global g_trace_dropped
+    if len(g_trace) < g_trace_cap:
+        g_trace.append(item)
+    else:
+        g_trace_dropped += 1
+
+def trace_start(Py_ssize_t capacity):
+    """Record every launched op (and `trace_record`'s items) in a buffer of `capacity` items."""
+    global g_trace, g_trace_cap, g_trace_dropped
+    g_trace_cap = capacity
+    g_trace_dropped = 0
+    g_trace = []
+
+def trace_stop():
+    """Stop recording; returns what `trace_take` would."""
+    global g_trace
+    out = trace_take()
+    g_trace = None
+    return out
+
+def trace_take():
+    """(the items recorded since the last call, how many were dropped since then); empties the
+    buffer. ([], 0) when not recording."""
+    global g_trace, g_trace_dropped
+    if g_trace is None:
+        return [], 0
+    items, dropped = g_trace, g_trace_dropped
+    g_trace, g_trace_dropped = [], 0
+    return items, dropped
+
+def trace_record(item):
+    """Append a Python item (a user region, a bucket) to the buffer; False when not recording."""
+    if g_trace is None:
+        return False
+    trace_append(item)
+    return True
+
+def trace_recording():
+    return g_trace is not None
+
 
 cdef class NativeOp:
     """One operation: the native state plus references to everything it reads or writes."""
     cdef al_op* op
     cdef readonly object keep        # buffers, schedule, comm state: alive until completion
     cdef readonly object name
+    cdef double t_call               # al_now() at the call, set while the timeline records
+    cdef bint engine                 # handed to the progress engine (submit)
 
     def __cinit__(self):
         self.op = <al_op*>calloc(1, sizeof(al_op))
@@ -37,6 +87,19 @@ cdef class NativeOp:
             return None
         return (self.op.t_start, self.op.t_done)
 
+    def trace(self):
+        """What the timeline writes (aluminum_py.timeline): (name, kind, called, started,
+        completed, count, element size, dtype code, op code, comm state, ran in the engine,
+        error code, stream or 0, host-transfer phase ends or None); None before completion."""
+        cdef al_op* o = self.op
+        if not al_load_acquire(&o.done):
+            return None
+        ht = None
+        if o.kind == K_HOST_TRANSFER:
+            ht = tuple(o.ht.times[i] for i in range(HT_NPHASES))
+        return (self.name, o.kind, self.t_call, o.t_start, o.t_done, o.count, o.esize, o.dtype,
+                o.rop, self.keep[0], self.engine, o.err, <uintptr_t>o.ht.stream, ht)
+
     def describe(self):
         """Where the op stands: its name, phase and, for schedules, the step and peers."""
         cdef al_op* o = self.op
@@ -60,6 +123,7 @@ cdef class NativeOp:
                         "do not lower mpi4py.rc.thread_level")
         if not adopt:
             self.op.phase = PH_NEW
+        self.engine = True
         with nogil:
             rc = engine_submit(self.op)
         if rc != 0:
