@@ -1,0 +1,233 @@
+"""The timeline (aluminum_py.timeline) in one process: file names, the Trace Event Format of what
+it writes, one event per op, the bounded buffer, merge's clock arithmetic, the plot, the CLI and
+AL_TIMELINE at exit.  The multi-rank checks (event counts at 1-4 ranks, the clock sync, merge
+alignment) are in tests/mpi/test_timeline.py."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from aluminum_py import timeline
+from aluminum_py.__main__ import main as cli
+from aluminum_py.overlap import GradientSynchronizer
+from aluminum_py.testing.trace_format import problems
+from aluminum_py.timeline.merge import merge
+from aluminum_py.timeline.plot import parse_steps
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return al.Communicator()
+
+
+@pytest.fixture(autouse=True)
+def stopped():
+    yield
+    timeline.stop()            # a failed test must not leave the next one recording
+
+
+def ops_of(trace):
+    return [e for e in trace["traceEvents"] if e.get("cat") == "op"]
+
+
+def test_rank_path():
+    assert timeline.rank_path("run/t.json", 3) == "run/t.rank3.json"
+    assert timeline.rank_path("run/t", 0) == "run/t.rank0.json"
+    assert timeline.rank_path("run/{rank}/t.json", 2) == "run/2/t.json"
+
+
+def test_every_op_is_one_complete_event(comm, tmp_path):
+    path = timeline.start(tmp_path / "t.json")
+    x = np.arange(10, dtype=np.float32)
+    y = np.empty_like(x)
+    for _ in range(3):
+        comm.Allreduce(x, y)
+    reqs = [comm.Iallreduce(np.ones(100, np.float64), algorithm=a)
+            for a in ("ring", "mpi", "recursive_doubling")]
+    al.Waitall(reqs)
+    comm.Bcast(x)
+    comm.Barrier()
+    with timeline.region("backward"):
+        comm.Allreduce(x, y, op=al.MAX)
+    meta = timeline.stop()
+    assert path == str(tmp_path / "t.rank0.json")
+    with open(path) as f:
+        trace = json.load(f)
+    assert problems(trace) == []
+    ops = ops_of(trace)
+    assert sorted(e["name"] for e in ops) == sorted(
+        ["allreduce/" + comm.explain(40).algorithm] * 4 + ["allreduce/ring", "allreduce/mpi",
+         "allreduce/recursive_doubling", "bcast", "barrier"])
+    assert meta["events"] == 9 + 1 and meta["dropped_events"] == 0
+    assert trace["otherData"] == meta
+    first = ops[0]["args"]
+    assert (first["bytes"], first["count"], first["dtype"], first["op"]) == (40, 10, "float32",
+                                                                              "sum")
+    nb = [e for e in ops if e["args"]["engine"]]
+    assert len(nb) == 3 and all(e["args"]["dtype"] == "float64" for e in nb)
+    # nonblocking ops also ran on the engine's track, within their op event
+    engine = [e for e in trace["traceEvents"] if e.get("cat") == "engine"]
+    assert len(engine) == 3
+    (region,) = [e for e in trace["traceEvents"] if e.get("cat") == "region"]
+    inside = [e for e in ops if e["args"].get("op") == "max"]
+    assert region["name"] == "backward" and len(inside) == 1
+    assert region["ts"] <= inside[0]["ts"] and (inside[0]["ts"] + inside[0]["dur"]
+                                                <= region["ts"] + region["dur"] + 1e-3)
+
+
+def test_full_buffer_drops_and_counts_without_blocking(comm, tmp_path, capsys):
+    # the writer never runs before stop (interval): the ops fill the 5-item buffer
+    path = timeline.start(tmp_path / "t.json", buffer=5, interval=3600)
+    x = np.ones(4, np.float32)
+    for _ in range(20):
+        comm.Allreduce(x)
+    assert np.all(x == 1.0)                  # one rank: the sum is the input; every op ran
+    meta = timeline.stop()
+    assert (meta["events"], meta["dropped_events"]) == (5, 15)
+    assert "15 events dropped" in capsys.readouterr().err
+    with open(path) as f:
+        trace = json.load(f)
+    assert len(ops_of(trace)) == 5 and trace["otherData"]["dropped_events"] == 15
+
+
+def test_buckets_of_the_synchronizer(comm, tmp_path):
+    grads = [np.full(n, float(k + 1), np.float32) for k, n in enumerate((300, 5, 2000, 7))]
+    sync = GradientSynchronizer(comm, grads, policy="fixed", threshold=1200)
+    path = timeline.start(tmp_path / "t.json")
+    for step in range(3):
+        for i in reversed(range(len(grads))):
+            sync.grad_ready(i)
+        info = sync.wait(timeout=60)
+    timeline.stop()
+    for k, g in enumerate(grads):            # one rank, average: the gradients are unchanged
+        assert np.all(g == k + 1)
+    with open(path) as f:
+        trace = json.load(f)
+    assert problems(trace) == []
+    buckets = [e for e in trace["traceEvents"] if e.get("cat") == "bucket"]
+    assert len(buckets) == 3 * len(info.buckets)
+    assert sorted({e["args"]["step"] for e in buckets}) == [sync.iteration - 3 + s
+                                                           for s in range(3)]
+    last = [e for e in buckets if e["args"]["step"] == sync.iteration - 1]
+    for e, members, (launched, started, completed) in zip(last, info.buckets, info.timings):
+        assert e["args"]["gradients"] == members
+        assert e["ts"] == pytest.approx(launched * 1e6, abs=1e-2)
+        assert e["dur"] == pytest.approx((completed - launched) * 1e6, abs=1e-2)
+    assert len(ops_of(trace)) == 3 * len(info.buckets)
+
+
+def test_start_twice_and_bad_buffer(tmp_path):
+    timeline.start(tmp_path / "a.json")
+    with pytest.raises(al.Error, match="already recording"):
+        timeline.start(tmp_path / "b.json")
+    timeline.stop()
+    with pytest.raises(ValueError, match="buffer"):
+        timeline.start(tmp_path / "c.json", buffer=0)
+    assert timeline.stop() is None
+
+
+def rank_file(path, rank, events, clock):
+    trace = {"traceEvents": events,
+             "otherData": {"aluminum_py_timeline": 1, "rank": rank, "size": 3, "clock": clock,
+                           "events": len(events), "dropped_events": 0, "unfinished_ops": 0}}
+    with open(path, "w") as f:
+        json.dump(trace, f)
+    return str(path)
+
+
+def x(name, pid, ts, dur, cat="op", **args):
+    return {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": 1000, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def test_merge_moves_ranks_onto_rank_0s_clock(tmp_path):
+    # rank 1's clock is 5000 us behind rank 0's; rank 2 measured against rank 1 (+250)
+    files = [rank_file(tmp_path / "r0.json", 0, [x("a", 0, 10_000.0, 5.0)],
+                       {"offset_us": 0.0, "uncertainty_us": 0.0, "reference": 0, "rounds": 16}),
+             rank_file(tmp_path / "r1.json", 1, [x("a", 1, 5_002.0, 5.0)],
+                       {"offset_us": 5000.0, "uncertainty_us": 1.5, "reference": 0, "rounds": 16}),
+             rank_file(tmp_path / "r2.json", 2, [x("a", 2, 4_760.0, 5.0)],
+                       {"offset_us": 250.0, "uncertainty_us": 2.0, "reference": 1, "rounds": 16})]
+    out = tmp_path / "all.json"
+    merged, report = merge(files, str(out))
+    assert problems(merged) == []
+    ts = {e["pid"]: e["ts"] for e in merged["traceEvents"] if e["ph"] == "X"}
+    assert ts == {0: 0.0, 1: 2.0, 2: 10.0}
+    assert merged["otherData"]["origin_us"] == 10_000.0
+    assert merged["otherData"]["ranks"]["2"]["offset_us"] == 5250.0
+    assert merged["otherData"]["ranks"]["2"]["uncertainty_us"] == 3.5
+    assert report[1] == "rank 1: offset +5000.0 us +- 1.5 us, 1 events, 0 dropped"
+    with open(out) as f:
+        assert json.load(f) == merged
+
+
+def test_merge_rejects_bad_input(tmp_path):
+    a = rank_file(tmp_path / "a.json", 1, [], None)
+    with pytest.raises(ValueError, match="appears twice"):
+        merge([a, a])
+    (tmp_path / "cut.json").write_text('{"traceEvents":[{"ph":"X"')
+    with pytest.raises(ValueError, match="not a complete timeline file"):
+        merge([str(tmp_path / "cut.json")])
+    _, report = merge([a])                    # no sync reached rank 0
+    assert "offset unknown" in report[0]
+
+
+def test_plot_writes_a_png(tmp_path):
+    events = []
+    for r in range(2):
+        for step in range(3):
+            t = step * 1000.0 + 30 * r
+            events += [x("forward", r, t, 200.0, cat="region"),
+                       x("backward", r, t + 200, 500.0, cat="region")]
+            for b in range(2):
+                events.append(x(f"bucket {b}", r, t + 400 + 150 * b, 300.0, cat="bucket",
+                                step=step, bucket=b, gradients=[b], queued_us=50.0,
+                                run_us=250.0))
+    trace = {"traceEvents": events}
+    for steps in (None, "1", "0-2"):
+        out = tmp_path / f"p{steps}.png"
+        from aluminum_py.timeline.plot import plot
+        plot(trace, str(out), steps)
+        assert out.read_bytes()[:8] == PNG
+    with pytest.raises(ValueError, match="no bucket of steps 7-7"):
+        plot(trace, str(tmp_path / "none.png"), "7")
+    assert parse_steps("2-4") == (2, 4)
+    with pytest.raises(ValueError, match="--steps"):
+        parse_steps("4-2")
+
+
+def test_cli_merge_and_plot(comm, tmp_path, capsys):
+    path = timeline.start(tmp_path / "t.json")
+    for _ in range(2):
+        with timeline.region("compute"):
+            comm.Allreduce(np.ones(8, np.float32))
+    timeline.stop()
+    out, png = str(tmp_path / "all.json"), str(tmp_path / "all.png")
+    assert cli(["timeline", "merge", path, "-o", out]) == 0
+    assert "rank 0: offset +0.0 us" in capsys.readouterr().out
+    assert cli(["timeline", "plot", out, "-o", png]) == 0        # no buckets: the ops
+    with open(png, "rb") as f:
+        assert f.read(8) == PNG
+    assert cli(["timeline", "merge", str(tmp_path / "missing.json"), "-o", out]) == 1
+    assert "missing.json" in capsys.readouterr().err
+
+
+def test_al_timeline_is_written_at_exit(tmp_path):
+    """AL_TIMELINE starts at import; interpreter exit (the library's shutdown) completes the
+    file, the nonblocking op left pending included."""
+    code = ("import numpy as np, aluminum_py as al\n"
+            "c = al.Communicator()\n"
+            "c.Allreduce(np.ones(3))\n"
+            "r = c.Iallreduce(np.ones(3))\n")
+    env = dict(os.environ, AL_TIMELINE=str(tmp_path / "run_{rank}.json"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    with open(tmp_path / "run_0.json") as f:
+        trace = json.load(f)
+    assert problems(trace) == []
+    assert len(ops_of(trace)) == 2 and trace["otherData"]["unfinished_ops"] == 0
