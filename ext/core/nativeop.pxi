@@ -1,40 +1,103 @@
 _orphans = []   # (NativeOp) whose Request was dropped before completion
 
-# The timeline's buffer (aluminum_py.timeline): while it records, every launched op is appended
-# here (bounded: a full buffer drops and counts) and its writer thread takes the list. None
-# while it does not record: the launcher's one test per op.
+# The timeline's buffer (aluminum_py.timeline). While it records, every launched op is recorded
+# here and its writer thread takes them (trace_take); None while it does not record: the
+# launcher's one test per op.  A completed op (a blocking call) is copied into a C array
+# (trace_done: no Python object is allocated or kept, so a stream of small calls does not feed
+# the garbage collector); an op still running (nonblocking, or a blocking call that timed out)
+# is kept in the list until the writer finds it complete.  Both share one capacity: a full
+# buffer drops the op and counts it.
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+
+ctypedef struct trace_rec:       # one completed op (NativeOp.trace's fields)
+    PyObject* name               # owned references
+    PyObject* state
+    double t_call
+    double t_start
+    double t_done
+    int64_t count
+    int esize
+    int dtype
+    int rop
+    int kind
+    int err
+    int engine
+
 cdef list g_trace = None
+cdef trace_rec* g_recs = NULL
+cdef Py_ssize_t g_nrecs = 0
 cdef Py_ssize_t g_trace_cap = 0
 cdef Py_ssize_t g_trace_dropped = 0
 
 cdef inline void trace_append(object item) noexcept:
     global g_trace_dropped
-    if len(g_trace) < g_trace_cap:
+    if len(g_trace) + g_nrecs < g_trace_cap:
         g_trace.append(item)
     else:
         g_trace_dropped += 1
 
+cdef inline void trace_done(NativeOp o) noexcept:
+    """Record the completed op `o` (the timeline records)."""
+    global g_trace_dropped, g_nrecs
+    cdef trace_rec* r
+    if len(g_trace) + g_nrecs >= g_trace_cap:
+        g_trace_dropped += 1
+        return
+    r = &g_recs[g_nrecs]
+    g_nrecs += 1
+    r.name = <PyObject*>o.name
+    r.state = <PyObject*>o.keep[0]
+    Py_INCREF(o.name)
+    Py_INCREF(o.keep[0])
+    r.t_call = o.t_call
+    r.t_start = o.op.t_start
+    r.t_done = o.op.t_done
+    r.count = o.op.count
+    r.esize = o.op.esize
+    r.dtype = o.op.dtype
+    r.rop = o.op.rop
+    r.kind = o.op.kind
+    r.err = o.op.err
+    r.engine = o.engine
+
 def trace_start(Py_ssize_t capacity):
     """Record every launched op (and `trace_record`'s items) in a buffer of `capacity` items."""
-    global g_trace, g_trace_cap, g_trace_dropped
+    global g_trace, g_trace_cap, g_trace_dropped, g_recs, g_nrecs
+    if g_trace is not None:
+        trace_stop()
+    g_recs = <trace_rec*>calloc(capacity, sizeof(trace_rec))
+    if g_recs == NULL:
+        raise MemoryError()
+    g_nrecs = 0
     g_trace_cap = capacity
     g_trace_dropped = 0
     g_trace = []
 
 def trace_stop():
     """Stop recording; returns what `trace_take` would."""
-    global g_trace
+    global g_trace, g_recs
     out = trace_take()
     g_trace = None
+    free(g_recs)
+    g_recs = NULL
     return out
 
 def trace_take():
-    """(the items recorded since the last call, how many were dropped since then); empties the
-    buffer. ([], 0) when not recording."""
-    global g_trace, g_trace_dropped
+    """(the items recorded since the last call: NativeOps and trace tuples, how many were
+    dropped since then); empties the buffer. ([], 0) when not recording."""
+    global g_trace, g_trace_dropped, g_nrecs
+    cdef trace_rec* r
+    cdef Py_ssize_t i
     if g_trace is None:
         return [], 0
     items, dropped = g_trace, g_trace_dropped
+    for i in range(g_nrecs):
+        r = &g_recs[i]
+        items.append((<object>r.name, r.kind, r.t_call, r.t_start, r.t_done, r.count, r.esize,
+                      r.dtype, r.rop, <object>r.state, bool(r.engine), r.err, 0, None))
+        Py_DECREF(<object>r.name)
+        Py_DECREF(<object>r.state)
+    g_nrecs = 0
     g_trace, g_trace_dropped = [], 0
     return items, dropped
 
@@ -47,6 +110,7 @@ def trace_record(item):
 
 def trace_recording():
     return g_trace is not None
+
 
 
 cdef class NativeOp:
