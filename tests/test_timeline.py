@@ -81,6 +81,35 @@ def test_every_op_is_one_complete_event(comm, tmp_path):
                                                 <= region["ts"] + region["dur"] + 1e-3)
 
 
+def test_host_transfer_op_on_its_stream_track(comm, tmp_path):
+    """A GPU (host-transfer) op, here on the CPU device: one op event on its stream's track with
+    the four host-transfer phases nested, at the times phase_times reports."""
+    from aluminum_py import host_transfer as ht
+    device = ht.CpuDevice()
+    stream = device.stream()
+    x = np.arange(1000, dtype=np.float64)
+    path = timeline.start(tmp_path / "t.json")
+    req = ht.allreduce(comm, device, stream, x, algorithm="ht_ring")
+    req.Wait(timeout=60)
+    assert stream.synchronize(timeout=60)
+    timeline.stop()
+    assert np.array_equal(x, np.arange(1000))          # one rank: the sum is the input
+    with open(path) as f:
+        trace = json.load(f)
+    assert problems(trace) == []
+    (op,) = ops_of(trace)
+    assert op["name"] == "allreduce/ht_ring" and op["tid"] >= 1_000_000
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "thread_name"}
+    assert names[op["tid"]] == f"stream 0 (0x{stream.handle:x})"
+    phases = [e for e in trace["traceEvents"] if e.get("cat") == "phase" and e["tid"] == op["tid"]]
+    ends = [e["ts"] + e["dur"] for e in phases if e["name"] != "queued"]
+    assert [e["name"] for e in phases if e["name"] != "queued"] == [
+        "device-to-host", "host algorithm", "release", "host-to-device"]
+    assert ends == pytest.approx([t * 1e6 for t in ht.phase_times(req)], abs=1e-2)
+    stream.destroy()
+
+
 def test_full_buffer_drops_and_counts_without_blocking(comm, tmp_path, capsys):
     # the writer never runs before stop (interval): the ops fill the 5-item buffer
     path = timeline.start(tmp_path / "t.json", buffer=5, interval=3600)
@@ -231,3 +260,15 @@ def test_al_timeline_is_written_at_exit(tmp_path):
         trace = json.load(f)
     assert problems(trace) == []
     assert len(ops_of(trace)) == 2 and trace["otherData"]["unfinished_ops"] == 0
+
+
+def test_the_format_checker_finds_what_is_wrong():
+    ok = {"ph": "X", "name": "a", "pid": 0, "tid": 1, "ts": 0.0, "dur": 10.0}
+    assert problems({"traceEvents": [ok, dict(ok, name="inner", ts=2.0, dur=3.0)]}) == []
+    assert problems({"traceEvents": [{k: v for k, v in ok.items() if k != "tid"}]}) == [
+        "event 0 ('a'): missing tid"]
+    assert "dur >= 0" in problems([dict(ok, dur=-1)])[0]
+    assert "without nesting" in problems([ok, dict(ok, ts=5.0, dur=10.0)])[0]
+    assert problems([ok, dict(ok, ts=5.0, dur=10.0, tid=2)]) == []       # other thread
+    assert "unknown metadata" in problems([{"ph": "M", "name": "x", "pid": 0, "tid": 0,
+                                            "ts": 0, "args": {}}])[0]

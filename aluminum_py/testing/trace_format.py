@@ -62,7 +62,7 @@ def problems(trace) -> list[str]:
         spans.sort(key=lambda s: (s[0], -s[1]))
         stack: list = []
         for s in spans:
-            while stack and stack[-1][1] <= s[0]:
+            while stack and stack[-1][1] <= s[0] + 1e-3:      # ended (to the rounding)
                 stack.pop()
             if stack and s[1] > stack[-1][1] + 1e-3:     # 1 ns: the times' rounding
                 out.append(f"thread {key}: {s[2]} [{s[0]}, {s[1]}] overlaps {stack[-1][2]} "
