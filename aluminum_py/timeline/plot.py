@@ -47,6 +47,20 @@ def window(events: list, steps: tuple[int, int] | None):
     return (lo, hi), t0, t1, chosen
 
 
+def lanes(spans: list) -> tuple[list[int], list[float]]:
+    """Greedy lanes for `spans` (events sorted by start): each goes to the first lane whose
+    last event has ended, so overlapping all-reduces are drawn side by side, not on top of each
+    other. Returns each span's lane and every lane's end."""
+    lane_of, ends = [], []
+    for e in spans:
+        k = next((i for i, end in enumerate(ends) if end <= e["ts"]), len(ends))
+        if k == len(ends):
+            ends.append(0.0)
+        ends[k] = e["ts"] + e["dur"]
+        lane_of.append(k)
+    return lane_of, ends
+
+
 def plot(trace: dict | str, out: str, steps: str | None = None, title: str | None = None):
     """Draw `trace` (a merged timeline or its file) into the image `out` (PNG, SVG, ... by its
     suffix). Returns the steps drawn ((first, last) or None for the whole trace)."""
@@ -75,22 +89,24 @@ def plot(trace: dict | str, out: str, steps: str | None = None, title: str | Non
             if e["pid"] == r:
                 ax.broken_barh([(ms(e["ts"]), e["dur"] / 1e3)], (y + 1.2, 0.9),
                                facecolor=color[e["name"]], edgecolor="none")
-        for e in comm_row:
-            if e["pid"] != r:
-                continue
+        mine = sorted((e for e in comm_row if e["pid"] == r), key=lambda e: e["ts"])
+        lane_of, ends = lanes(mine)
+        h = 0.9 / max(1, len(ends))
+        for e, lane in zip(mine, lane_of):
+            yb = y + 0.9 - (lane + 1) * h
             if buckets:
                 b = e["args"]["bucket"]
                 q = e["args"]["queued_us"]
                 c = cmap(b % 10)
-                ax.broken_barh([(ms(e["ts"]), q / 1e3)], (y, 0.9), facecolor=c, alpha=0.35,
+                ax.broken_barh([(ms(e["ts"]), q / 1e3)], (yb, h), facecolor=c, alpha=0.35,
                                edgecolor="none")
-                ax.broken_barh([(ms(e["ts"] + q), (e["dur"] - q) / 1e3)], (y, 0.9),
+                ax.broken_barh([(ms(e["ts"] + q), (e["dur"] - q) / 1e3)], (yb, h),
                                facecolor=c, edgecolor="black", linewidth=0.3)
                 if e["dur"] > 0.04 * (t1 - t0):
-                    ax.text(ms(e["ts"] + e["dur"] / 2), y + 0.45, f"b{b}", ha="center",
-                            va="center", fontsize=7)
+                    ax.text(ms(e["ts"] + e["dur"] / 2), yb + h / 2, f"b{b}", ha="center",
+                            va="center", fontsize=6)
             else:
-                ax.broken_barh([(ms(e["ts"]), e["dur"] / 1e3)], (y, 0.9), facecolor="#dd8452",
+                ax.broken_barh([(ms(e["ts"]), e["dur"] / 1e3)], (yb, h), facecolor="#dd8452",
                                edgecolor="black", linewidth=0.3)
         yticks += [y + 0.45, y + 1.65]
         ylabels += [f"rank {r} {'buckets' if buckets else 'ops'}", f"rank {r} compute"]
@@ -104,11 +120,12 @@ def plot(trace: dict | str, out: str, steps: str | None = None, title: str | Non
                                                 label="bucket launched, queued"))
         handles.append(matplotlib.patches.Patch(color=cmap(0), label="bucket all-reduce running"))
     if handles:
-        ax.legend(handles=handles, fontsize=7, loc="upper right", ncol=min(4, len(handles)))
+        ax.legend(handles=handles, fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0),
+                  ncol=min(6, len(handles)), frameon=False)
     what = "whole trace" if sel is None else (f"step {sel[0]}" if sel[0] == sel[1]
                                               else f"steps {sel[0]}-{sel[1]}")
-    ax.set_title(title or f"aluminum_py timeline: {what}", fontsize=10)
-    ax.set_ylim(-0.3, len(ranks) * 2.4 + (0.6 if handles else 0))
+    ax.set_title(title or f"aluminum_py timeline: {what}", fontsize=10, pad=24 if handles else 6)
+    ax.set_ylim(-0.3, len(ranks) * 2.4 - 0.2)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
