@@ -272,3 +272,34 @@ def test_the_format_checker_finds_what_is_wrong():
     assert problems([ok, dict(ok, ts=5.0, dur=10.0, tid=2)]) == []       # other thread
     assert "unknown metadata" in problems([{"ph": "M", "name": "x", "pid": 0, "tid": 0,
                                             "ts": 0, "args": {}}])[0]
+
+
+def test_a_forked_child_leaves_the_file_alone(tmp_path):
+    """A child made by os.fork() neither records nor writes into its parent's file: its copy of
+    the file object is dropped at the fork (with nothing buffered, or its finaliser would write
+    the parent's buffered header a second time).  The child leaves with os._exit: a forked
+    child of an MPI process must not finalize MPI."""
+    code = ("import os, sys, numpy as np, aluminum_py as al\n"
+            "c = al.Communicator()\n"
+            "c.Allreduce(np.ones(2))\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    import gc; gc.collect()\n"
+            "    os._exit(0 if not al.timeline.recording() and al.timeline.stop() is None "
+            "else 3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "c.Allreduce(np.ones(2))\n"
+            "sys.exit(os.WEXITSTATUS(status))\n")
+    env = dict(os.environ, AL_TIMELINE=str(tmp_path / "t.json"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
+                   capture_output=True)
+    with open(tmp_path / "t.rank0.json") as f:
+        trace = json.load(f)
+    assert problems(trace) == [] and len(ops_of(trace)) == 2
+
+
+def test_bad_buffer_variable(monkeypatch):
+    from aluminum_py import config
+    monkeypatch.setenv("AL_TIMELINE_BUFFER", "0")
+    with pytest.raises(ValueError, match="AL_TIMELINE_BUFFER"):
+        config.timeline_buffer()

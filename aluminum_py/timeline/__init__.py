@@ -130,6 +130,24 @@ class region:
         return False
 
 
+def _before_fork() -> None:
+    if _writer is not None:
+        _writer.before_fork()
+
+
+def _after_fork(child: bool) -> None:
+    global _writer
+    if _writer is not None:
+        _writer.after_fork(child)
+        if child:           # the child records nothing and leaves the parent's file alone
+            _writer = None
+            _core.trace_stop()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=lambda: _after_fork(False),
+                    after_in_child=lambda: _after_fork(True))
+
+
 def start_from_env() -> None:
     """AL_TIMELINE: start at import (the library's _shutdown.install)."""
     path = config.timeline()

@@ -43,6 +43,17 @@ class Writer:
                                         daemon=True)
         self._thread.start()
 
+    def before_fork(self) -> None:
+        """os.fork(): no write in flight and nothing buffered, so the child's copy of the file
+        object has nothing to write (after_fork releases)."""
+        self._lock.acquire()
+        self._file.flush()
+
+    def after_fork(self, child: bool) -> None:
+        self._lock.release()
+        if child:           # the parent's file: the child never writes to it
+            self._file = None
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self.drain()
