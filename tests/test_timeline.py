@@ -303,3 +303,31 @@ def test_bad_buffer_variable(monkeypatch):
     monkeypatch.setenv("AL_TIMELINE_BUFFER", "0")
     with pytest.raises(ValueError, match="AL_TIMELINE_BUFFER"):
         config.timeline_buffer()
+
+
+def test_bench_overlap_timeline(tmp_path):
+    """`bench overlap --timeline DIR`: per policy, every rank's file, the merged trace with 3
+    steps of every bucket on both ranks, and its picture."""
+    from test_mpi_suite import mpiexec
+    d = tmp_path / "tl"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "aluminum_py", "bench", "overlap",
+           "--model", "resnet50", "--scale", "0.002", "--throughput", "1e15", "--iters", "1",
+           "--per-op", "0", "--policy", "none,mgwfbp", "--json", str(tmp_path / "o.json"),
+           "--timeline", str(d)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["policy"]: r for r in json.loads((tmp_path / "o.json").read_text())["runs"]}
+    for label in ("none", "mgwfbp"):
+        name = label.replace(" ", "_")
+        assert (d / f"{name}.png").read_bytes()[:8] == PNG
+        assert {p.name for p in d.glob(f"{name}.rank*.json")} == {f"{name}.rank0.json",
+                                                                  f"{name}.rank1.json"}
+        merged = json.loads((d / f"{name}.json").read_text())
+        assert problems(merged) == []
+        for rank in (0, 1):
+            buckets = [e for e in merged["traceEvents"]
+                       if e.get("cat") == "bucket" and e["pid"] == rank]
+            assert len(buckets) == 3 * rows[label]["buckets"]
+            regions = [e["name"] for e in merged["traceEvents"]
+                       if e.get("cat") == "region" and e["pid"] == rank]
+            assert regions == ["forward", "backward", "wait"] * 3

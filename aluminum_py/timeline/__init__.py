@@ -68,7 +68,11 @@ def start(path, comm=None, *, buffer: int | None = None, interval: float = 0.1) 
     _writer = Writer(rank_path(path, world.Get_rank()), world.Get_rank(), world.Get_size(),
                      buffer, interval)
     if comm is not None:
-        sync_clock(comm)
+        try:
+            sync_clock(comm)
+        except BaseException:
+            stop()
+            raise
     return _writer.path
 
 
@@ -81,6 +85,9 @@ def stop() -> dict | None:
     if w is None:
         return None
     meta = w.close()
+    if w.error is not None:
+        print(f"aluminum_py timeline: rank {meta['rank']}: the writer failed ({w.error}); "
+              f"{w.path} may lack events", file=sys.stderr)
     if meta["dropped_events"]:
         print(f"aluminum_py timeline: rank {meta['rank']}: {meta['dropped_events']} events "
               f"dropped (the buffer was full; AL_TIMELINE_BUFFER) in {w.path}", file=sys.stderr)

@@ -26,6 +26,7 @@ class Writer:
         self.dropped = 0
         self.written = 0                 # events (metadata excluded)
         self.clock: dict | None = None   # timeline.clock.measure's result, set by the session
+        self.error: Exception | None = None   # what stopped the writer thread
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
         self._file = open(path, "w")
@@ -55,8 +56,11 @@ class Writer:
             self._file = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.drain()
+        try:
+            while not self._stop.wait(self._interval):
+                self.drain()
+        except Exception as e:          # noqa: BLE001 (reported by stop(); ops go on, dropped)
+            self.error = e
 
     def drain(self, items=None, dropped=0) -> None:
         """Write the events of every recorded item that is complete; keep the others."""
