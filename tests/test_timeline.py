@@ -99,6 +99,8 @@ def test_host_transfer_op_on_its_stream_track(comm, tmp_path):
     assert problems(trace) == []
     (op,) = ops_of(trace)
     assert op["name"] == "allreduce/ht_ring" and op["tid"] >= 1_000_000
+    assert (op["args"]["bytes"], op["args"]["dtype"], op["args"]["op"]) == (8000, "float64",
+                                                                            "sum")
     names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
              if e.get("name") == "thread_name"}
     assert names[op["tid"]] == f"stream 0 (0x{stream.handle:x})"
@@ -331,3 +333,49 @@ def test_bench_overlap_timeline(tmp_path):
             regions = [e["name"] for e in merged["traceEvents"]
                        if e.get("cat") == "region" and e["pid"] == rank]
             assert regions == ["forward", "backward", "wait"] * 3
+
+
+GPU_SCRIPT = """
+import json, sys
+from aluminum_py.testing import cupy_standin
+cupy_standin.install()
+import cupy as cp
+import aluminum_py as al
+path = al.timeline.start(sys.argv[1])
+stream = cp.cuda.Stream(non_blocking=True)
+comm = al.Communicator(stream=stream)
+x = cp.ones(100, dtype=cp.float32)
+comm.Allreduce(x, algorithm="nccl")
+comm.Iallreduce(x, algorithm="nccl").Wait()
+comm.Allreduce(x, algorithm="ht_ring")
+comm.Bcast(x)
+stream.synchronize()
+assert (cp.asnumpy(x) == 1).all()
+comm.Free()
+al.timeline.stop()
+"""
+
+
+def test_gpu_ops_on_their_streams(tmp_path):
+    """On the CUDA and NCCL stand-ins: NCCL operations (their enqueue) and host-transfer
+    operations (their phases) on the tracks of the streams they ran on."""
+    from aluminum_py.testing import cuda_standin
+    lib = cuda_standin.path()
+    env = dict(os.environ, AL_CUDA_LIBRARY=lib, AL_NCCL_LIBRARY=lib)
+    subprocess.run([sys.executable, "-c", GPU_SCRIPT, str(tmp_path / "t.json")], env=env,
+                   check=True, timeout=120, capture_output=True)
+    with open(tmp_path / "t.rank0.json") as f:
+        trace = json.load(f)
+    assert problems(trace) == []
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "thread_name"}
+    ops = [(e["name"], names[e["tid"]].split(" #")[0], e["args"]) for e in ops_of(trace)]
+    assert [(n, a.get("enqueued_only", False)) for n, _, a in ops] == [
+        ("allreduce/nccl", True), ("allreduce/nccl", True), ("allreduce/ht_ring", False),
+        ("bcast", True)]
+    streams = [s for _, s, _ in ops]
+    # the bound stream, the internal stream of the nonblocking op, the bound stream again
+    assert streams[0] == streams[2] == streams[3] != streams[1]
+    assert all(s.startswith("stream ") for s in streams)
+    for _, _, a in ops[:3]:
+        assert (a["bytes"], a["dtype"], a["op"]) == (400, "float32", "sum")

@@ -118,6 +118,13 @@ def record_buckets(step: int, buckets, timings) -> None:
         _core.trace_record(("bucket", step, b, tuple(members)) + tuple(t))
 
 
+def record_enqueued(name: str, t_call: float, stream: int, nbytes: int | None = None,
+                    dtype: str | None = None, op: str | None = None) -> None:
+    """An NCCL operation enqueued on `stream` from `t_call` until now: the host's part only
+    (when it runs on the device is not known to the host)."""
+    _core.trace_record(("enqueued", name, t_call, time.monotonic(), stream, nbytes, dtype, op))
+
+
 class region:
     """``with al.timeline.region("backward"): ...``: marks compute on the compute track.
     Costs two clock reads while recording, nothing else otherwise."""

@@ -127,6 +127,18 @@ def op_events(t: tuple, tracks: Tracks) -> list[dict]:
     return out
 
 
+def enqueued_events(name: str, called: float, returned: float, stream: int, nbytes, dtype, op,
+                    tracks: Tracks) -> list[dict]:
+    """An NCCL operation on its stream's track: from the call until it was enqueued (the
+    device's execution is not seen by the host)."""
+    s = tracks.stream(stream)
+    tid = tracks.lane(STREAM_TID + 1000 * s, f"stream {s} (0x{stream:x})", called, returned)
+    args = {"algorithm": "nccl", "enqueued_only": True}
+    if nbytes is not None:
+        args.update(bytes=nbytes, dtype=dtype, op=op.lower())
+    return [_x(name, "op", tracks.pid, tid, called, returned, args)]
+
+
 def region_events(name: str, start: float, end: float, tracks: Tracks) -> list[dict]:
     """A user region (``timeline.region``) on the compute track."""
     tid = tracks.fixed(COMPUTE_TID, "compute (timeline.region)")
@@ -149,7 +161,7 @@ def bucket_events(step: int, bucket: int, grads, launched: float, started: float
 
 def start_of(item) -> float:
     """When a recorded item began (the writer orders a batch by it before assigning lanes)."""
-    if item[0] == "region":
+    if item[0] in ("region", "enqueued"):
         return item[2]
     if item[0] == "bucket":
         return item[4]
@@ -157,12 +169,15 @@ def start_of(item) -> float:
 
 
 def events_of(item, tracks: Tracks) -> list[dict]:
-    """The events of one recorded item: an op's trace tuple, ("region", name, start, end) or
-    ("bucket", step, bucket, gradients, launched, started, completed)."""
+    """The events of one recorded item: an op's trace tuple, ("region", name, start, end),
+    ("bucket", step, bucket, gradients, launched, started, completed) or ("enqueued", name,
+    called, returned, stream, bytes, dtype, op)."""
     if item[0] == "region":
         return region_events(item[1], item[2], item[3], tracks)
     if item[0] == "bucket":
         return bucket_events(*item[1:], tracks)
+    if item[0] == "enqueued":
+        return enqueued_events(*item[1:], tracks)
     return op_events(item, tracks)
 
 

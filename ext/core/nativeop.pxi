@@ -156,13 +156,17 @@ cdef class NativeOp:
         completed, count, element size, dtype code, op code, comm state, ran in the engine,
         error code, stream or 0, host-transfer phase ends or None); None before completion."""
         cdef al_op* o = self.op
+        cdef al_op* data = o          # the op with the message (host transfer: the inner one)
         if not al_load_acquire(&o.done):
             return None
         ht = None
         if o.kind == K_HOST_TRANSFER:
             ht = tuple(o.ht.times[i] for i in range(HT_NPHASES))
-        return (self.name, o.kind, self.t_call, o.t_start, o.t_done, o.count, o.esize, o.dtype,
-                o.rop, self.keep[0], self.engine, o.err, <uintptr_t>o.ht.stream, ht)
+            if o.ht.inner != NULL:
+                data = o.ht.inner
+        return (self.name, o.kind, self.t_call, o.t_start, o.t_done, data.count, data.esize,
+                data.dtype, data.rop, self.keep[0], self.engine, o.err, <uintptr_t>o.ht.stream,
+                ht)
 
     def describe(self):
         """Where the op stands: its name, phase and, for schedules, the step and peers."""
