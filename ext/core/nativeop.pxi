@@ -29,8 +29,14 @@ cdef Py_ssize_t g_nrecs = 0
 cdef Py_ssize_t g_trace_cap = 0
 cdef Py_ssize_t g_trace_dropped = 0
 
+# Recording and taking run under the GIL.  trace_append and trace_done allocate nothing (no
+# garbage collection, so no switch to another thread inside); they test g_trace again because
+# another thread may have stopped the timeline while the op ran without the GIL.
+
 cdef inline void trace_append(object item) noexcept:
     global g_trace_dropped
+    if g_trace is None:
+        return
     if len(g_trace) + g_nrecs < g_trace_cap:
         g_trace.append(item)
     else:
@@ -40,6 +46,8 @@ cdef inline void trace_done(NativeOp o) noexcept:
     """Record the completed op `o` (the timeline records)."""
     global g_trace_dropped, g_nrecs
     cdef trace_rec* r
+    if g_trace is None:
+        return
     if len(g_trace) + g_nrecs >= g_trace_cap:
         g_trace_dropped += 1
         return
@@ -63,42 +71,46 @@ cdef inline void trace_done(NativeOp o) noexcept:
 def trace_start(Py_ssize_t capacity):
     """Record every launched op (and `trace_record`'s items) in a buffer of `capacity` items."""
     global g_trace, g_trace_cap, g_trace_dropped, g_recs, g_nrecs
+    cdef trace_rec* recs = <trace_rec*>calloc(capacity, sizeof(trace_rec))
+    if recs == NULL:
+        raise MemoryError()
     if g_trace is not None:
         trace_stop()
-    g_recs = <trace_rec*>calloc(capacity, sizeof(trace_rec))
-    if g_recs == NULL:
-        raise MemoryError()
-    g_nrecs = 0
-    g_trace_cap = capacity
-    g_trace_dropped = 0
-    g_trace = []
+    fresh = []
+    g_recs, g_nrecs, g_trace_cap, g_trace_dropped, g_trace = recs, 0, capacity, 0, fresh
 
 def trace_stop():
     """Stop recording; returns what `trace_take` would."""
-    global g_trace, g_recs
-    out = trace_take()
-    g_trace = None
-    free(g_recs)
-    g_recs = NULL
-    return out
+    return trace_swap(False)
 
 def trace_take():
     """(the items recorded since the last call: NativeOps and trace tuples, how many were
     dropped since then); empties the buffer. ([], 0) when not recording."""
-    global g_trace, g_trace_dropped, g_nrecs
+    return trace_swap(True)
+
+cdef object trace_swap(bint keep_recording):
+    """Take the buffer, leaving an empty one (or none: recording stops).  The globals change
+    together after every allocation, so a thread switch never sees them half changed."""
+    global g_trace, g_trace_dropped, g_recs, g_nrecs
+    cdef trace_rec* recs = NULL
     cdef trace_rec* r
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n
     if g_trace is None:
         return [], 0
-    items, dropped = g_trace, g_trace_dropped
-    for i in range(g_nrecs):
-        r = &g_recs[i]
+    fresh = [] if keep_recording else None
+    if keep_recording:
+        recs = <trace_rec*>calloc(g_trace_cap, sizeof(trace_rec))
+        if recs == NULL:
+            raise MemoryError()
+    items, dropped, old, n = g_trace, g_trace_dropped, g_recs, g_nrecs
+    g_trace, g_trace_dropped, g_recs, g_nrecs = fresh, 0, recs, 0
+    for i in range(n):
+        r = &old[i]
         items.append((<object>r.name, r.kind, r.t_call, r.t_start, r.t_done, r.count, r.esize,
                       r.dtype, r.rop, <object>r.state, bool(r.engine), r.err, 0, None))
         Py_DECREF(<object>r.name)
         Py_DECREF(<object>r.state)
-    g_nrecs = 0
-    g_trace, g_trace_dropped = [], 0
+    free(old)
     return items, dropped
 
 def trace_record(item):
