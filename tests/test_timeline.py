@@ -379,3 +379,38 @@ def test_gpu_ops_on_their_streams(tmp_path):
     assert all(s.startswith("stream ") for s in streams)
     for _, _, a in ops[:3]:
         assert (a["bytes"], a["dtype"], a["op"]) == (400, "float32", "sum")
+
+
+def test_start_and_stop_while_another_thread_calls(comm, tmp_path):
+    """Starting and stopping from one thread while another calls blocking and nonblocking
+    operations: every operation completes with the right result, and every file is valid."""
+    import threading
+    errors, done = [], threading.Event()
+
+    def calls():
+        try:
+            x = np.ones(16, np.float32)
+            for k in range(400):
+                comm.Allreduce(x)
+                comm.Iallreduce(x).Wait(timeout=60)
+                if not np.all(x == 1.0):          # one rank: the sum is the input
+                    errors.append(f"call {k}: {x[:2]}")
+        except Exception as e:                    # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+        done.set()
+
+    t = threading.Thread(target=calls)
+    t.start()
+    paths = []
+    while not done.is_set() and len(paths) < 200:
+        paths.append(timeline.start(tmp_path / f"t{len(paths)}.json", interval=0.001))
+        timeline.stop()
+    t.join(60)
+    assert not t.is_alive() and errors == []
+    recorded = 0
+    for p in paths:
+        with open(p) as f:
+            trace = json.load(f)
+        assert problems(trace) == []
+        recorded += len(ops_of(trace))
+    assert recorded > 0                            # the two threads did interleave
