@@ -2,7 +2,7 @@
 progress engine: the public API (docs/api.md; start with docs/quickstart.md)."""
 from mpi4py import MPI as _MPI  # noqa: F401  (initialises MPI and loads libmpi before _core)
 
-from . import _core
+from . import _core, timeline
 from .algorithms import algorithms
 from .communicator import Communicator
 from .errors import Error, MPIError, NcclError, TimeoutError, UnavailableError
@@ -19,7 +19,7 @@ def explain(comm: Communicator, nbytes: int, dtype="float32") -> Choice:
 from ._shutdown import install as _install_shutdown
 
 __version__ = "0.1.0"
-__all__ = ["Communicator", "Request", "Waitall", "algorithms", "explain", "Choice",
+__all__ = ["Communicator", "Request", "Waitall", "algorithms", "explain", "Choice", "timeline",
            "TuningWarning", "Error", "MPIError", "NcclError",
            "TimeoutError", "UnavailableError", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
            "LXOR", "BAND", "BOR", "BXOR", "AVG", "OPS"]

@@ -4,15 +4,17 @@ mpi4py finalizes MPI after Python's atexit handlers have run, so an atexit handl
 here runs first: pending ops get AL_EXIT_GRACE seconds (default 2) to complete, then their MPI
 requests are cancelled and freed, so an exiting program never hangs on them. Then the CUDA
 devices' pinned-buffer pools are released (after a device synchronize; never earlier, never on
-the engine's thread).
+the engine's thread). The timeline (AL_TIMELINE) is completed after the engine stopped, so the
+ops that completed or were cancelled in the grace period are in it.
 """
 import atexit
 
-from . import _core, config
+from . import _core, config, timeline
 
 
 def _shutdown() -> None:
     _core.shutdown_engine(config.exit_grace())
+    timeline.stop()
     from .gpu import release_pinned_pools
     release_pinned_pools()          # only now: no host-transfer op can still take a buffer
 
@@ -22,3 +24,4 @@ def install() -> None:
     _core.set_serial_bytes(config.engine_serial_bytes())
     _core.set_scratch_cache(config.scratch_cache())
     atexit.register(_shutdown)
+    timeline.start_from_env()

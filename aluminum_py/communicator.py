@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _core, config
+from . import _core, config, timeline
 from .backends.gpu import GpuBackend
 from .backends.host import HostBackend
 from .backends.host_transfer import HostTransfer
@@ -85,6 +85,7 @@ class Communicator:
         self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG)
         self._allreduce = self._host.fast_allreduce
         self._gpu = None if stream is None else self._make_gpu(stream)
+        timeline.on_communicator(self)      # recording: the clock sync (collective)
 
     def _make_gpu(self, stream, device=None) -> GpuBackend:
         return GpuBackend(self._host.launcher, self._p2p, self.rank, self.size, self.local_size,

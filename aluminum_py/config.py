@@ -78,6 +78,23 @@ def scratch_cache() -> int:
     return _bytes("AL_SCRATCH_CACHE", 256 << 20)
 
 
+def timeline() -> str | None:
+    """AL_TIMELINE: record a timeline of every op from import on into this file name pattern
+    (``{rank}`` is replaced by the rank, else ``.rank<N>.json`` is appended; docs/timeline.md)."""
+    v = os.environ.get("AL_TIMELINE", "").strip()
+    return v or None
+
+
+def timeline_buffer() -> int:
+    """AL_TIMELINE_BUFFER: items (ops, regions, buckets) the timeline buffers between two
+    writer passes (default 65536); beyond it they are dropped and counted."""
+    v = _float("AL_TIMELINE_BUFFER", 65536)
+    if not (1 <= v < 2 ** 31):
+        raise ValueError(f"environment variable AL_TIMELINE_BUFFER={os.environ.get('AL_TIMELINE_BUFFER')!r}: "
+                         "expected a number of items >= 1")
+    return int(v)
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

@@ -177,10 +177,14 @@ def main(argv=None) -> int:
     world.Barrier()                         # time the steps, not the ranks' start-up skew
     t0 = time.perf_counter()
     for step in range(args.steps):
-        acts, probs = forward(params, Xs)
-        backward(params, acts, probs, ys, grads, sync.grad_ready)
-        sync.wait(timeout=60)
-        sgd(params, grads, args.lr)
+        with al.timeline.region("forward"):      # marks compute in a timeline (AL_TIMELINE)
+            acts, probs = forward(params, Xs)
+        with al.timeline.region("backward"):
+            backward(params, acts, probs, ys, grads, sync.grad_ready)
+        with al.timeline.region("wait"):
+            sync.wait(timeout=60)
+        with al.timeline.region("optimizer"):
+            sgd(params, grads, args.lr)
         if step % args.print_every == 0 or step == args.steps - 1:
             # loss of the shard before this step's update, averaged = full-batch loss
             loss = world.allreduce(loss_of(probs, ys)) / size

@@ -7,7 +7,7 @@ import time
 
 from mpi4py import MPI
 
-from .. import nccl, tuning
+from .. import nccl, timeline, tuning
 from ..algorithms import GPU_ALLREDUCE, GPU_CANDIDATES, REGISTRY
 from ..errors import Error, TimeoutError
 from ..gpu import (GpuArray, GpuRequest, InFlight, _retain_if_abandoned, _retire_freed,
@@ -247,7 +247,11 @@ class GpuBackend:
             nccl_op = nccl_rules.op_name(op, "; use a host-transfer algorithm")
             comm = self.nccl_comm(min_ctas, max_ctas)
             stream = self.stream if blocking else self._fork()
+            t_call = time.monotonic()
             comm.allreduce(s.ptr, r.ptr, s.count, str(s.dtype), nccl_op, stream)
+            if timeline.recording():
+                timeline.record_enqueued("allreduce/nccl", t_call, stream, s.nbytes,
+                                         str(s.dtype), op.name)
             return self._enqueued(stream, blocking, alg, keep)
         stream = self.stream if blocking else self._fork()
         nop = self.host_transfer.allreduce(stream, s.ptr, r.ptr, s.count, DTYPE_CODES[s.dtype][0],
@@ -263,7 +267,10 @@ class GpuBackend:
         self.check()
         comm = self.nccl_comm()
         stream = self.stream if blocking else self._fork()
+        t_call = time.monotonic()
         launch(comm, stream)
+        if timeline.recording():
+            timeline.record_enqueued(name, t_call, stream)
         return self._enqueued(stream, blocking, "nccl", keep)
 
     def _pair(self, sendbuf, recvbuf, send_name="sendbuf"):

@@ -55,6 +55,10 @@ def build_parser():
                     help="per-op host cost added to the burst cost (seconds), 0, or "
                          "'calibrate' (default): fitted to measured WFBP iterations first")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--timeline", default=None, metavar="DIR",
+                    help="after the timed iterations, record 3 more per policy in a timeline: "
+                         "DIR/POLICY.rankN.json, merged into DIR/POLICY.json and drawn in "
+                         "DIR/POLICY.png (docs/timeline.md)")
     return ap
 
 
@@ -179,6 +183,10 @@ def main(argv=None) -> int:
             if rnd:
                 times[id(r)].append(dt)
                 updates[id(r)] += bool(info is None or info.update)
+    if args.timeline:
+        for r in runs:
+            record_timeline(args.timeline, r["policy"], comm, world, t_f, t_b, r["sync"],
+                            args.compute)
     for r in rows:
         sync = r.pop("sync")
         if sync is not None:
@@ -245,6 +253,31 @@ def report(args, rows, size, nlayers, nbytes, t_comp):
                        "runs": rows}, f, indent=1)
 
 
+def record_timeline(directory: str, label: str, comm, world, t_f, t_b, sync, compute,
+                    iters: int = 3) -> None:
+    """`iters` iterations of policy `label` in a timeline (every rank), merged and drawn by rank
+    0 into DIR/LABEL.json and DIR/LABEL.png."""
+    import os
+
+    from .. import timeline
+    from ..timeline.merge import merge
+    from ..timeline.plot import plot
+    name = label.replace(" ", "_")
+    timeline.start(os.path.join(directory, name + ".json"), comm)
+    try:
+        for _ in range(iters):
+            emulate_iteration(world, t_f, t_b, sync, compute)
+    finally:
+        timeline.stop()
+    world.Barrier()                       # every rank's file is complete
+    if comm.rank == 0:
+        files = [os.path.join(directory, f"{name}.rank{r}.json") for r in range(world.size)]
+        merge(files, os.path.join(directory, name + ".json"))
+        plot(os.path.join(directory, name + ".json"), os.path.join(directory, name + ".png"),
+             title=f"bench overlap: {label}, {world.size} ranks")
+        print(f"# timeline of {label}: {os.path.join(directory, name + '.png')}")
+
+
 def fine_timer_slack() -> None:
     """Linux: timer slack 1 ns for this thread (prctl PR_SET_TIMERSLACK), so a sleep wakes
     within the scheduler's latency instead of up to 50 us late; elsewhere nothing."""
@@ -274,17 +307,21 @@ def emulate_iteration(world, t_f, t_b, sync=None, compute="sleep"):
     time (the maximum over ranks) and wait()'s SyncInfo.  Layer i's forward/backward ends at a deadline from the
     start (cumulative modelled times)."""
     from mpi4py import MPI
+    from .. import timeline
     world.Barrier()
     t0 = deadline = time.perf_counter()
-    for i in range(len(t_f)):
-        deadline += t_f[i]
-        until(deadline, compute, _SCRATCH)
-    for i in reversed(range(len(t_b))):
-        deadline += t_b[i]
-        until(deadline, compute, _SCRATCH)
-        if sync is not None:
-            sync.grad_ready(i)
-    info = sync.wait(timeout=120) if sync is not None else None
+    with timeline.region("forward"):
+        for i in range(len(t_f)):
+            deadline += t_f[i]
+            until(deadline, compute, _SCRATCH)
+    with timeline.region("backward"):
+        for i in reversed(range(len(t_b))):
+            deadline += t_b[i]
+            until(deadline, compute, _SCRATCH)
+            if sync is not None:
+                sync.grad_ready(i)
+    with timeline.region("wait"):
+        info = sync.wait(timeout=120) if sync is not None else None
     return world.allreduce(time.perf_counter() - t0, op=MPI.MAX), info
 
 

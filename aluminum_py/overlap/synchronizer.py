@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .. import timeline
 from . import autotune, buckets, delayed, profiled
 from .strategy import Strategy, SyncOptions
 
@@ -175,6 +176,8 @@ class GradientSynchronizer:
         """Wait for every bucket; afterwards every gradient holds the result. Raises if some
         gradient was never reported ready this step."""
         step = self._strategy.wait(self.iteration, timeout)
+        if step.timings and timeline.recording():
+            timeline.record_buckets(self.iteration, step.buckets, step.timings)
         info = self._info(self.iteration, step.update, step.iterations, step.buckets,
                           step.timings)
         self.iteration += 1

@@ -46,6 +46,26 @@ cdef class Launcher:
 
     cpdef object launch(self, NativeOp o, bint blocking, double timeout, str algorithm):
         """Run `o` in the caller (blocking) or hand it to the engine (returns a Request)."""
+        if g_trace is not None:          # the timeline records: the only test when it does not
+            return self.launch_traced(o, blocking, timeout, algorithm)
+        return self.launch_now(o, blocking, timeout, algorithm)
+
+    cdef object launch_traced(self, NativeOp o, bint blocking, double timeout, str algorithm):
+        """launch_now, recording `o` in the timeline's buffer (nativeop.pxi)."""
+        o.t_call = al_now()
+        if not blocking:
+            request = self.launch_now(o, False, timeout, algorithm)
+            trace_append(o)              # written once the writer finds it complete
+            return request
+        try:
+            return self.launch_now(o, True, timeout, algorithm)
+        finally:
+            if al_load_acquire(&o.op.done):
+                trace_done(o)
+            elif o.op.phase != PH_NEW:   # timed out or interrupted: it goes on in the engine
+                trace_append(o)
+
+    cdef object launch_now(self, NativeOp o, bint blocking, double timeout, str algorithm):
         if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
             self.state.check_usable(o.name)
         # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
@@ -238,6 +258,9 @@ cdef class Launcher:
             outer.op.ht.pinned = NULL
             outer.op.phase = PH_DONE
             dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)
+        if g_trace is not None:
+            outer.t_call = al_now()
+            trace_append(outer)
         outer.submit()
         return outer
 
