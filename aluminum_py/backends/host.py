@@ -120,9 +120,10 @@ class HostBackend:
             point-to-point MPI communicators, which this backend frees at ``close``).
         tuning_comm: the MPI communicator whose rank 0 reads the tuning table for "auto"
             (collective: construction is).
-        local_size: ranks on this node (the tuning table's key).
+        local_size: ranks on this node (the engine's idle-poll yield).
         The node of every rank (:func:`node_layout`, collective over `tuning_comm`) is gathered
-        here once, for the layout-aware schedules (``hierarchical``).
+        here once, for the layout-aware schedules (``hierarchical``) and the tuning table's
+        key (its topology: ranks of each node).
         any_source, any_tag: MPI.ANY_SOURCE and MPI.ANY_TAG.
     """
 
@@ -134,8 +135,8 @@ class HostBackend:
         self._any_tag = any_tag
         set_engine_yield(local_size)
         self.layout = node_layout(tuning_comm)
-        exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
-        self.chooser = tuning.Chooser(self.size, exact, fitted, params, HOST_CANDIDATES)
+        self.chooser = tuning.Chooser.from_data(tuning.shared_data(tuning_comm, "host", self.layout),
+                                                HOST_CANDIDATES)
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
         # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
