@@ -76,6 +76,13 @@ def test_table_of_another_topology_is_not_used(tmp_path_factory, monkeypatch):
     assert all_ranks_ok(not problems), problems
 
 
+def test_machine_ranks_counts_the_ranks_sharing_this_kernel():
+    """The engine's yield policy counts the ranks on this machine: every rank of the suite
+    runs here (whatever MPI calls a node; bench cluster's nodes are namespaces of one kernel)."""
+    from aluminum_py.backends.host import machine_ranks
+    assert machine_ranks(WORLD) == WORLD.size
+
+
 def test_auto_choices_agree_without_table(comm):
     sizes = [4, 100, 8192, 1 << 16, 1 << 20, 1 << 26]
     mine = [al.explain(comm, n).algorithm for n in sizes]
