@@ -74,5 +74,5 @@ EOF
 "$AL_MPIEXEC" $AL_MPIEXEC_ARGS -n 1 python check.py
 
 echo "== multi-rank suite at ${RANKS} ranks under $AL_MPIEXEC $AL_MPIEXEC_ARGS"
-AL_TEST_RANKS="$RANKS" python -m pytest "$WORK/tests/test_mpi_suite.py" -k "test_mpi_suite" \
+AL_TEST_RANKS="$RANKS" python -m pytest "$WORK/tests/test_mpi_suite.py::test_mpi_suite" \
     -p no:cacheprovider -q -s --timeout=3000 -o console_output_style=classic
