@@ -20,7 +20,8 @@ from . import config
 from .algorithms import MODELLED, model_choice, model_time
 
 FORMAT = "aluminum_py.tuning"
-VERSION = 1
+VERSION = 2                 # 2: entries record their topology (nodes, ranks per node)
+READABLE = (1, 2)           # version 1 tables load; their entries' topology: see legacy_topology
 log = logging.getLogger("aluminum_py")
 
 
@@ -37,8 +38,52 @@ def default_path() -> str:
     return os.path.join(base, "aluminum_py", "tuning.json")
 
 
-def make_key(comm_size: int, local_size: int, buffer: str, dtype_size: int, mpi: str) -> str:
-    return f"{comm_size}/{local_size}/{buffer}/{dtype_size}/{mpi}"
+def topology(layout) -> tuple[int, ...]:
+    """Ranks per node, in node order, of a layout (per rank its node numbered by first
+    appearance: ``backends.host.node_layout``, from ``MPI_Comm_split_type(SHARED)``):
+    ``(0, 0, 1, 1)`` -> ``(2, 2)``."""
+    counts = [0] * (max(layout) + 1 if len(layout) else 0)
+    for node in layout:
+        counts[node] += 1
+    return tuple(counts)
+
+
+def describe_topology(comm_size: int, ranks_per_node) -> str:
+    """``"4 ranks as 2 nodes x 2"``, ``"3 ranks as 2 nodes (2+1)"``; for an entry of a version 1
+    table whose topology is not known, ``"4 ranks, 2 on rank 0's node (topology not
+    recorded)"`` is given by :func:`entry_topology_name`."""
+    rpn = tuple(ranks_per_node)
+    m = len(rpn)
+    nodes = f"{m} node{'s' if m != 1 else ''}"
+    if len(set(rpn)) == 1:
+        return f"{comm_size} ranks as {nodes} x {rpn[0]}"
+    return f"{comm_size} ranks as {nodes} ({'+'.join(map(str, rpn))})"
+
+
+def entry_topology_name(entry: dict) -> str:
+    if entry.get("ranks_per_node") is None:
+        return (f"{entry['comm_size']} ranks, {entry['local_size']} on rank 0's node "
+                f"(topology not recorded)")
+    return describe_topology(entry["comm_size"], entry["ranks_per_node"])
+
+
+def make_key(comm_size: int, ranks_per_node, buffer: str, dtype_size: int, mpi: str,
+             local_size: int = 0) -> str:
+    """The entry's place in the table: one per (rank count, ranks per node of every node,
+    buffer, element size, MPI library). ``ranks_per_node`` None: a version 1 entry whose
+    topology is not known (keyed by rank 0's node size, `local_size`, as version 1 was)."""
+    if ranks_per_node is None:
+        topo = f"{local_size}?"
+    elif len(set(ranks_per_node)) == 1:
+        topo = f"{len(ranks_per_node)}x{ranks_per_node[0]}"
+    else:
+        topo = "+".join(map(str, ranks_per_node))
+    return f"{comm_size}/{topo}/{buffer}/{dtype_size}/{mpi}"
+
+
+def entry_key(entry: dict) -> str:
+    return make_key(entry["comm_size"], entry.get("ranks_per_node"), entry["buffer"],
+                    entry["dtype_size"], entry["mpi"], entry["local_size"])
 
 
 def mpi_version() -> str:
@@ -62,20 +107,23 @@ def load(path: str | None = None, *, warn: bool = True) -> dict:
             table = json.load(f)
         if not isinstance(table, dict) or table.get("format") != FORMAT:
             raise ValueError("not an aluminum_py tuning file")
-        if table.get("version") != VERSION:
-            raise ValueError(f"version {table.get('version')!r}, this library reads version {VERSION}")
+        if table.get("version") not in READABLE:
+            raise ValueError(f"version {table.get('version')!r}, this library reads versions "
+                             f"{', '.join(map(str, READABLE))}")
         entries = table.get("entries")
         if not isinstance(entries, dict):
             raise ValueError("no 'entries' object")
         good = {}
         for key, entry in entries.items():
             try:
-                good[key] = validate_entry(entry)
+                entry = validate_entry(entry)
+                good[entry_key(entry)] = entry        # version 1 keys become version 2 keys
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 if warn:
                     warnings.warn(f"tuning file {path}: entry {key!r} ignored ({e})", TuningWarning,
                                   stacklevel=2)
         table["entries"] = good
+        table["version"] = VERSION      # what save() writes: the entries are version 2's now
         return table
     except (OSError, ValueError) as e:
         if warn:
@@ -101,10 +149,31 @@ def validate_entry(entry: dict) -> dict:
             raise ValueError(f"{k} must be positive")
     for k in ("buffer", "mpi"):
         entry[k] = str(entry[k])
+    rpn = entry.get("ranks_per_node")
+    if rpn is None:
+        rpn = legacy_topology(entry["comm_size"], entry["local_size"])
+    else:
+        rpn = [int(n) for n in rpn]
+        if not rpn or min(rpn) < 1 or sum(rpn) != entry["comm_size"]:
+            raise ValueError(f"ranks_per_node {rpn} do not add up to comm_size "
+                             f"{entry['comm_size']}")
+        if entry["local_size"] != rpn[0]:
+            raise ValueError(f"local_size {entry['local_size']} is not rank 0's node's "
+                             f"{rpn[0]} ranks")
+    entry["ranks_per_node"] = rpn
+    entry["nodes"] = None if rpn is None else len(rpn)
     entry["sizes"], entry["times"] = sizes, times
     entry["fit"] = fit_all(sizes, times)
     entry["ranges"] = win_ranges(sizes, times)
     return entry
+
+
+def legacy_topology(comm_size: int, local_size: int) -> list[int] | None:
+    """The topology of an entry written before tables recorded it (version 1, or no
+    ``ranks_per_node``): all ranks on one node when rank 0's node held them all (the only
+    case that local_size decides); else unknown (None: the entry is kept in the file but never
+    used; re-run ``bench crossover --tune`` on that topology)."""
+    return [comm_size] if local_size == comm_size else None
 
 
 def save(table: dict, path: str | None = None) -> str:
@@ -136,10 +205,14 @@ def merge_into_file(entry: dict, path: str | None = None) -> str:
 
 
 def merge(table: dict, entry: dict) -> dict:
-    """Add or replace `entry` (keyed by its configuration); other entries are kept."""
-    key = make_key(entry["comm_size"], entry["local_size"], entry["buffer"], entry["dtype_size"],
-                   entry["mpi"])
-    table.setdefault("entries", {})[key] = entry
+    """Add or replace `entry` (keyed by its configuration); other entries are kept, except a
+    version 1 entry of unknown topology with the same rank count, rank 0's node size, buffer,
+    element size and MPI, which the new measurement replaces."""
+    entries = table.setdefault("entries", {})
+    stale = make_key(entry["comm_size"], None, entry["buffer"], entry["dtype_size"],
+                     entry["mpi"], entry["local_size"])
+    entries.pop(stale, None)
+    entries[entry_key(entry)] = entry
     table["format"], table["version"] = FORMAT, VERSION
     return table
 
@@ -174,9 +247,16 @@ def win_ranges(sizes, times: dict) -> list[dict]:
     return ranges
 
 
-def make_entry(comm_size, local_size, buffer, dtype_size, mpi, sizes, times) -> dict:
-    return {"comm_size": comm_size, "local_size": local_size, "buffer": buffer,
-            "dtype_size": dtype_size, "mpi": mpi,
+def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times) -> dict:
+    """A table entry; `ranks_per_node`: the ranks of each node in node order (:func:`topology`),
+    rank 0's node first. ``topology`` is for people reading the file; ``local_size`` (rank 0's
+    node) is what version 1 readers keyed by."""
+    rpn = [int(n) for n in ranks_per_node]
+    if sum(rpn) != comm_size or not rpn or min(rpn) < 1:
+        raise ValueError(f"ranks_per_node {rpn}: not a topology of {comm_size} ranks")
+    return {"comm_size": comm_size, "nodes": len(rpn), "ranks_per_node": rpn,
+            "local_size": rpn[0], "topology": describe_topology(comm_size, rpn),
+            "buffer": buffer, "dtype_size": dtype_size, "mpi": mpi,
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "sizes": list(sizes), "times": {a: list(map(float, t)) for a, t in times.items()},
             "ranges": win_ranges(sizes, times), "fit": fit_all(sizes, times)}
@@ -217,12 +297,24 @@ class Chooser:
     """``algorithm="auto"`` for one communicator and one kind of buffer: chooses from the data
     rank 0 found (:func:`shared_data`), so every rank chooses alike."""
 
-    def __init__(self, comm_size: int, entries: dict, fitted: dict, default_params, usable):
+    def __init__(self, comm_size: int, entries: dict, fitted: dict, default_params, usable,
+                 ranks_per_node=None, others=()):
         self.comm_size = comm_size
         self.entries = entries          # dtype_size -> entry (exact configuration)
         self.fitted = fitted            # dtype_size -> ((alpha, beta, gamma), source key)
         self.default_params = default_params
         self.usable = tuple(usable)     # algorithms auto may pick
+        # this communicator's topology, and those of the table's entries (same buffer and
+        # MPI) that it does not use because they were measured on another (for explain)
+        self.topology = (describe_topology(comm_size, ranks_per_node) if ranks_per_node
+                         else f"{comm_size} ranks")
+        self.others = tuple(others)
+
+    @classmethod
+    def from_data(cls, data: "TuningData", usable, fitted: bool = True) -> "Chooser":
+        """A Chooser from :func:`shared_data`'s answer (`fitted` False: measured entries only)."""
+        return cls(sum(data.ranks_per_node), data.exact, data.fitted if fitted else {},
+                   data.params, usable, data.ranks_per_node, data.others)
 
     def choose(self, nbytes: int, dtype_size: int) -> str:
         """The algorithm for a message of `nbytes` bytes of `dtype_size`-byte elements."""
@@ -246,8 +338,13 @@ class Chooser:
         alg = model_choice(self.comm_size, nbytes, self.default_params)
         a, b, g = self.default_params
         why = ("no usable tuning entry" if self.entries else "no tuning entry")
-        return Choice(alg, "model", f"{why} for {self.comm_size} ranks and {dtype_size}-byte "
-                      f"elements; cost model with alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B")
+        other = ""
+        if self.others:
+            other = (f" (the table's entries for {'; '.join(self.others)} are not used: "
+                     f"measured on another topology)")
+        return Choice(alg, "model", f"{why} for {self.topology} and {dtype_size}-byte "
+                      f"elements{other}; cost model with alpha={a:.3g} s, beta={b:.3g} s/B, "
+                      f"gamma={g:.3g} s/B")
 
     def _from_table(self, entry: dict, nbytes: int) -> Choice:
         sizes = entry["sizes"]
@@ -280,15 +377,32 @@ class Chooser:
                       f"{est[best] * 1e6:.1f} us")
 
 
-def shared_data(mpi_comm, size: int, local_size: int, buffer: str):
-    """(exact entries, fitted parameters, model parameters) for `buffer` ("host"/"cuda"): rank
-    0 of `mpi_comm` reads the tuning table and broadcasts it, so every rank chooses alike
-    (collective; an error on rank 0 is raised on every rank, or the others would wait forever)."""
+@dataclass
+class TuningData:
+    """What rank 0 read from the tuning table for one communicator (:func:`shared_data`)."""
+
+    exact: dict             # dtype_size -> entry measured on this very topology
+    fitted: dict            # dtype_size -> ((alpha, beta, gamma), key of the entry fitted)
+    params: tuple           # the cost model's default (alpha, beta, gamma)
+    ranks_per_node: tuple   # this communicator's topology
+    others: tuple           # topologies of the entries not used (explain's message)
+
+
+def shared_data(mpi_comm, buffer: str, layout=None) -> TuningData:
+    """The tuning data for `buffer` ("host"/"cuda") on the communicator `mpi_comm`, whose
+    node layout is `layout` (per rank its node; None: computed here from
+    ``MPI_Comm_split_type(SHARED)``, ``backends.host.node_layout``): rank 0 reads the tuning
+    table and broadcasts what applies, so every rank chooses alike (collective; an error on rank
+    0 is raised on every rank, or the others would wait forever)."""
+    if layout is None:
+        from .backends.host import node_layout
+        layout = node_layout(mpi_comm)
+    rpn = topology(layout)
     data = None
     if mpi_comm.Get_rank() == 0:
         try:
-            exact, fitted = find_data(load(), size, local_size, buffer, mpi_version())
-            data = (exact, fitted, config.model_params())
+            exact, fitted, others = find_data(load(), rpn, buffer, mpi_version())
+            data = TuningData(exact, fitted, config.model_params(), rpn, others)
         except Exception as e:
             data = e
     data = mpi_comm.bcast(data, root=0)
@@ -297,21 +411,41 @@ def shared_data(mpi_comm, size: int, local_size: int, buffer: str):
     return data
 
 
-def find_data(table: dict, comm_size: int, local_size: int, buffer: str, mpi: str):
-    """What rank 0 broadcasts: exact entries by dtype size, and fitted machine parameters from
-    the nearest rank count's entry for the other dtype sizes."""
+def same_shape(a, b) -> bool:
+    """Whether a cost model fitted on topology `a` may serve topology `b` (other rank count):
+    both one node (shared memory only), or both several nodes with the same number of ranks on
+    every node (``4 x 1`` and ``8 x 1``; not ``2 x 2``: ranks that share a node move part of
+    the data in memory, which the flat model cannot tell from the network)."""
+    if len(a) == 1 or len(b) == 1:
+        return len(a) == len(b) == 1
+    return len(set(a) | set(b)) == 1
+
+
+def find_data(table: dict, ranks_per_node, buffer: str, mpi: str):
+    """What rank 0 broadcasts for a communicator of topology `ranks_per_node` (ranks of each
+    node, in node order): the entries measured on that very topology, by dtype size; for the
+    other dtype sizes, cost model parameters fitted to the nearest rank count's entry of the
+    same shape (:func:`same_shape`); and the descriptions of the entries measured on other
+    topologies (not used; explain names them)."""
+    rpn = tuple(ranks_per_node)
+    comm_size = sum(rpn)
     exact, fitted = {}, {}
     candidates = [e for e in table.get("entries", {}).values()
                   if e.get("buffer") == buffer and e.get("mpi") == mpi]
-    for e in candidates:
-        if e["comm_size"] == comm_size and e["local_size"] == local_size:
+    usable = [e for e in candidates if e.get("ranks_per_node") is not None]
+    for e in usable:
+        if tuple(e["ranks_per_node"]) == rpn:
             exact[e["dtype_size"]] = e
-    for e in sorted(candidates, key=lambda e: (abs(math.log(e["comm_size"] / comm_size)),
-                                                e["local_size"] != local_size)):
+    for e in sorted((e for e in usable if same_shape(tuple(e["ranks_per_node"]), rpn)),
+                    key=lambda e: (abs(math.log(e["comm_size"] / comm_size)), entry_key(e))):
         ds = e["dtype_size"]
         if ds in exact or ds in fitted:
             continue
         params = fit_machine(e)
         if params is not None:
-            fitted[ds] = (params, make_key(e["comm_size"], e["local_size"], buffer, ds, mpi))
-    return exact, fitted
+            fitted[ds] = (params, entry_key(e))
+    fitted_from = {key for _, key in fitted.values()}
+    others = sorted({entry_topology_name(e) for e in candidates
+                     if e.get("ranks_per_node") is None or tuple(e["ranks_per_node"]) != rpn
+                     if entry_key(e) not in fitted_from})
+    return exact, fitted, tuple(others)

@@ -2,9 +2,11 @@
 allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).
 
 Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
-by the subprocess timeout here.  Set AL_TEST_RANKS=2,4 to choose rank counts.
+by the subprocess timeout here.  Set AL_TEST_RANKS=2,4 to choose rank counts, AL_MPIEXEC and
+AL_MPIEXEC_ARGS to choose the launcher (tests/openmpi/run.sh: Open MPI's, with --oversubscribe).
 """
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,16 +18,26 @@ RANKS = [int(n) for n in os.environ.get("AL_TEST_RANKS", "1,2,3,4").split(",") i
 
 
 def mpiexec() -> str:
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    """$AL_MPIEXEC (e.g. Open MPI's mpiexec), else the mpiexec next to this Python (the `mpich`
+    wheel's), else the one on PATH."""
+    exe = (os.environ.get("AL_MPIEXEC")
+           or shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+           or shutil.which("mpiexec"))
     if exe is None:
-        pytest.fail("mpiexec not found (pip install mpich)")
+        pytest.fail("mpiexec not found (pip install mpich, or set AL_MPIEXEC)")
     return exe
+
+
+def launcher() -> list:
+    """:func:`mpiexec` followed by the words of $AL_MPIEXEC_ARGS (e.g. ``--oversubscribe`` for
+    Open MPI on a machine with fewer cores than ranks)."""
+    return [mpiexec()] + shlex.split(os.environ.get("AL_MPIEXEC_ARGS", ""))
 
 
 @pytest.mark.parametrize("nranks", RANKS)
 def test_mpi_suite(nranks):
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1")
-    cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
+    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
            "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=300", "-o", "console_output_style=classic"]
     extra = os.environ.get("AL_TEST_ARGS")
     if extra:
@@ -44,7 +56,7 @@ def test_allreduce_at_six_ranks_oversubscribed():
     1-4 runs, and (on this 2-core machine) oversubscribed, with the progress engine yielding
     after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any machine)."""
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_ENGINE_YIELD="1")
-    cmd = [mpiexec(), "-n", "6", sys.executable, "-m", "pytest",
+    cmd = [*launcher(), "-n", "6", sys.executable, "-m", "pytest",
            os.path.join(HERE, "mpi", "test_allreduce.py"), "-k", "matrix or identical or nan",
            "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=600",
            "--timeout-method=thread", "-o", "console_output_style=classic"]
@@ -65,7 +77,7 @@ def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
         pytest.skip("the CVARs that expose the ordering are MPICH's")
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
                MPIR_CVAR_DEVICE_COLLECTIVES="none", MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb")
-    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "pytest",
+    cmd = [*launcher(), "-n", "2", sys.executable, "-m", "pytest",
            os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py"), "-k", "control", "--with-mpi",
            "-q", "-p", "no:cacheprovider", "--timeout=60"]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -80,7 +92,7 @@ def test_cuda_standin_suite(nranks):
     from aluminum_py.testing import cuda_standin
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
                AL_CUDA_LIBRARY=cuda_standin.path())
-    cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest",
+    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
            os.path.join(HERE, "standin"), "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
            "--timeout=300", "--timeout-method=thread", "-o", "console_output_style=classic"]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -101,7 +113,7 @@ def test_gpu_suite_on_standins(nranks):
     path = cuda_standin.path()
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_CUDA_LIBRARY=path,
                AL_NCCL_LIBRARY=path)
-    cmd = [mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest",
+    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
            "-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
            os.path.join(HERE, "standin", "test_nccl_path.py"),
            os.path.join(HERE, "standin", "test_nccl_api.py"), "--with-mpi", "-q", "-x",

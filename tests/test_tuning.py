@@ -20,11 +20,11 @@ PARAMS = (2e-6, 1.6e-10, 1e-10)
 
 def synthetic_entry(p=2, local=2, dtype_size=4, sizes=None, params=(3e-6, 2e-10, 1e-10)):
     """Times from the cost model (so the truth is known) plus an 'mpi' that is 10% slower
-    than the best modelled algorithm."""
+    than the best modelled algorithm; measured on p // local nodes of `local` ranks."""
     sizes = sizes or [4 << k for k in range(0, 25, 2)]
     times = {a: [model_time(a, p, n, params) for n in sizes] for a in MODELLED}
     times["mpi"] = [1.1 * min(times[a][i] for a in MODELLED) for i in range(len(sizes))]
-    return tuning.make_entry(p, local, "host", dtype_size, MPI_NAME, sizes, times)
+    return tuning.make_entry(p, [local] * (p // local), "host", dtype_size, MPI_NAME, sizes, times)
 
 
 def test_round_trip_and_merge(tmp_path):
@@ -38,7 +38,7 @@ def test_round_trip_and_merge(tmp_path):
     loaded = tuning.load(path)
     assert len(loaded["entries"]) == 2
     assert loaded["version"] == tuning.VERSION
-    key = tuning.make_key(2, 2, "host", 4, MPI_NAME)
+    key = tuning.make_key(2, [2], "host", 4, MPI_NAME)
     assert loaded["entries"][key]["times"] == e2["times"]
     again = synthetic_entry(p=2, sizes=[4, 8])        # same configuration: replaced
     tuning.save(tuning.merge(loaded, again), path)
@@ -64,28 +64,31 @@ def test_corrupt_or_old_files_warn_and_fall_back(tmp_path, content):
     with pytest.warns(TuningWarning):
         table = tuning.load(str(path))
     assert table["entries"] == {}
-    exact, fitted = tuning.find_data(table, 2, 2, "host", MPI_NAME)
+    exact, fitted, others = tuning.find_data(table, [2], "host", MPI_NAME)
     choice = Chooser(2, exact, fitted, PARAMS, USABLE).explain(1024, 4)
     assert choice.source == "model" and choice.algorithm == cheapest(2, 1024, PARAMS)
 
 
 def test_bad_entry_is_dropped_others_kept(tmp_path):
     good = synthetic_entry()
-    table = {"format": tuning.FORMAT, "version": 1,
+    table = {"format": tuning.FORMAT, "version": 2,
              "entries": {"good": good, "bad": {"sizes": [8, 4], "times": {"ring": [1, 2]}}}}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
     with pytest.warns(TuningWarning, match="bad"):
         loaded = tuning.load(str(path))
-    assert list(loaded["entries"]) == ["good"]
+    assert list(loaded["entries"]) == [tuning.entry_key(good)]
 
 
-def chooser_for(entries, p=2, local=2):
+def chooser_for(entries, p=2, local=2, ranks_per_node=None):
+    """The Chooser of a communicator of p ranks, p // local nodes of `local` ranks (or the
+    given ranks_per_node), with a table of `entries`."""
     table = tuning.empty_table()
     for e in entries:
         tuning.merge(table, e)
-    exact, fitted = tuning.find_data(table, p, local, "host", MPI_NAME)
-    return Chooser(p, exact, fitted, PARAMS, USABLE)
+    rpn = tuple(ranks_per_node or [local] * (p // local))
+    exact, fitted, others = tuning.find_data(table, rpn, "host", MPI_NAME)
+    return Chooser.from_data(tuning.TuningData(exact, fitted, PARAMS, rpn, others), USABLE)
 
 
 def test_lookup_measured_sizes_pick_the_fastest():
@@ -100,7 +103,7 @@ def test_lookup_measured_sizes_pick_the_fastest():
 def test_lookup_interpolates_between_sizes():
     sizes = [1024, 4096]
     times = {"ring": [10e-6, 20e-6], "rabenseifner": [5e-6, 40e-6]}
-    e = tuning.make_entry(2, 2, "host", 4, MPI_NAME, sizes, times)
+    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, times)
     d = chooser_for([e])
     # log-linear: rabenseifner 5->40 us, ring 10->20 us; they cross at the geometric midpoint
     assert d.explain(1200, 4).algorithm == "rabenseifner"
@@ -116,7 +119,7 @@ def test_lookup_beyond_the_table():
     # exactly linear times, so the fitted betas are the slopes written here
     steep = [1e-6 + 1e-10 * n for n in sizes]           # fastest at every measured size
     flat = [3e-6 + 1e-11 * n for n in sizes]
-    e = tuning.make_entry(2, 2, "host", 4, MPI_NAME, sizes, {"ring": steep, "rabenseifner": flat})
+    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, {"ring": steep, "rabenseifner": flat})
     assert e["fit"]["ring"]["beta"] == pytest.approx(1e-10) and e["fit"]["rabenseifner"]["beta"] == pytest.approx(1e-11)
     d = chooser_for([e])
     assert d.explain(1, 4).algorithm == "ring" and d.explain(1, 4).source == "table"
@@ -153,8 +156,8 @@ def test_other_dtype_size_and_mpi_are_separate():
     assert d.explain(1024, 4).source in ("model-fitted", "model")
     assert d.explain(1024, 8).source == "table"
     table = tuning.merge(tuning.empty_table(), synthetic_entry())
-    exact, fitted = tuning.find_data(table, 2, 2, "host", "Open MPI v5")
-    assert not exact and not fitted
+    exact, fitted, others = tuning.find_data(table, [2], "host", "Open MPI v5")
+    assert not exact and not fitted and not others
 
 
 def test_fit_alpha_beta_and_ranges():
@@ -189,7 +192,7 @@ def test_crossover_map_merges_runs():
 def test_malformed_entries_are_dropped_with_a_warning(tmp_path, bad):
     entry = dict(synthetic_entry(sizes=[4, 8]), **bad)
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {"k": entry}}))
+    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 2, "entries": {"k": entry}}))
     with pytest.warns(TuningWarning):
         assert tuning.load(str(path))["entries"] == {}
 
@@ -197,8 +200,8 @@ def test_malformed_entries_are_dropped_with_a_warning(tmp_path, bad):
 def test_stored_fit_is_recomputed_not_trusted(tmp_path):
     entry = dict(synthetic_entry(sizes=[4, 64, 1024]), fit={}, ranges="junk")
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {"k": entry}}))
-    loaded = tuning.load(str(path))["entries"]["k"]
+    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 2, "entries": {"k": entry}}))
+    loaded = tuning.load(str(path))["entries"][tuning.entry_key(entry)]
     assert set(loaded["fit"]) == set(loaded["times"]) and isinstance(loaded["ranges"], list)
     d = Chooser(2, {4: loaded}, {}, PARAMS, USABLE)
     assert d.explain(1 << 30, 4).source == "table-extrapolated"
@@ -225,3 +228,103 @@ def test_merge_into_file_locks_and_keeps_entries(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask     # not mkstemp's 0600
+
+
+# ----------------------------------------------------------------- topology (issue 17)
+def test_topology_of_a_layout_and_its_names():
+    assert tuning.topology((0, 0, 1, 1)) == (2, 2)
+    assert tuning.topology((0, 1, 0)) == (2, 1)
+    assert tuning.topology((0, 1, 2, 3)) == (1, 1, 1, 1)
+    assert tuning.describe_topology(4, (2, 2)) == "4 ranks as 2 nodes x 2"
+    assert tuning.describe_topology(4, (4,)) == "4 ranks as 1 node x 4"
+    assert tuning.describe_topology(3, (2, 1)) == "3 ranks as 2 nodes (2+1)"
+    keys = {tuning.make_key(4, rpn, "host", 4, MPI_NAME) for rpn in ([4], [2, 2], [1] * 4, [3, 1])}
+    assert len(keys) == 4
+    with pytest.raises(ValueError, match="topology of 4 ranks"):
+        tuning.make_entry(4, [2, 1], "host", 4, MPI_NAME, [4], {"ring": [1e-6]})
+
+
+def test_entry_records_its_topology_and_round_trips(tmp_path):
+    path = str(tmp_path / "t.json")
+    e = synthetic_entry(p=4, local=2)
+    assert (e["nodes"], e["ranks_per_node"], e["local_size"]) == (2, [2, 2], 2)
+    assert e["topology"] == "4 ranks as 2 nodes x 2"
+    tuning.merge_into_file(e, path)
+    tuning.merge_into_file(synthetic_entry(p=4, local=1), path)      # 4 nodes x 1: kept apart
+    tuning.merge_into_file(synthetic_entry(p=4, local=4), path)      # 1 node x 4: kept apart
+    raw = json.loads(open(path).read())
+    assert raw["version"] == tuning.VERSION == 2 and len(raw["entries"]) == 3
+    loaded = tuning.load(path)["entries"][tuning.entry_key(e)]
+    assert loaded["ranks_per_node"] == [2, 2] and loaded["nodes"] == 2
+
+
+def test_table_of_another_topology_never_serves():
+    """Measured as 4 nodes x 1 (a network): a communicator of 4 ranks as 2 nodes x 2 or as one
+    node x 4 gets the default cost model, and explain says why; the one it was measured on gets
+    the table."""
+    net = synthetic_entry(p=4, local=1)
+    on_net = chooser_for([net], p=4, local=1)
+    assert on_net.explain(1024, 4).source == "table"
+    for local in (2, 4):
+        c = chooser_for([net], p=4, local=local).explain(1024, 4)
+        assert c.source == "model" and c.algorithm == cheapest(4, 1024, PARAMS)
+        assert f"4 ranks as {4 // local} node" in c.detail
+        assert "4 ranks as 4 nodes x 1 are not used: measured on another topology" in c.detail
+    # uneven layouts are their own topology, in node order
+    uneven = chooser_for([synthetic_entry(p=4, local=1)], p=3, ranks_per_node=[2, 1])
+    assert uneven.explain(64, 4).source == "model"
+
+
+def test_fitted_model_carries_over_only_within_a_shape():
+    """Another rank count's entry may fit the cost model for the same shape (one node; or
+    several nodes of the same ranks each), never across shapes."""
+    truth = (3e-6, 2e-10, 1e-10)
+    net8 = synthetic_entry(p=8, local=1, params=truth)
+    c = chooser_for([net8], p=4, local=1).explain(1 << 20, 4)
+    assert c.source == "model-fitted" and "8/8x1/host/4/" in c.detail
+    for p, local in ((4, 4), (4, 2)):
+        c = chooser_for([net8], p=p, local=local).explain(1 << 20, 4)
+        assert c.source == "model" and "8 ranks as 8 nodes x 1" in c.detail
+    two_by_two = synthetic_entry(p=4, local=2, params=truth)
+    assert chooser_for([two_by_two], p=8, local=4).explain(64, 4).source == "model"
+
+
+def test_version_1_tables_load(tmp_path):
+    """A version 1 table (no topology recorded): an entry whose rank 0 node held every rank is
+    one node's and serves that topology; any other is kept in the file but never used (its
+    topology is unknown), explain names it, and a new measurement with the same rank count and
+    rank 0 node size replaces it."""
+    one_node = synthetic_entry(p=4, local=4)
+    unknown = synthetic_entry(p=4, local=2)
+    old = {}
+    for e in (one_node, unknown):
+        e = {k: v for k, v in e.items() if k not in ("nodes", "ranks_per_node", "topology")}
+        old[f"{e['comm_size']}/{e['local_size']}/host/4/{MPI_NAME}"] = e
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": old}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = tuning.load(str(path))
+    entries = table["entries"]
+    assert set(entries) == {tuning.make_key(4, [4], "host", 4, MPI_NAME),
+                            tuning.make_key(4, None, "host", 4, MPI_NAME, local_size=2)}
+    exact, fitted, others = tuning.find_data(table, (4,), "host", MPI_NAME)
+    assert exact[4]["times"] == one_node["times"]
+    exact, fitted, others = tuning.find_data(table, (2, 2), "host", MPI_NAME)
+    assert not exact and not fitted
+    assert "4 ranks, 2 on rank 0's node (topology not recorded)" in others
+    tuning.merge(table, synthetic_entry(p=4, local=2))            # re-tuned: replaces it
+    assert set(table["entries"]) == {tuning.make_key(4, [4], "host", 4, MPI_NAME),
+                                     tuning.make_key(4, [2, 2], "host", 4, MPI_NAME)}
+    tuning.save(table, str(path))
+    assert json.loads(path.read_text())["version"] == 2
+
+
+@pytest.mark.parametrize("bad", [{"ranks_per_node": [2, 1]}, {"ranks_per_node": [0, 2]},
+                                 {"ranks_per_node": [1, 1], "local_size": 2}])
+def test_bad_topology_drops_the_entry(tmp_path, bad):
+    entry = dict(synthetic_entry(sizes=[4, 8]), **bad)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 2, "entries": {"k": entry}}))
+    with pytest.warns(TuningWarning):
+        assert tuning.load(str(path))["entries"] == {}

@@ -218,10 +218,9 @@ class GpuBackend:
             raise ValueError(f"algorithm: {algorithm!r} is not a GPU algorithm; GPU buffers take "
                              f"{', '.join(GPU_ALLREDUCE)}")
         if self._chooser is None:         # collective, on the first GPU "auto" call
-            exact, _, params = tuning.shared_data(self.control_comm(), self.size,
-                                                  self.local_size, "cuda")
+            data = tuning.shared_data(self.control_comm(), "cuda")
             # only measured entries: the host cost model knows nothing of NCCL
-            self._chooser = tuning.Chooser(self.size, exact, {}, params, GPU_CANDIDATES)
+            self._chooser = tuning.Chooser.from_data(data, GPU_CANDIDATES, fitted=False)
         choice = self._chooser.explain(nbytes, itemsize)
         if choice.source.startswith("table"):
             return choice.algorithm

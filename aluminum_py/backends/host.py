@@ -107,6 +107,19 @@ def node_layout(comm) -> tuple[int, ...]:
     return schedules.node_layout(comm.allgather(leader))
 
 
+def machine_ranks(comm) -> int:
+    """How many ranks of `comm` share this rank's kernel (and so its cores), whatever MPI calls
+    a node: ranks in separate network or UTS namespaces (``bench cluster``'s emulated nodes),
+    or in containers, share the kernel's boot id (collective: one allgather)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            me = f.read().strip()
+    except OSError:
+        import socket
+        me = socket.gethostname()
+    return comm.allgather(me).count(me)
+
+
 def _no_ctas(min_ctas, max_ctas) -> None:
     if max_ctas is not None or min_ctas is not None:
         raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
@@ -120,9 +133,11 @@ class HostBackend:
             point-to-point MPI communicators, which this backend frees at ``close``).
         tuning_comm: the MPI communicator whose rank 0 reads the tuning table for "auto"
             (collective: construction is).
-        local_size: ranks on this node (the tuning table's key).
+        local_size: ranks on this node (with the ranks sharing this machine, machine_ranks:
+            whether the engine and blocking calls yield the core, AL_ENGINE_YIELD).
         The node of every rank (:func:`node_layout`, collective over `tuning_comm`) is gathered
-        here once, for the layout-aware schedules (``hierarchical``).
+        here once, for the layout-aware schedules (``hierarchical``) and the tuning table's
+        key (its topology: ranks of each node).
         any_source, any_tag: MPI.ANY_SOURCE and MPI.ANY_TAG.
     """
 
@@ -132,10 +147,10 @@ class HostBackend:
         self.size = state.size
         self._any_source = any_source
         self._any_tag = any_tag
-        set_engine_yield(local_size)
+        set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
         self.layout = node_layout(tuning_comm)
-        exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
-        self.chooser = tuning.Chooser(self.size, exact, fitted, params, HOST_CANDIDATES)
+        self.chooser = tuning.Chooser.from_data(tuning.shared_data(tuning_comm, "host", self.layout),
+                                                HOST_CANDIDATES)
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
         # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,

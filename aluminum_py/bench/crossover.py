@@ -46,12 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
           show_progress=False, buffer="host") -> dict:
     """Time every algorithm at every size. Returns the run: a dict with ranks, local_size,
-    dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
+    ranks_per_node (the topology: ranks of each node in node order, rank 0's first; from
+    ``MPI_Comm_split_type(SHARED)`` or AL_NODE_LAYOUT, as the hierarchical algorithm sees it), dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
     lists (one value per size) under median / min / max (seconds) and busbw (bytes/s), plus
     fastest (one algorithm name per size). GPU buffers: every call ends with a stream sync."""
-    from ..tuning import mpi_version
+    from ..backends.host import node_layout
+    from ..tuning import mpi_version, topology
     dt = np.dtype(dtype)
-    run = {"ranks": comm.size, "local_size": world.bcast(comm.local_size, root=0),
+    rpn = list(topology(node_layout(world)))
+    run = {"ranks": comm.size, "local_size": rpn[0], "ranks_per_node": rpn,
            "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": buffer,
            "mpi": mpi_version(),
            "nonblocking": bool(nonblocking), "sizes": [], "algorithms": list(algorithms),
@@ -101,8 +104,8 @@ def format_table(run: dict) -> str:
     algs = run["algorithms"]
     width = max(12, *(len(a) + 2 for a in algs))
     lines = [f"# aluminum_py crossover: allreduce {run['dtype']} SUM"
-             f"{' (Iallreduce+Wait)' if run['nonblocking'] else ''}, {run['ranks']} ranks "
-             f"({run['local_size']} per node), {run['mpi']}",
+             f"{' (Iallreduce+Wait)' if run['nonblocking'] else ''}, {topology_name(run)}, "
+             f"{run['mpi']}",
              "# median over iterations of the max over ranks (us); busbw of the fastest (GB/s)",
              f"{'# Size(B)':>12}" + "".join(f"{a:>{width}}" for a in algs) + f"{'fastest':>{width}}"
              + f"{'busbw':>10}"]
@@ -111,6 +114,14 @@ def format_table(run: dict) -> str:
         cells = "".join(f"{run['median'][a][i] * 1e6:>{width}.2f}" for a in algs)
         lines.append(f"{n:>12}{cells}{best:>{width}}{run['busbw'][best][i] / 1e9:>10.2f}")
     return "\n".join(lines)
+
+
+def topology_name(run: dict) -> str:
+    """"4 ranks as 2 nodes x 2"; runs saved before they recorded it: "4 ranks (2 per node)"."""
+    from ..tuning import describe_topology
+    if run.get("ranks_per_node"):
+        return describe_topology(run["ranks"], run["ranks_per_node"])
+    return f"{run['ranks']} ranks ({run['local_size']} per node)"
 
 
 def write_csv(run: dict, path: str) -> None:
@@ -129,7 +140,7 @@ def tune(run: dict, path: str | None = None):
     """Merge this run into the tuning table; returns (path, entry)."""
     from .. import tuning
     algs = [a for a in run["algorithms"] if a != "auto"]
-    entry = tuning.make_entry(run["ranks"], run["local_size"], run["buffer"], run["dtype_size"],
+    entry = tuning.make_entry(run["ranks"], run["ranks_per_node"], run["buffer"], run["dtype_size"],
                               run["mpi"], run["sizes"], {a: run["median"][a] for a in algs})
     return tuning.merge_into_file(entry, path), entry
 
@@ -181,7 +192,8 @@ def main(argv=None) -> int:
             path, entry = tune(run, args.tuning_file)
             ranges = ", ".join(f"{r['algorithm']} {human(r['min_bytes'])}..{human(r['max_bytes'])}"
                                for r in entry["ranges"])
-            print(f"# tuning table written to {path}: {ranges}", flush=True)
+            print(f"# tuning table written to {path} for {entry['topology']}: {ranges}",
+                  flush=True)
         if args.csv:
             write_csv(run, args.csv)
         if args.json:

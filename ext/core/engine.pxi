@@ -310,7 +310,10 @@ cdef int wait_done(al_op* op, double deadline, int spin) noexcept nogil:
 cdef int run_inline(al_op* op, double deadline) noexcept nogil:
     """Drive an op in the calling thread (starting it if new), polling: returns 1 once done,
     0 past `deadline`, SLICE after WAKE seconds (call again to go on).  Never a blocking MPI
-    call, so the caller can check for signals and hand the op to the engine."""
+    call, so the caller can check for signals and hand the op to the engine.  Yields the core
+    every g_yield_every polls, as the engine does (AL_ENGINE_YIELD): where ranks outnumber
+    cores, a caller spinning on a peer's message would otherwise hold the core that peer
+    needs for its whole time slice (milliseconds per step on the emulated cluster)."""
     cdef int n = 0
     cdef double now, wake
     if op.phase == PH_NEW:
@@ -321,6 +324,8 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
     wake = al_now() + WAKE
     while not op_step(op):
         n += 1
+        if g_yield_every > 0 and n % g_yield_every == 0:
+            sched_yield()
         if (n & 15) == 0:
             now = al_now()
             if now > deadline:

@@ -366,7 +366,7 @@ def test_waitall_waits_for_the_others_then_raises_the_first_failure(c):
             q.Wait(timeout=WAIT)
         except al.MPIError as e:
             errors[name] = (str(e), e.code)
-    problems = []
+    problems, untold = [], []
     if not isinstance(raised, al.MPIError):
         problems.append(f"Waitall raised {raised!r}")
     if set(errors) != {"fail1", "fail2"}:
@@ -377,7 +377,7 @@ def test_waitall_waits_for_the_others_then_raises_the_first_failure(c):
         if MPI.Get_error_class(raised.code) != MPI.ERR_TRUNCATE:
             problems.append(f"error class {MPI.Get_error_class(raised.code)}, not ERR_TRUNCATE")
         if errors["fail1"][0] == errors["fail2"][0]:
-            problems.append("the two failures cannot be told apart")
+            untold.append("the two failures cannot be told apart")
     if not all(others_done):
         problems.append(f"Waitall raised before the others completed: done={others_done}")
     for what, got, exp in (("allreduce", x, ex), ("bxor", y, ey),
@@ -386,6 +386,13 @@ def test_waitall_waits_for_the_others_then_raises_the_first_failure(c):
         if m:
             problems.append(m)
     assert all_ranks_ok(not problems), problems
+    # MPICH's truncation message gives the sizes (5 vs 3 elements here), so "the first failure"
+    # is checked by its text; Open MPI's is the same for both ("MPI_ERR_TRUNCATE: message
+    # truncated"): there, every other check has passed and only that one cannot be made
+    if not all_ranks_ok(not untold) and "MPICH" not in MPI.Get_library_version():
+        pytest.skip(f"{MPI.Get_library_version().split(',')[0].strip()}: the two truncation "
+                    f"errors have the same message, so which one Waitall raised cannot be told")
+    assert all_ranks_ok(not untold), untold
 
 
 def test_request_test_raises_when_the_operation_failed(c):

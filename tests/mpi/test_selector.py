@@ -17,10 +17,8 @@ def test_choice_follows_rank0_even_with_divergent_files(tmp_path_factory, monkey
     mine = algs[rank % len(algs)]
     sizes = [4, 1024, 1 << 20]
     times = {a: [1e-6 if a == mine else 9e-6] * len(sizes) for a in algs}
-    probe = al.Communicator()
-    entry = tuning.make_entry(probe.size, WORLD.bcast(probe.local_size, root=0), "host", 8,
-                              tuning.mpi_version(), sizes, times)
-    probe.Free()
+    entry = tuning.make_entry(WORLD.size, world_topology(), "host", 8, tuning.mpi_version(),
+                              sizes, times)
     path = tmp_path_factory.mktemp(f"rank{rank}") / "tuning.json"
     tuning.save(tuning.merge(tuning.empty_table(), entry), str(path))
     monkeypatch.setenv("AL_TUNING_FILE", str(path))
@@ -35,6 +33,54 @@ def test_choice_follows_rank0_even_with_divergent_files(tmp_path_factory, monkey
     req.Wait(timeout=60)
     assert req.algorithm == "ring" and np.all(x == comm.size)
     comm.Free()
+
+
+def world_topology() -> tuple:
+    """MPI.COMM_WORLD's ranks per node, as a Communicator over it sees them (collective)."""
+    from aluminum_py.backends.host import node_layout
+    return tuning.topology(node_layout(WORLD))
+
+
+def test_table_of_another_topology_is_not_used(tmp_path_factory, monkeypatch):
+    """A table measured with every rank on its own node (a network) names ring everywhere; on
+    this machine (the ranks share a node) auto falls back to the cost model and says why; with
+    AL_NODE_LAYOUT making each rank its own node, the same table serves."""
+    sizes = [8, 1024, 1 << 20]
+    times = {a: [1e-6 if a == "ring" else 9e-6] * len(sizes)
+             for a in ("ring", "rabenseifner", "recursive_doubling", "mpi")}
+    net = (1,) * WORLD.size
+    entry = tuning.make_entry(WORLD.size, net, "host", 8, tuning.mpi_version(), sizes, times)
+    path = tmp_path_factory.mktemp(f"net{WORLD.rank}") / "tuning.json"
+    tuning.save(tuning.merge(tuning.empty_table(), entry), str(path))
+    monkeypatch.setenv("AL_TUNING_FILE", str(path))
+    problems = []
+    here = world_topology()
+    if here != net:
+        comm = al.Communicator()
+        c = comm.explain(1024, "float64")
+        if c.source != "model" or "measured on another topology" not in c.detail \
+                or tuning.describe_topology(WORLD.size, net) not in c.detail:
+            problems.append(f"on {here}: {c}")
+        comm.Free()
+    monkeypatch.setenv("AL_NODE_LAYOUT", ",".join(map(str, range(WORLD.size))))
+    comm = al.Communicator()
+    for n in sizes:
+        c = comm.explain(n, "float64")
+        if (c.algorithm, c.source) != ("ring", "table"):
+            problems.append(f"as {net} at {n} B: {c}")
+    x = np.full(1 << 10, float(WORLD.rank))
+    comm.Allreduce(x)
+    if not np.all(x == sum(range(WORLD.size))):
+        problems.append("the allreduce on the forced layout is wrong")
+    comm.Free()
+    assert all_ranks_ok(not problems), problems
+
+
+def test_machine_ranks_counts_the_ranks_sharing_this_kernel():
+    """The engine's yield policy counts the ranks on this machine: every rank of the suite
+    runs here (whatever MPI calls a node; bench cluster's nodes are namespaces of one kernel)."""
+    from aluminum_py.backends.host import machine_ranks
+    assert machine_ranks(WORLD) == WORLD.size
 
 
 def test_auto_choices_agree_without_table(comm):
@@ -64,10 +110,12 @@ CASES = [(8, "recursive_doubling", "table"), (512, "recursive_doubling", "table"
          (1 << 20, "ring", "table"), (4 << 20, "ring", "table-extrapolated")]
 
 
-def linear_table(tmp_path_factory, monkeypatch, comm_size, local_size, buffer, prefix=""):
-    """Every rank writes the same table and points AL_TUNING_FILE at it."""
+def linear_table(tmp_path_factory, monkeypatch, buffer, prefix=""):
+    """Every rank writes the same table (for MPI.COMM_WORLD's topology) and points
+    AL_TUNING_FILE at it."""
     times = {prefix + a: [i + s * n for n in MEASURED] for a, (i, s) in LINES.items()}
-    entry = tuning.make_entry(comm_size, local_size, buffer, 8, tuning.mpi_version(), MEASURED, times)
+    entry = tuning.make_entry(WORLD.size, world_topology(), buffer, 8, tuning.mpi_version(),
+                              MEASURED, times)
     path = tmp_path_factory.mktemp(f"table{WORLD.rank}") / "tuning.json"
     tuning.save(tuning.merge(tuning.empty_table(), entry), str(path))
     monkeypatch.setenv("AL_TUNING_FILE", str(path))
@@ -90,9 +138,7 @@ def results_by_algorithm(comm, x) -> dict:
 
 
 def test_auto_runs_the_table_winner_at_every_size_class(tmp_path_factory, monkeypatch):
-    probe = al.Communicator()
-    linear_table(tmp_path_factory, monkeypatch, probe.size, probe.local_size, "host")
-    probe.Free()
+    linear_table(tmp_path_factory, monkeypatch, "host")
     comm = al.Communicator()
     problems, told_apart = [], 0
     for nbytes, winner, how in CASES:
@@ -130,7 +176,7 @@ def test_gpu_auto_runs_the_cuda_table_winner_at_every_size_class(tmp_path_factor
     from aluminum_py import host_transfer as ht
     from test_gpu_backend_cpu import DeviceArray
     comm = al.Communicator()
-    linear_table(tmp_path_factory, monkeypatch, comm.size, comm.local_size, "cuda", prefix="ht_")
+    linear_table(tmp_path_factory, monkeypatch, "cuda", prefix="ht_")
     device = ht.CpuDevice()
     stream = device.stream()
     ht.bind(comm, device, stream)
