@@ -81,9 +81,9 @@ def shm_allreduce(world) -> tuple[Callable | None, str | None]:
                 _build_op()
             except Exception as e:
                 reason = f"building deepspeed_shm_comm: {type(e).__name__}: {str(e)[-300:]}"
-        reason = _agree(world, reason)
-    if reason:
-        return None, reason
+        agreed = _agree(world, reason)
+        if agreed:
+            return None, agreed
 
     for key, value in (("RANK", world.rank), ("WORLD_SIZE", world.size),
                        ("LOCAL_RANK", local_rank), ("LOCAL_SIZE", local_size)):
@@ -104,9 +104,9 @@ def shm_allreduce(world) -> tuple[Callable | None, str | None]:
     except FileNotFoundError:        # the op's naming changed: say so, the segments stay
         print(f"# rank {world.rank}: warning: {segment} not found; DeepSpeed's SHM segments "
               f"are left in /dev/shm", flush=True)
-    reason = _agree(world, reason)
-    if reason:
-        return None, reason
+    agreed = _agree(world, reason)
+    if agreed:
+        return None, agreed
 
     def factory(send: np.ndarray):
         t = torch.from_numpy(send.copy())

@@ -12,10 +12,10 @@ lacks, or one that raises on this communicator (``shm`` across nodes), is skippe
 reason.  Every contender's first call at each size is checked against numpy (rank-dependent
 integer inputs, so every summation order gives the same float32 result); a wrong result is
 reported and makes the exit status 1.  Each sample is the max over ranks of one call (barrier
-before each); the table shows medians in microseconds and the first algorithm's speedup over each
-peer (peer time / its time; higher is better).  With torch, torch is imported in every rank for
-every contender; with --no-torch in none.  It also reports the memory-bandwidth bound for large
-messages (see `memory_bound`).
+before each); the table shows medians in microseconds and the first algorithm's speedup over
+each peer (peer time / its time; higher is better); --json also keeps each one's minimum.  With
+torch, torch is imported in every rank for every contender; with --no-torch in none.  It also
+reports the memory-bandwidth bound for large messages (see `memory_bound`).
 """
 from __future__ import annotations
 
@@ -210,6 +210,7 @@ def main(argv=None) -> int:
         samples = time_interleaved(world, calls, iterations(world, calls, args.budget))
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
+               **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
                "algorithm": comm.explain(n).algorithm, "wrong": wrong}
         rows.append(row)
         if comm.rank == 0:
