@@ -90,9 +90,16 @@ def shm_allreduce(world) -> tuple[Callable | None, str | None]:
         os.environ[key] = str(value)
     import deepspeed.comm as dscomm
     from deepspeed.comm import comm as dscomm_state
-    dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    try:                                # maps every rank's segment, spinning until they exist
+        dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    except Exception as e:              # the other ranks would spin forever: end the job
+        print(f"# rank {world.rank}: deepspeed.comm.init_distributed: {type(e).__name__}: {e}",
+              flush=True)
+        world.Abort(1)
     backend = dscomm_state.cdb          # the backend object init_distributed just made
-    if not (hasattr(torch.ops, "deepspeed") and hasattr(torch.ops.deepspeed, "inference_all_reduce_")):
+    if getattr(backend, "shm_comm_op", None) is None:
+        reason = "DeepSpeed's backend has no shm op: inference_all_reduce would be gloo's"
+    elif not hasattr(torch.ops.deepspeed, "inference_all_reduce_"):
         reason = "torch.ops.deepspeed.inference_all_reduce_ is not registered"
     elif getattr(backend, "shm_vector_kernel_level", 0) < 1:
         reason = "the CPU lacks AVX2: inference_all_reduce would fall back to gloo"
