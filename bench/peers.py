@@ -1,12 +1,21 @@
-"""auto against the peers a user would pick instead, in one run, interleaved:
+"""Our algorithms against the peers a user would pick instead, in one run, interleaved:
 mpi4py's ``comm.Allreduce`` (the MPI library's own) and, when torch is installed,
-``torch.distributed.all_reduce`` with the gloo backend.
+``torch.distributed.all_reduce`` on the gloo backend and, when deepspeed is installed and its
+op builds, DeepSpeed's CPU shared-memory ``deepspeed.comm.inference_all_reduce``
+(``bench/deepspeed_peer.py``).
 
-    mpiexec -n 2 python bench/peers.py [--min-bytes 4] [--max-bytes 64MiB] [--json FILE]
+    mpiexec -n 2 python bench/peers.py [--min-bytes 4] [--max-bytes 64MiB] [--algorithms auto,shm]
+        [--no-torch] [--no-deepspeed] [--omp-threads 1] [--json FILE]
 
-Each sample is the max over ranks of one call (barrier before each); the table shows medians in
-microseconds and auto's speedup over each peer (peer time / auto time; higher is better).  It
-also reports the memory-bandwidth bound for large messages (see --help of `bound`).
+``--algorithms`` names ours (``all``: every host name of ``al.algorithms()``); a name this build
+lacks, or one that raises on this communicator (``shm`` across nodes), is skipped with its
+reason.  Every contender's first call at each size is checked against numpy (rank-dependent
+integer inputs, so every summation order gives the same float32 result); a wrong result is
+reported and makes the exit status 1.  Each sample is the max over ranks of one call (barrier
+before each); the table shows medians in microseconds and the first algorithm's speedup over
+each peer (peer time / its time; higher is better); --json also keeps each one's minimum.  With
+torch, torch is imported in every rank for every contender; with --no-torch in none.  It also
+reports the memory-bandwidth bound for large messages (see `memory_bound`).
 """
 from __future__ import annotations
 
@@ -22,8 +31,31 @@ import aluminum_py as al
 from aluminum_py.bench.timing import iterations, parse_bytes, size_sweep, time_interleaved
 
 
+def contender(run, result):
+    """`run` (one allreduce call) with `run.result()`: the array holding its latest result."""
+    run.result = result
+    return run
+
+
+def ours(comm, algorithm):
+    """A factory of Communicator.Allreduce(send, recv, algorithm=...) calls."""
+    def factory(send: np.ndarray):
+        recv = np.empty_like(send)
+        return contender(lambda: comm.Allreduce(send, recv, algorithm=algorithm), lambda: recv)
+    return factory
+
+
+def mpi4py_allreduce(native):
+    """A factory of mpi4py comm.Allreduce calls (the MPI library's own)."""
+    def factory(send: np.ndarray):
+        recv = np.empty_like(send)
+        return contender(lambda: native.Allreduce(send, recv, op=MPI.SUM), lambda: recv)
+    return factory
+
+
 def gloo_allreduce(world):
-    """A callable factory for torch.distributed gloo all_reduce, or None without torch."""
+    """A factory of torch.distributed gloo all_reduce calls (in place on a copy of send), or None
+    without torch."""
     try:
         import torch
         import torch.distributed as dist
@@ -37,7 +69,7 @@ def gloo_allreduce(world):
 
     def factory(send: np.ndarray):
         t = torch.from_numpy(send.copy())
-        return lambda: dist.all_reduce(t)
+        return contender(lambda: dist.all_reduce(t), t.numpy)
     return factory
 
 
@@ -69,66 +101,151 @@ def measure_bandwidths(nbytes: int = 64 << 20, reps: int = 7) -> tuple[float, fl
     return nbytes / float(np.median(copy_t)), nbytes / float(np.median(add_t))
 
 
+def our_algorithms(spec: str, rank: int) -> list[str]:
+    """The names in `spec` ("all": every host algorithm of al.algorithms()) that this build has;
+    rank 0 prints why any other is skipped."""
+    known = al.algorithms(device="host")
+    names = list(known) if spec == "all" else [a for a in spec.split(",") if a]
+    for a in names:
+        if a not in known and rank == 0:
+            print(f"# {a}: skipped, not an algorithm of this build (al.algorithms(): "
+                  f"{', '.join(known)})")
+    return [a for a in names if a in known]
+
+
+def check_input(count: int, rank: int) -> np.ndarray:
+    """Rank-dependent small integers in float32: every partial sum is exact, so every summation
+    order gives the same result."""
+    return ((np.arange(count) % 251 + 3 * rank) % 17 - 8).astype(np.float32)
+
+
+def check(world, calls: dict, count: int, skipped: dict) -> list[str]:
+    """Run every call once and compare its result with numpy's sum of every rank's input. A call
+    that raises on any rank is removed from `calls` (its reason into `skipped`); returns the names
+    whose result is wrong on some rank."""
+    expected = sum(check_input(count, r).astype(np.float64) for r in range(world.size))
+    local = {}
+    for name, call in list(calls.items()):
+        world.Barrier()
+        try:
+            call()
+            local[name] = None if np.array_equal(call.result(), expected) else "wrong"
+        except Exception as e:
+            local[name] = f"{type(e).__name__}: {e}"
+    wrong = []
+    for r, errors in enumerate(world.allgather(local)):
+        for name, err in errors.items():
+            if err == "wrong":
+                wrong += [name] if name not in wrong else []
+            elif err and name in calls:
+                del calls[name]
+                skipped[name] = f"rank {r}: {err}"
+                if world.rank == 0:
+                    print(f"# {name}: skipped from {count * 4} B on, it raised on rank {r}: {err}")
+    return wrong
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-bytes", default="4")
     ap.add_argument("--max-bytes", default="64MiB")
+    ap.add_argument("--algorithms", default="auto,shm",
+                    help="ours, comma-separated ('all': every host algorithm); default auto,shm")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds per size")
-    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-torch", action="store_true", help="no torch peers (gloo, DeepSpeed)")
+    ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--omp-threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", 1)),
+                    help="OMP_NUM_THREADS for torch and DeepSpeed's op (default: the "
+                         "environment's, else 1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)   # before torch or DeepSpeed load
     world = MPI.COMM_WORLD
     comm = al.Communicator()
     native = world.Dup()
+    mine = our_algorithms(args.algorithms, world.rank)
+    if not mine:
+        raise SystemExit("--algorithms: none of them exists in this build")
+    factories = {a: ours(comm, a) for a in mine}
+    factories["mpi4py"] = mpi4py_allreduce(native)
+    peers = ["mpi4py"]
+    skipped = {}
+    versions = {"mpi": MPI.Get_library_version().splitlines()[0]}
     gloo = None if args.no_torch else gloo_allreduce(world)
+    if gloo:
+        import torch
+        versions["torch"] = torch.__version__
+        factories["gloo"] = gloo
+        peers.append("gloo")
+        if not args.no_deepspeed:
+            import deepspeed_peer
+            ds, why = deepspeed_peer.shm_allreduce(world)
+            if ds:
+                import deepspeed
+                versions["deepspeed"] = deepspeed.__version__
+                factories["deepspeed_shm"] = ds
+                peers.append("deepspeed_shm")
+            else:
+                skipped["deepspeed_shm"] = why
+    elif not args.no_torch:
+        skipped["gloo"] = skipped["deepspeed_shm"] = "torch is not installed"
+    first, columns = mine[0], list(factories)
     sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), 4)
-    rows = []
+    rows, wrong_any = [], False
     if comm.rank == 0:
-        print(f"# allreduce float32 SUM, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}")
-        print(f"# median of max over ranks (us); speedup = peer time / auto time")
-        print(f"{'bytes':>10} {'auto':>10} {'mpi4py':>10} {'vs mpi4py':>10}"
-              + (f" {'gloo':>10} {'vs gloo':>8}" if gloo else "") + "  auto picks")
+        for name, why in skipped.items():
+            print(f"# {name}: skipped, {why}")
+        print(f"# allreduce float32 SUM, {comm.size} ranks, "
+              + ", ".join(f"{k} {v}" for k, v in versions.items())
+              + (f", OMP_NUM_THREADS={args.omp_threads}" if gloo else ""))
+        print(f"# median of max over ranks (us); speedup = peer time / {first} time")
+        print(f"{'bytes':>10}" + "".join(f" {n:>13}" for n in columns)
+              + "".join(f" {'vs ' + p:>10}" for p in peers) + f"  {first} picks")
     for n in sizes:
-        send = np.ones(n // 4, dtype=np.float32)
-        recv = np.empty_like(send)
-        contenders = {"auto": lambda: comm.Allreduce(send, recv),
-                      "mpi4py": lambda: native.Allreduce(send, recv, op=MPI.SUM)}
-        if gloo:
-            contenders["gloo"] = gloo(send)
-        samples = time_interleaved(world, contenders, iterations(world, contenders, args.budget))
+        send = check_input(n // 4, world.rank)
+        calls = {name: f(send) for name, f in factories.items()}
+        wrong = check(world, calls, n // 4, skipped)
+        factories = {k: f for k, f in factories.items() if k in calls}
+        wrong_any = wrong_any or bool(wrong)
+        samples = time_interleaved(world, calls, iterations(world, calls, args.budget))
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
-               "algorithm": comm.explain(n).algorithm}
+               **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
+               "algorithm": comm.explain(n).algorithm, "wrong": wrong}
         rows.append(row)
         if comm.rank == 0:
-            line = (f"{n:>10} {row['auto']:>10.1f} {row['mpi4py']:>10.1f} "
-                    f"{med['mpi4py'] / med['auto']:>9.2f}x")
-            if gloo:
-                line += f" {row['gloo']:>10.1f} {med['gloo'] / med['auto']:>7.2f}x"
-            print(line + f"  {row['algorithm']}", flush=True)
+            line = f"{n:>10}" + "".join(f" {row[k]:>12.1f}{'!' if k in wrong else ' '}"
+                                        if k in row else f" {'-':>13}" for k in columns)
+            line += "".join(f" {med[p] / med[first]:>9.2f}x" if p in med and first in med
+                            else f" {'-':>10}" for p in peers)
+            print(line + f"  {row['algorithm'] if first == 'auto' else first}", flush=True)
+            if wrong:
+                print(f"# {n} B: WRONG result from {', '.join(wrong)} (marked !)", flush=True)
     copy_bw, add_bw = measure_bandwidths()
     copy_bw = world.allreduce(copy_bw, op=MPI.MIN)
     add_bw = world.allreduce(add_bw, op=MPI.MIN)
     if comm.rank == 0:
-        speed = np.array([r["mpi4py"] / r["auto"] for r in rows])
-        print(f"# auto vs mpi4py: geometric-mean speedup {np.exp(np.log(speed).mean()):.2f}x, "
-              f"worst {speed.min():.2f}x at {rows[int(speed.argmin())]['bytes']} B")
-        if gloo:
-            g = np.array([r["gloo"] / r["auto"] for r in rows])
-            print(f"# auto vs gloo: geometric-mean speedup {np.exp(np.log(g).mean()):.2f}x, "
-                  f"worst {g.min():.2f}x")
         big = rows[-1]
         bound = memory_bound(big["bytes"], comm.size, copy_bw, add_bw) * 1e6
+        for a in mine:
+            for p in peers:
+                both = [r for r in rows if a in r and p in r]
+                if not both:
+                    continue
+                speed = np.array([r[p] / r[a] for r in both])
+                print(f"# {a} vs {p}: geometric-mean speedup {np.exp(np.log(speed).mean()):.2f}x, "
+                      f"worst {speed.min():.2f}x at {both[int(speed.argmin())]['bytes']} B")
         print(f"# memory bandwidth (one core): copy {copy_bw / 1e9:.2f} GB/s, add (output) "
-              f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; auto "
-              f"{big['auto']:.0f} us = {big['auto'] / bound:.2f}x the bound")
+              f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; "
+              + "; ".join(f"{k} {big[k]:.0f} us = {big[k] / bound:.2f}x" for k in columns
+                          if k in big))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,
-                           "bound_us": bound, "mpi": MPI.Get_library_version().splitlines()[0]},
-                          f, indent=1)
+                           "bound_us": bound, "omp_threads": args.omp_threads,
+                           "skipped": skipped, **versions}, f, indent=1)
     native.Free()
-    return 0
+    return 1 if wrong_any else 0
 
 
 if __name__ == "__main__":
