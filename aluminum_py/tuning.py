@@ -18,6 +18,7 @@ import numpy as np
 
 from . import config
 from .algorithms import MODELLED, model_choice, model_time
+from .topology import node_layout
 
 FORMAT = "aluminum_py.tuning"
 VERSION = 2                 # 2: entries record their topology (nodes, ranks per node)
@@ -40,7 +41,7 @@ def default_path() -> str:
 
 def topology(layout) -> tuple[int, ...]:
     """Ranks per node, in node order, of a layout (per rank its node numbered by first
-    appearance: ``backends.host.node_layout``, from ``MPI_Comm_split_type(SHARED)``):
+    appearance: ``topology.node_layout``, from ``MPI_Comm_split_type(SHARED)``):
     ``(0, 0, 1, 1)`` -> ``(2, 2)``."""
     counts = [0] * (max(layout) + 1 if len(layout) else 0)
     for node in layout:
@@ -391,11 +392,10 @@ class TuningData:
 def shared_data(mpi_comm, buffer: str, layout=None) -> TuningData:
     """The tuning data for `buffer` ("host"/"cuda") on the communicator `mpi_comm`, whose
     node layout is `layout` (per rank its node; None: computed here from
-    ``MPI_Comm_split_type(SHARED)``, ``backends.host.node_layout``): rank 0 reads the tuning
+    ``MPI_Comm_split_type(SHARED)``, ``topology.node_layout``): rank 0 reads the tuning
     table and broadcasts what applies, so every rank chooses alike (collective; an error on rank
     0 is raised on every rank, or the others would wait forever)."""
     if layout is None:
-        from .backends.host import node_layout
         layout = node_layout(mpi_comm)
     rpn = topology(layout)
     data = None

@@ -17,6 +17,7 @@ from ..errors import Error, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
 from ..request import Request, _check
+from ..topology import machine_ranks, node_layout
 
 K = _core.KINDS
 
@@ -86,38 +87,6 @@ def set_engine_yield(local_size: int) -> None:
     _largest_local_size = max(_largest_local_size, local_size)
     every = config.engine_yield()
     _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
-
-
-def node_layout(comm) -> tuple[int, ...]:
-    """Per rank of `comm`, its node (``schedules.node_layout`` numbering), from
-    ``MPI_Comm_split_type(SHARED)`` and one allgather (collective).  ``AL_NODE_LAYOUT`` (per
-    rank a node label, comma-separated: ``0,0,1,1``) replaces it: a testing and emulation aid
-    that makes the layout-aware algorithms treat one machine as several nodes."""
-    forced = os.environ.get("AL_NODE_LAYOUT", "").strip()
-    if forced:
-        labels = [x.strip() for x in forced.split(",")]
-        if len(labels) != comm.Get_size() or not all(labels):
-            raise ValueError(f"environment variable AL_NODE_LAYOUT={forced!r}: expected one "
-                             f"node label per rank ({comm.Get_size()} ranks), comma-separated")
-        return schedules.node_layout(labels)
-    from mpi4py import MPI
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    leader = node.bcast(comm.Get_rank(), root=0)       # the node's lowest rank names it
-    node.Free()
-    return schedules.node_layout(comm.allgather(leader))
-
-
-def machine_ranks(comm) -> int:
-    """How many ranks of `comm` share this rank's kernel (and so its cores), whatever MPI calls
-    a node: ranks in separate network or UTS namespaces (``bench cluster``'s emulated nodes),
-    or in containers, share the kernel's boot id (collective: one allgather)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            me = f.read().strip()
-    except OSError:
-        import socket
-        me = socket.gethostname()
-    return comm.allgather(me).count(me)
 
 
 def _no_ctas(min_ctas, max_ctas) -> None:

@@ -50,7 +50,7 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
     ``MPI_Comm_split_type(SHARED)`` or AL_NODE_LAYOUT, as the hierarchical algorithm sees it), dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
     lists (one value per size) under median / min / max (seconds) and busbw (bytes/s), plus
     fastest (one algorithm name per size). GPU buffers: every call ends with a stream sync."""
-    from ..backends.host import node_layout
+    from ..topology import node_layout
     from ..tuning import mpi_version, topology
     dt = np.dtype(dtype)
     rpn = list(topology(node_layout(world)))

@@ -37,7 +37,7 @@ def test_choice_follows_rank0_even_with_divergent_files(tmp_path_factory, monkey
 
 def world_topology() -> tuple:
     """MPI.COMM_WORLD's ranks per node, as a Communicator over it sees them (collective)."""
-    from aluminum_py.backends.host import node_layout
+    from aluminum_py.topology import node_layout
     return tuning.topology(node_layout(WORLD))
 
 
@@ -79,7 +79,7 @@ def test_table_of_another_topology_is_not_used(tmp_path_factory, monkeypatch):
 def test_machine_ranks_counts_the_ranks_sharing_this_kernel():
     """The engine's yield policy counts the ranks on this machine: every rank of the suite
     runs here (whatever MPI calls a node; bench cluster's nodes are namespaces of one kernel)."""
-    from aluminum_py.backends.host import machine_ranks
+    from aluminum_py.topology import machine_ranks
     assert machine_ranks(WORLD) == WORLD.size
 
 
