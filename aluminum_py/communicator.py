@@ -80,9 +80,9 @@ class Communicator:
         node = base.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank: int = node.Get_rank()
         self.local_size: int = node.Get_size()
-        node.Free()
         self._any_source = MPI.ANY_SOURCE
-        self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG)
+        self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG,
+                                 node)          # kept for "shm" on one node, else freed
         self._allreduce = self._host.fast_allreduce
         self._gpu = None if stream is None else self._make_gpu(stream)
 

@@ -168,7 +168,8 @@ cdef void* engine_main(void* arg) noexcept nogil:
             nxt = op.next
             if op.phase == PH_NEW and ((starts_mpi_collective(op) and (
                     comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
-                    or serial_gate(active, op, blocked, nblocked)):
+                    or serial_gate(active, op, blocked, nblocked)
+                    or shm_gate(active, op, blocked, nblocked)):
                 if not comm_blocked(blocked, nblocked, op.comm):   # each communicator once
                     if nblocked < 64:
                         blocked[nblocked] = op.comm
