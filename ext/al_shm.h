@@ -55,11 +55,11 @@
 
 #include "al_reduce.h"
 
-#define AL_SHM_LINE 128              /* one flag per line pair: no false sharing, no prefetch pairing */
+#define AL_SHM_LINE 128              /* a flag per line pair: no false sharing, no paired prefetch*/
 #define AL_SHM_ALIGN 4096            /* slots start on page boundaries */
 #define AL_SHM_TILE 8192             /* bytes reduced at a time: the output tile stays in L1 */
 #define AL_SHM_MAGIC 0x6d68735f6c61ULL /* "al_shm" */
-#define AL_SHM_MAX_RANKS 256          /* ranks per segment (a reduction's sources live on the stack) */
+#define AL_SHM_MAX_RANKS 256         /* ranks per segment (a reduction's inputs are on the stack) */
 
 typedef struct al_shm_seg {
   char *base;                        /* the mapping */

@@ -144,10 +144,11 @@ class HostBackend:
         set_engine_yield(local_size)
         self.layout = node_layout(tuning_comm)
         self._node_comm = self._shm_comm(node_comm)
-        usable = tuple(a for a in HOST_CANDIDATES
-                       if self._node_comm is not None or a not in ONE_NODE)
+        # what "auto" chooses from on this communicator (and the crossover benchmark times)
+        self.candidates = tuple(a for a in HOST_CANDIDATES
+                                if self._node_comm is not None or a not in ONE_NODE)
         exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
-        self.chooser = tuning.Chooser(self.size, exact, fitted, params, usable)
+        self.chooser = tuning.Chooser(self.size, exact, fitted, params, self.candidates)
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
         self.launcher.shm_open = self._open_shm

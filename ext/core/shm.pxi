@@ -24,7 +24,8 @@ cdef int shm_step(al_op* op) noexcept nogil:
     shm_args(op, &a)
     rc = al_shm_allreduce_advance(op.comm.shm, &op.shm, &a)
     if rc == 0:
-        if (g_yield_every > 0 and op.shm.polls % g_yield_every == 0) or op.shm.polls > SHM_SPIN:
+        if ((g_yield_every > 0 and op.shm.polls % g_yield_every == 0)
+                or op.shm.polls > SHM_SPIN):
             sched_yield()
         return 0
     if rc < 0:
@@ -118,7 +119,8 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     if node_comm.Get_size() != size or node_comm.Get_rank() != rank:
         _hooks.fail("shm: the node communicator does not match the communicator")
     if size > AL_SHM_MAX_RANKS:
-        _hooks.fail(f"algorithm 'shm': at most {AL_SHM_MAX_RANKS} ranks, the communicator has {size}")
+        _hooks.fail(f"algorithm 'shm': at most {AL_SHM_MAX_RANKS} ranks, the communicator has "
+                    f"{size}")
     deadline = time.monotonic() + timeout if timeout >= 0 else None
     err[0] = 0
 
@@ -136,8 +138,9 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
         params[:] = (slot, small, base != NULL)
         name[:len(bname)] = np.frombuffer(bname, np.uint8)
     try:
-        _shm_finish(node_comm.Ibcast(params, root=0), deadline, timeout, "receiving the segment's name")
-        _shm_finish(node_comm.Ibcast(name, root=0), deadline, timeout, "receiving the segment's name")
+        what = "receiving the segment's name"
+        _shm_finish(node_comm.Ibcast(params, root=0), deadline, timeout, what)
+        _shm_finish(node_comm.Ibcast(name, root=0), deadline, timeout, what)
         slot, small = int(params[0]), int(params[1])
         length = al_shm_bytes(size, slot)
         bname = name.tobytes().rstrip(b"\0")

@@ -16,10 +16,10 @@ from test_allreduce import matrix_failures, run_allreduce
 
 pytestmark = pytest.mark.mpi
 
-# 16385 float32 (64 KiB + 4 B): the first count above the default symmetric limit
-SIZES = [0, 1, 2, 3, 7, 64, 1001, 16385, 65537]
+# 65537: above the default symmetric limit (64 KiB) for every dtype, below the 1 MiB slot
+SIZES = [0, 1, 7, 1001, 65537]
 TINY = {"AL_SHM_SLOT_BYTES": "4096", "AL_SHM_SMALL_BYTES": "1024"}
-TINY_SIZES = [1, 5, 255, 257, 1023, 1025, 3001]     # up to 6 slots of 4 KiB for 8-byte dtypes
+TINY_SIZES = [5, 300, 1025, 9001]     # both protocols, up to 18 chunks of 4 KiB (8-byte dtypes)
 
 
 def with_env(env, make):
@@ -127,7 +127,8 @@ def test_blocking_after_nonblocking_keeps_order(comm):
             req.Wait(timeout=60)
         comm.Allreduce(y, algorithm="shm")
         req.Wait(timeout=60)
-        failures += differences(f"it {it} nonblocking", x, ramp_reference(x.size, 2 * it, comm.size))
+        failures += differences(f"it {it} nonblocking", x,
+                                ramp_reference(x.size, 2 * it, comm.size))
         failures += differences(f"it {it} blocking", y, ramp_reference(11, 2 * it + 1, comm.size))
     assert all_ranks_ok(not failures), every_rank(failures)
 
@@ -203,7 +204,7 @@ def test_several_nodes_is_a_clear_error():
     try:
         with pytest.raises(al.UnavailableError, match=r"'shm'.*on 2 nodes.*one node"):
             c.Allreduce(np.ones(3, np.float32), algorithm="shm")
-        assert "shm" not in c._host.chooser.usable
+        assert "shm" not in c._host.candidates and "shm" not in c._host.chooser.usable
         x = ramp(50, 2, c.rank)
         c.Allreduce(x)                                           # still usable
         assert not differences("after", x, ramp_reference(50, 2, p))
