@@ -11,14 +11,16 @@ cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
     a.count = op.count
     a.avg_div = op.result.avg_div if op.result.avg_in_steps else 0.0
 
-DEF SHM_SPIN = 4096                 # unsuccessful polls of one wait before it always yields
+DEF SHM_SPIN = 1 << 20              # unsuccessful polls of one wait before it always yields
 
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks.  A wait spins, then yields: every g_yield_every unsuccessful polls when ranks
     outnumber cores (the engine's rule, AL_ENGINE_YIELD: the peer waited for needs this core),
-    and after SHM_SPIN polls (tens of microseconds) in any case, so that a peer descheduled by
-    other work on the machine gets a core back sooner."""
+    and after SHM_SPIN polls (milliseconds) in any case, so that a peer descheduled by other
+    work on the machine gets a core back.  Not sooner: on a loaded machine a yield can hand the
+    core to another process for a whole time slice, and a wait of a few microseconds then costs
+    milliseconds (measured: 4096 polls made a 64 MiB allreduce 2-5x slower under load)."""
     cdef al_shm_args a
     cdef int rc
     shm_args(op, &a)
