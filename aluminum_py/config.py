@@ -80,10 +80,11 @@ def scratch_cache() -> int:
 
 def shm_slot_bytes() -> int:
     """AL_SHM_SLOT_BYTES: bytes of a rank's slot in a communicator's shared-memory segment, per
-    buffer (default 1 MiB; rounded up to 4 KiB).  The segment holds two per rank, and an "shm"
-    allreduce larger than a slot runs in chunks of a slot.  Rank 0's value is used."""
+    buffer (default 1 MiB; rounded up to 4 KiB; 0: no segment, "shm" unavailable).  The segment
+    holds two per rank, reserved when the communicator is made, and an "shm" allreduce larger
+    than a slot runs in chunks of a slot.  Rank 0's value is used."""
     n = _bytes("AL_SHM_SLOT_BYTES", 1 << 20)
-    if n < 4096:
+    if 0 < n < 4096:
         raise ValueError(f"environment variable AL_SHM_SLOT_BYTES={n}: at least 4096 bytes")
     return n
 

@@ -55,7 +55,7 @@ def test_killed_rank_leaves_no_segment(tmp_path, how):
     assert proc.returncode != 0, out
     assert "rank 1 dies mid-operation (allreduce/shm: split protocol" in out, out
     maps = dict((int(r), (int(p), m)) for r, p, m in
-                re.findall(r"rank (\d) pid (\d+) mapped (\[.*\])", out))
+                re.findall(r"rank (\d) pid (\d+) mapped (\[[^]]*\])", out))
     assert sorted(maps) == [0, 1, 2], out
     pid0 = maps[0][0]
     for rank, (pid, mapped) in maps.items():

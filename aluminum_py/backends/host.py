@@ -144,14 +144,16 @@ class HostBackend:
         set_engine_yield(local_size)
         self.layout = node_layout(tuning_comm)
         self._node_comm = self._shm_comm(node_comm)
+        exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
+        if self._node_comm is not None and self.size > 1:
+            self._make_shm_segment()
         # what "auto" chooses from on this communicator (and the crossover benchmark times)
         self.candidates = tuple(a for a in HOST_CANDIDATES
-                                if self._node_comm is not None or a not in ONE_NODE)
-        exact, fitted, params = tuning.shared_data(tuning_comm, self.size, local_size, "host")
+                                if self._no_shm is None or a not in ONE_NODE)
         self.chooser = tuning.Chooser(self.size, exact, fitted, params, self.candidates)
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
-        self.launcher.shm_open = self._open_shm
+        self.launcher.shm_unavailable = self._shm_unavailable
         # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
         # timeout): the Communicator calls it directly for numpy arrays, adding no Python call
         self.fast_allreduce = self.launcher.allreduce
@@ -169,6 +171,7 @@ class HostBackend:
         communicator.  Why not otherwise is kept for the error of "shm"."""
         nodes = len(set(self.layout))
         forced = os.environ.get("AL_NODE_LAYOUT", "").strip()
+        self._no_shm = None
         if node_comm is not None and node_comm.Get_size() == self.size and nodes == 1:
             return node_comm
         if node_comm is not None:
@@ -180,15 +183,27 @@ class HostBackend:
             self._no_shm = "the communicator has no node communicator"
         return None
 
-    def _open_shm(self) -> None:
-        """Map the communicator's shared-memory segment (collective: the first "shm" op)."""
+    def _make_shm_segment(self) -> None:
+        """Map the communicator's shared-memory segment (collective, at construction: made by
+        the first "shm" op instead, ops issued in different orders on different communicators
+        would wait for each other's setup).  A failure (no room in /dev/shm, ...) is the
+        same on every rank: "shm" then raises it and "auto" leaves it out."""
+        slot = config.shm_slot_bytes()
+        try:
+            _core.shm_attach(self.state, self._node_comm, slot,
+                             min(config.shm_small_bytes(), slot), config.hang_timeout_native())
+        except TimeoutError:
+            raise
+        except Error as e:
+            self._no_shm = str(e)
+
+    def _shm_unavailable(self) -> None:
+        """The launcher found no segment for an "shm" op on more than one rank: say why."""
         if self._node_comm is None:
             raise UnavailableError(f"algorithm 'shm': {self._no_shm}; shm works among the ranks "
                                    f"of one node only (MPI_Comm_split_type(SHARED)); on "
                                    f"several nodes use 'hierarchical' or 'auto'")
-        slot = config.shm_slot_bytes()
-        _core.shm_attach(self.state, self._node_comm, slot, min(config.shm_small_bytes(), slot),
-                         config.hang_timeout_native())
+        raise UnavailableError(f"algorithm 'shm': no shared-memory segment: {self._no_shm}")
 
     # ------------------------------------------------------------------ choosing
     def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:

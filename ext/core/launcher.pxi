@@ -31,7 +31,7 @@ cdef class Launcher:
     cdef object chooser           # (nbytes, itemsize) -> algorithm name (tuning.Chooser.choose; cached here)
     cdef object builder           # (alg, count, inplace) -> Schedule
     cdef frozenset host_algs
-    cdef public object shm_open   # () -> None: map the segment (collective; the first shm op)
+    cdef public object shm_unavailable   # () -> raises why an shm op finds no segment
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
@@ -159,7 +159,7 @@ cdef class Launcher:
             o.keep = (self.state, None, keep)
         elif alg == "shm":
             if self.state.c.shm == NULL and self.state.c.size > 1:
-                self.shm_open()
+                self.shm_unavailable()
             o.op.kind = K_SHM_ALLREDUCE
             o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
             o.name = "allreduce/shm"

@@ -73,7 +73,9 @@ cdef str shm_describe(al_op* op):
     cdef al_shm_op* s = &op.shm
     what = ("copying in", "waiting for the peers' inputs", "waiting for the peers' reduced blocks",
             "done")[s.phase]
-    who = f" (rank {s.waiting} has not published {s.want} yet)" if s.phase in (1, 2) else ""
+    # (read while the engine may be running it: a snapshot)
+    who = (f" (rank {s.waiting} has not published {s.want} yet)"
+           if s.phase in (1, 2) and s.waiting < op.comm.size else "")
     return (f"{'split' if s.split else 'symmetric'} protocol, elements {s.off}.."
             f"{s.off + s.chunk} of {op.count}: {what}{who}")
 
@@ -96,9 +98,9 @@ def _shm_finish(req, deadline, double timeout, what):
         time.sleep(0)
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout):
-    """Create and map the communicator's segment (collective over `node_comm`, an MPI
-    communicator of the same ranks in the same order, all on one node; no other traffic uses
-    it).  Rank 0 creates a POSIX shared-memory object, every rank maps it, and rank 0 unlinks it
+    """Create and map the communicator's segment (at construction: collective over
+    `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
+    other traffic uses it).  Rank 0 creates a POSIX shared-memory object, every rank maps it, and rank 0 unlinks it
     as soon as every rank has reported: from then on nothing is named in /dev/shm and the memory
     goes away with the last process that maps it, however it ends.  Rank 0's `slot` (bytes per
     rank per buffer, a multiple of 4096) and `small` (the symmetric protocol's limit) are used
@@ -129,7 +131,9 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     # rank 0 creates; the name and rank 0's parameters (or its error) go to every rank
     params = np.zeros(3, dtype=np.uint64)          # slot, small, created
     name = np.zeros(SHM_MSG, dtype=np.uint8)
-    if rank == 0:
+    if rank == 0 and slot == 0:
+        snprintf(err, SHM_MSG, "disabled (AL_SHM_SLOT_BYTES=0)")
+    elif rank == 0:
         slot = (slot + 4095) // 4096 * 4096
         g_shm_created += 1
         bname = f"/al_shm_{os.getpid()}_{g_shm_created}".encode()
@@ -187,8 +191,8 @@ def shm_detach(CommState cs):
     shm_release(cs.c)
 
 def shm_info(CommState cs):
-    """The segment as this rank sees it (None before the first shm op): its length, slot and
-    symmetric-protocol limit in bytes, and the rounds and flag value so far."""
+    """The segment as this rank sees it (None without one: one rank, or none could be made): its
+    length, slot and symmetric-protocol limit in bytes, and the rounds and flag value so far."""
     cdef al_shm_seg* s = cs.c.shm
     if s == NULL:
         return None

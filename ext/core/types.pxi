@@ -124,7 +124,7 @@ ctypedef struct al_comm:
     int rank
     int size
     int pending          # ops handed to the engine and not yet complete (atomic)
-    al_shm_seg* shm      # the shared-memory segment (shm.pxi): NULL until the first shm op
+    al_shm_seg* shm      # the shared-memory segment (shm.pxi), made with the communicator or NULL
 
 cdef struct al_op
 

@@ -42,8 +42,7 @@ def with_env(env, make):
 def tiny():
     """A communicator whose segment has 4 KiB slots and a 1 KiB symmetric limit (both set on
     every rank; rank 0's are the ones used)."""
-    c = al.Communicator()
-    with_env(TINY, lambda: c.Allreduce(np.ones(1, np.float32), algorithm="shm"))
+    c = with_env(TINY, al.Communicator)
     yield c
     c.Free()
 
@@ -146,13 +145,16 @@ def test_two_communicators(comm, tiny):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-def test_segment_made_on_first_use_and_freed():
+def test_segment_made_with_the_communicator_and_freed():
     c = al.Communicator()
-    assert _core.shm_info(c._state) is None             # no shm op yet: no segment
+    info = _core.shm_info(c._state)
+    failures = []
+    if (info is None) != (c.size == 1) or (info and info["rounds"] != 0):
+        failures.append(f"segment of a new communicator: {info}")
     x = ramp(100, 1, c.rank)
     c.Allreduce(x, algorithm="shm")
     info = _core.shm_info(c._state)
-    failures = differences("first op", x, ramp_reference(100, 1, c.size))
+    failures += differences("first op", x, ramp_reference(100, 1, c.size))
     if c.size > 1 and (info is None or info["rounds"] != 1):
         failures.append(f"segment after one op: {info}")
     c.Free()
@@ -191,6 +193,36 @@ def test_hang_timeout_names_the_missing_rank():
     failures += differences("next op", y, ramp_reference(10, 8, c.size))
     c.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_opposite_orders_on_two_communicators():
+    """Nonblocking shm ops on two communicators, issued in opposite orders on neighbouring
+    ranks (each communicator's own order is the same everywhere): no rank waits for another."""
+    c1, c2 = al.Communicator(), al.Communicator()
+    r, p = c1.rank, c1.size
+    a, b = ramp(999, 1, r), ramp(70001, 2, r)
+    if r % 2 == 0:
+        reqs = [c1.Iallreduce(a, algorithm="shm"), c2.Iallreduce(b, algorithm="shm")]
+    else:
+        reqs = [c2.Iallreduce(b, algorithm="shm"), c1.Iallreduce(a, algorithm="shm")]
+    al.Waitall(reqs, timeout=60)
+    failures = (differences("c1", a, ramp_reference(999, 1, p))
+                + differences("c2", b, ramp_reference(70001, 2, p)))
+    c1.Free()
+    c2.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_disabled_is_a_clear_error():
+    """AL_SHM_SLOT_BYTES=0: no segment; shm raises saying so, auto leaves it out."""
+    c = with_env({"AL_SHM_SLOT_BYTES": "0"}, al.Communicator)
+    try:
+        if c.size > 1:
+            with pytest.raises(al.UnavailableError, match=r"'shm'.*AL_SHM_SLOT_BYTES=0"):
+                c.Allreduce(np.ones(3, np.float32), algorithm="shm")
+            assert "shm" not in c._host.candidates
+    finally:
+        c.Free()
 
 
 def test_several_nodes_is_a_clear_error():
