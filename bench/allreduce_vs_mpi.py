@@ -42,14 +42,13 @@ def copy_bandwidth(world, nbytes: int = 64 << 20, reps: int = 5) -> float:
     return world.allreduce(2 * nbytes / float(np.median(times)), op=MPI.MIN)
 
 
-def shm_bound(nbytes: int, p: int, bandwidth: float) -> float:
-    """Lower bound (s) of an allreduce of `nbytes` per rank over shared memory when no rank can
-    read another's private buffers: what peers reduce must be copied out once (read + write
-    (p-1)/p n), a rank's own block is reduced from n bytes read (its own part and the peers')
-    and written twice (its recvbuf and the shared copy the peers read: 2n/p), and the peers'
-    reduced blocks are copied in (read + write (p-1)/p n): (5 - 2/p) n bytes of memory traffic
-    per rank (4n at 2 ranks), at `bandwidth` (copy_bandwidth)."""
-    return (5 - 2 / p) * nbytes / bandwidth
+def shm_bound(nbytes: int, bandwidth: float) -> float:
+    """Lower bound (s) of an allreduce of `nbytes` per rank, for buffers larger than the caches:
+    every rank must at least read its sendbuf from memory and write its recvbuf to it, 2n bytes,
+    at `bandwidth` (copy_bandwidth: what one rank gets while every rank copies).  The rest of the
+    shm algorithm's traffic ((5 - 2/p) n bytes per rank in all, al_shm.h) goes to and from its
+    slots, 2 p MiB that stay in the caches."""
+    return 2 * nbytes / bandwidth
 
 
 def default_iters(nbytes: int) -> int:
@@ -124,10 +123,11 @@ def main(argv=None) -> int:
                   f"best {ratios.min():.2f}, worst {ratios.max():.2f}")
         if bandwidth:
             big = rows[-1]
-            bound = shm_bound(big["bytes"], comm.size, bandwidth) * 1e6
+            bound = shm_bound(big["bytes"], bandwidth) * 1e6
             print(f"# shm at {big['bytes']} B: {big['shm']:.0f} us = {big['shm'] / bound:.2f}x the "
-                  f"memory-traffic bound {bound:.0f} us ((5 - 2/p) n bytes per rank at "
-                  f"{bandwidth / 1e9:.2f} GB/s read + written per rank, all ranks copying)")
+                  f"memory-traffic bound {bound:.0f} us (read sendbuf + write recvbuf, 2n bytes "
+                  f"per rank, at {bandwidth / 1e9:.2f} GB/s read + written per rank while all "
+                  f"ranks copy)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "dtype": args.dtype, "op": args.op,
