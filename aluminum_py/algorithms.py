@@ -33,6 +33,7 @@ class Algorithm(NamedTuple):
     candidate: bool = False     # "auto" may choose it (the tuning table times it)
     modelled: bool = False      # the cost model has a formula for it
     listed: bool = True         # a name users pass; False: internal (what "auto" reports)
+    one_node: bool = False      # only for communicators whose ranks all share a node
 
 
 REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
@@ -43,6 +44,8 @@ REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("ring", ("host",), "host", candidate=True, modelled=True),
     # reduce inside each node, allreduce among node leaders, broadcast inside each node
     Algorithm("hierarchical", ("host",), "host", candidate=True),
+    # over a shared-memory segment of the node (docs/algorithms.md, "Shared memory")
+    Algorithm("shm", ("host",), "host", candidate=True, one_node=True),
     Algorithm("nccl", ("cuda",), "nccl", candidate=True),
     # host transfer with the host "auto" inside: what GPU "auto" falls back to without NCCL
     # (reported as a request's algorithm) and what aluminum_py.host_transfer.allreduce takes;
@@ -67,6 +70,7 @@ HOST_CANDIDATES = _names("host", candidate=True)         # what host "auto" choo
 GPU_CANDIDATES = _names("cuda", candidate=True)          # what GPU "auto" chooses from
 HOST_TRANSFER = _names("cuda", backend="host_transfer")  # ht_auto, ht_mpi, ..., ht_ring
 MODELLED = _names("host", modelled=True)                 # recursive_doubling, rabenseifner, ring
+ONE_NODE = _names("host", one_node=True)                 # shm
 
 
 def algorithms(op: str = "allreduce", device: str | None = None) -> tuple[str, ...]:

@@ -80,9 +80,9 @@ class Communicator:
         node = base.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank: int = node.Get_rank()
         self.local_size: int = node.Get_size()
-        node.Free()
         self._any_source = MPI.ANY_SOURCE
-        self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG)
+        self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG,
+                                 node)          # kept for "shm" on one node, else freed
         self._allreduce = self._host.fast_allreduce
         self._gpu = None if stream is None else self._make_gpu(stream)
         timeline.on_communicator(self)      # recording: the clock sync (collective)
@@ -170,12 +170,14 @@ class Communicator:
             sendbuf: numpy array or C-contiguous buffer.
             recvbuf: output with at least sendbuf's element count and the same dtype, or None.
             op: al.SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR or AVG.
-            algorithm: "auto", "mpi", "recursive_doubling", "rabenseifner" or "ring"; for GPU
-                buffers "auto", "nccl" or "ht_*" (aluminum_py.gpu).
+            algorithm: "auto", "mpi", "recursive_doubling", "rabenseifner", "ring",
+                "hierarchical" or "shm" (ranks of one node only); for GPU buffers "auto",
+                "nccl" or "ht_*" (aluminum_py.gpu).
             max_ctas, min_ctas: GPU buffers with NCCL only: limits on the thread blocks NCCL
                 uses (default AL_NCCL_MAX_CTAS / AL_NCCL_MIN_CTAS).
         Raises:
             TypeError / ValueError: bad arguments (before any communication).
+            aluminum_py.UnavailableError: "shm" on a communicator spanning nodes.
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
         if type(sendbuf) is _ndarray and max_ctas is None and min_ctas is None:

@@ -95,6 +95,24 @@ def timeline_buffer() -> int:
     return int(v)
 
 
+def shm_slot_bytes() -> int:
+    """AL_SHM_SLOT_BYTES: bytes of a rank's slot in a communicator's shared-memory segment, per
+    buffer (default 1 MiB; rounded up to 4 KiB; 0: no segment, "shm" unavailable).  The segment
+    holds two per rank, reserved when the communicator is made, and an "shm" allreduce larger
+    than a slot runs in chunks of a slot.  Rank 0's value is used."""
+    n = _bytes("AL_SHM_SLOT_BYTES", 1 << 20)
+    if 0 < n < 4096:
+        raise ValueError(f"environment variable AL_SHM_SLOT_BYTES={n}: at least 4096 bytes")
+    return n
+
+
+def shm_small_bytes() -> int:
+    """AL_SHM_SMALL_BYTES: "shm" allreduces of at most this many bytes use the symmetric
+    protocol (one synchronisation, every rank reduces everything), larger ones reduce-scatter
+    then allgather (default 64 KiB; at most the slot).  Rank 0's value is used."""
+    return _bytes("AL_SHM_SMALL_BYTES", 64 << 10)
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

@@ -1,7 +1,7 @@
 """Allreduce: every aluminum_py algorithm against mpi4py's own Allreduce, same run, interleaved.
 
     mpiexec -n 2 python bench/allreduce_vs_mpi.py [--min-bytes 4] [--max-bytes 64MiB]
-        [--algorithms mpi,recursive_doubling,rabenseifner,ring,auto] [--dtype float32]
+        [--algorithms shm,recursive_doubling,rabenseifner,ring,auto] [--dtype float32]
         [--nonblocking] [--op sum|avg] [--iters N] [--json FILE]
 
 For each size and each iteration, every contender runs once (order rotated per iteration),
@@ -9,6 +9,9 @@ each preceded by a barrier.  A sample is the max over ranks of one call's time; 
 the median sample in microseconds and the ratio to mpi4py's ``comm.Allreduce`` (lower is better).
 ``--op avg`` times ``al.AVG``; MPI has no average, so mpi4py runs SUM and then divides with
 numpy (``recv /= size``), as a user would.
+
+With ``shm`` among the algorithms (and more than one rank), the last line compares its time at
+the largest size with the memory-traffic bound of a shared-memory allreduce (:func:`shm_bound`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,31 @@ import aluminum_py as al
 from aluminum_py.bench.timing import parse_bytes, size_sweep, time_interleaved
 
 
+def copy_bandwidth(world, nbytes: int = 64 << 20, reps: int = 5) -> float:
+    """STREAM-like copy bandwidth of one rank while every rank copies at once (they share the
+    memory system): bytes read + written per second by ``np.copyto`` of `nbytes`, the median of
+    `reps` copies each started after a barrier, the minimum over ranks."""
+    import time
+    src = np.ones(nbytes // 8)
+    dst = np.zeros_like(src)
+    times = []
+    for _ in range(reps):
+        world.Barrier()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return world.allreduce(2 * nbytes / float(np.median(times)), op=MPI.MIN)
+
+
+def shm_bound(nbytes: int, bandwidth: float) -> float:
+    """Lower bound (s) of an allreduce of `nbytes` per rank, for buffers larger than the caches:
+    every rank must at least read its sendbuf from memory and write its recvbuf to it, 2n bytes,
+    at `bandwidth` (copy_bandwidth: what one rank gets while every rank copies).  The rest of the
+    shm algorithm's traffic ((5 - 2/p) n bytes per rank in all, al_shm.h) goes to and from its
+    slots, 2 p MiB that stay in the caches."""
+    return 2 * nbytes / bandwidth
+
+
 def default_iters(nbytes: int) -> int:
     return int(min(300, max(5, (256 << 20) // max(nbytes, 1) // 8)))
 
@@ -31,7 +59,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-bytes", default="4")
     ap.add_argument("--max-bytes", default="64MiB")
-    ap.add_argument("--algorithms", default="recursive_doubling,rabenseifner,ring,auto")
+    ap.add_argument("--algorithms", default="shm,recursive_doubling,rabenseifner,ring,auto")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--nonblocking", action="store_true", help="time Iallreduce + Wait")
     ap.add_argument("--op", choices=("sum", "avg"), default="sum")
@@ -87,15 +115,23 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             cells = "".join(f" {med[i + 1]:>11.1f} ({med[i + 1] / med[0]:4.2f}x)" for i in range(len(algs)))
             print(f"{nbytes:>10} {med[0]:>10.1f}{cells}", flush=True)
+    bandwidth = copy_bandwidth(world) if "shm" in algs and comm.size > 1 and rows else None
     if comm.rank == 0 and rows:
         for a in algs:
             ratios = np.array([r[a] / r["mpi4py"] for r in rows])
             print(f"# {a}: geometric-mean ratio {np.exp(np.log(ratios).mean()):.2f}, "
                   f"best {ratios.min():.2f}, worst {ratios.max():.2f}")
+        if bandwidth:
+            big = rows[-1]
+            bound = shm_bound(big["bytes"], bandwidth) * 1e6
+            print(f"# shm at {big['bytes']} B: {big['shm']:.0f} us = {big['shm'] / bound:.2f}x the "
+                  f"memory-traffic bound {bound:.0f} us (read sendbuf + write recvbuf, 2n bytes "
+                  f"per rank, at {bandwidth / 1e9:.2f} GB/s read + written per rank while all "
+                  f"ranks copy)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "dtype": args.dtype, "op": args.op,
-                           "nonblocking": args.nonblocking,
+                           "nonblocking": args.nonblocking, "copy_bandwidth": bandwidth,
                            "mpi": MPI.Get_library_version().splitlines()[0], "rows": rows}, f, indent=1)
     native.Free()
     return 0

@@ -40,6 +40,7 @@ include "core/mpitypes.pxi"         # MPI datatypes and ops for our dtype and op
 include "core/helpers.pxi"          # addr, thread level, reduce_into
 include "core/hooks.pxi"            # _hooks: error messages written once, in Python
 include "core/commstate.pxi"        # class CommState
+include "core/shm.pxi"              # the shared-memory transport: shm op, its gate, the segment
 include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
 include "core/nativeop.pxi"         # class NativeOp, make_op

@@ -2,7 +2,7 @@
 # libmpi.pxd): our C headers (al_reduce.h, al_device.h) and the system calls the engine uses.
 # Declarations only: no code lives here.
 
-from libc.stdint cimport uint32_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from posix.time cimport timespec
 
 cdef extern from "al_reduce.h" nogil:
@@ -25,6 +25,37 @@ cdef extern from "al_reduce.h" nogil:
     int al_load_seqcst(const int* p)
     void al_store_seqcst(int* p, int v)
     double al_now()
+
+cdef extern from "al_shm.h" nogil:
+    # the shared-memory transport (ext/al_shm.h; its protocol is described there)
+    enum:
+        AL_SHM_PUT, AL_SHM_WAIT_IN, AL_SHM_WAIT_OUT, AL_SHM_END, AL_SHM_MAX_RANKS
+    ctypedef struct al_shm_seg:
+        char* base
+        size_t len
+        int rank, size
+        size_t slot, small
+        uint64_t seq, round
+    ctypedef struct al_shm_op:
+        int phase, split
+        int64_t off, chunk
+        uint64_t want
+        int waiting
+        long polls
+    ctypedef struct al_shm_args:
+        int dtype, rop, esize
+        const char* sbuf
+        char* rbuf
+        int64_t count
+        double avg_div
+    size_t al_shm_bytes(int size, size_t slot)
+    char* al_shm_create(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
+    char* al_shm_open(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
+    void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
+    void al_shm_allreduce_begin(const al_shm_seg*, al_shm_op*, const al_shm_args*)
+    int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    int shm_unlink(const char* name)
+    int munmap(void* addr, size_t len)
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t

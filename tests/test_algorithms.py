@@ -9,7 +9,7 @@ import cost_reference
 
 def test_names():
     host = al.algorithms("allreduce", "host")
-    assert host == ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical")
+    assert host == ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm")
     assert "nccl" in al.algorithms("allreduce", "cuda")
     assert set(host) <= set(al.algorithms("allreduce"))
     with pytest.raises(ValueError, match="op"):

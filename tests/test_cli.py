@@ -24,7 +24,8 @@ def test_crossover_tune_json_csv_plot_and_map(tmp_path):
         run = json.loads(out.read_text())
         assert run["ranks"] == n and run["sizes"][0] == 4 and run["sizes"][-1] == 65536
         assert 12 in run["sizes"]                                   # --odd
-        assert set(run["median"]) == {"mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical"}
+        assert set(run["median"]) == {"mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical",
+                                      "shm"}
         for i in range(len(run["sizes"])):
             assert run["fastest"][i] == min(run["median"], key=lambda a: run["median"][a][i])
             for a in run["median"]:

@@ -10,7 +10,7 @@ import operator
 import os
 
 from .. import _core, config, schedules, tuning
-from ..algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES
+from ..algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES, ONE_NODE
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..errors import Error, TimeoutError, UnavailableError
@@ -50,6 +50,11 @@ class _Hooks:
     def raise_timeout(op, timeout):
         raise TimeoutError(f"{op.describe()}: not complete after {timeout:g} s "
                            f"(AL_HANG_TIMEOUT; a peer that never joined?)")
+
+    @staticmethod
+    def setup_timeout(what, timeout):
+        raise TimeoutError(f"{what}: not complete after {timeout:g} s (AL_HANG_TIMEOUT; a peer "
+                           f"that never joined?)")
 
     @staticmethod
     def bad_algorithm(algorithm):
@@ -108,9 +113,13 @@ class HostBackend:
         here once, for the layout-aware schedules (``hierarchical``) and the tuning table's
         key (its topology: ranks of each node).
         any_source, any_tag: MPI.ANY_SOURCE and MPI.ANY_TAG.
+        node_comm: ``MPI_Comm_split_type(SHARED)`` of `tuning_comm` (ranks in the same order);
+            kept (freed at ``close``) when it holds every rank and the layout is one node: the
+            "shm" algorithm sets up its segment over it. Else freed here, and "shm" raises.
     """
 
-    def __init__(self, state, tuning_comm, local_size: int, any_source: int, any_tag: int):
+    def __init__(self, state, tuning_comm, local_size: int, any_source: int, any_tag: int,
+                 node_comm=None):
         self.state = state
         self.rank = state.rank
         self.size = state.size
@@ -118,17 +127,67 @@ class HostBackend:
         self._any_tag = any_tag
         set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
         self.layout = node_layout(tuning_comm)
-        self.chooser = tuning.Chooser.from_data(tuning.shared_data(tuning_comm, "host", self.layout),
-                                                HOST_CANDIDATES)
+        self._node_comm = self._shm_comm(node_comm)
+        data = tuning.shared_data(tuning_comm, "host", self.layout)
+        if self._node_comm is not None and self.size > 1:
+            self._make_shm_segment()
+        # what "auto" chooses from on this communicator (and the crossover benchmark times)
+        self.candidates = tuple(a for a in HOST_CANDIDATES
+                                if self._no_shm is None or a not in ONE_NODE)
+        self.chooser = tuning.Chooser.from_data(data, self.candidates)
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
+        self.launcher.shm_unavailable = self._shm_unavailable
         # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
         # timeout): the Communicator calls it directly for numpy arrays, adding no Python call
         self.fast_allreduce = self.launcher.allreduce
 
     def close(self) -> None:
+        _core.shm_detach(self.state)
+        if self._node_comm is not None:
+            self._node_comm.Free()
         self.state.coll_comm.Free()
         self.state.p2p_comm.Free()
+
+    # ------------------------------------------------------------------ shared memory
+    def _shm_comm(self, node_comm):
+        """`node_comm` if the communicator is one node's (else it is freed): the "shm" setup's
+        communicator.  Why not otherwise is kept for the error of "shm"."""
+        nodes = len(set(self.layout))
+        forced = os.environ.get("AL_NODE_LAYOUT", "").strip()
+        self._no_shm = None
+        if node_comm is not None and node_comm.Get_size() == self.size and nodes == 1:
+            return node_comm
+        if node_comm is not None:
+            node_comm.Free()
+        if nodes > 1:
+            self._no_shm = (f"the communicator's {self.size} ranks are on {nodes} nodes"
+                            + (f" (AL_NODE_LAYOUT={forced})" if forced else ""))
+        else:
+            self._no_shm = "the communicator has no node communicator"
+        return None
+
+    def _make_shm_segment(self) -> None:
+        """Map the communicator's shared-memory segment (collective, at construction: made by
+        the first "shm" op instead, ops issued in different orders on different communicators
+        would wait for each other's setup).  A failure (no room in /dev/shm, ...) is the
+        same on every rank: "shm" then raises it and "auto" leaves it out."""
+        slot = config.shm_slot_bytes()
+        try:
+            _core.shm_attach(self.state, self._node_comm, slot,
+                             min(config.shm_small_bytes(), slot), config.hang_timeout_native())
+        except TimeoutError:
+            raise
+        except Error as e:
+            self._no_shm = str(e)
+
+    def _shm_unavailable(self) -> None:
+        """The launcher found no segment for an "shm" op on more than one rank: say why."""
+        if self._node_comm is None:
+            raise UnavailableError(f"algorithm 'shm': {self._no_shm}; shm works among the ranks "
+                                   f"of one node only (MPI_Comm_split_type(SHARED)); on "
+                                   f"several nodes use 'hierarchical' or 'auto'")
+        raise UnavailableError(f"algorithm 'shm': no shared-memory segment: {self._no_shm}")
 
     # ------------------------------------------------------------------ choosing
     def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:

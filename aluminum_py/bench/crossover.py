@@ -180,6 +180,8 @@ def main(argv=None) -> int:
         comm = al.Communicator(stream=cupy.cuda.Stream(non_blocking=True))
     else:
         comm = al.Communicator()
+        if args.algorithms is None:     # what this communicator's auto picks from ("shm": one node)
+            algorithms = [a for a in algorithms if a in comm._host.candidates]
     dt = np.dtype(args.dtype)
     sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dt.itemsize,
                        odd=args.odd)

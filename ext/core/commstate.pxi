@@ -36,7 +36,8 @@ cdef class CommState:
 
     def __dealloc__(self):
         # MPI communicators are freed by Communicator.Free(); the struct lives as long as any op
-        # referencing it (ops keep a reference to this object).
+        # referencing it (ops keep a reference to this object), and so does its segment.
+        shm_release(self.c)
         free(self.c)
         self.c = NULL
 

@@ -159,8 +159,9 @@ cdef void* engine_main(void* arg) noexcept nogil:
         # collective waits while an earlier host-transfer op on its communicator has not yet
         # started its own MPI collective (that waits for a device copy), so MPI sees every
         # communicator's collectives in call order on every rank.  A large all-reduce waits
-        # for the large one running on its communicator (serial_gate); a waiting op also holds
-        # back the later MPI collectives and large all-reduces on its communicator.
+        # for the large one running on its communicator (serial_gate), an op over a shared-memory
+        # segment for the one running over it (shm_gate); a waiting op also holds back the
+        # later MPI collectives, large all-reduces and shm ops on its communicator.
         nblocked = 0
         prev = NULL
         op = deferred
@@ -168,7 +169,8 @@ cdef void* engine_main(void* arg) noexcept nogil:
             nxt = op.next
             if op.phase == PH_NEW and ((starts_mpi_collective(op) and (
                     comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
-                    or serial_gate(active, op, blocked, nblocked)):
+                    or serial_gate(active, op, blocked, nblocked)
+                    or shm_gate(active, op, blocked, nblocked)):
                 if not comm_blocked(blocked, nblocked, op.comm):   # each communicator once
                     if nblocked < 64:
                         blocked[nblocked] = op.comm

@@ -31,6 +31,7 @@ cdef class Launcher:
     cdef object chooser           # (nbytes, itemsize) -> algorithm name (tuning.Chooser.choose; cached here)
     cdef object builder           # (alg, count, inplace) -> Schedule
     cdef frozenset host_algs
+    cdef public object shm_unavailable   # () -> raises why an shm op finds no segment
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
@@ -175,6 +176,13 @@ cdef class Launcher:
             o.op.kind = K_ALLREDUCE
             o.op.sbuf = NULL if inplace else <char*>sp
             o.name = "allreduce/mpi"
+            o.keep = (self.state, None, keep)
+        elif alg == "shm":
+            if self.state.c.shm == NULL and self.state.c.size > 1:
+                self.shm_unavailable()
+            o.op.kind = K_SHM_ALLREDUCE
+            o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
+            o.name = "allreduce/shm"
             o.keep = (self.state, None, keep)
         else:
             sched = self.schedule(alg, count, inplace)

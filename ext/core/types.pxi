@@ -20,7 +20,8 @@ cdef enum:                  # al_kind
     K_RECV = 11
     K_SENDRECV = 12
     K_HOST_TRANSFER = 13    # device copies around an inner host allreduce (host_transfer.pxi)
-    K_NKINDS = 14
+    K_SHM_ALLREDUCE = 14    # allreduce over the communicator's shared-memory segment (shm.pxi)
+    K_NKINDS = 15
 
 # What the engine needs to know about a kind, in one table (KIND_INFO, filled below) instead of
 # tests on the enum's order.
@@ -64,6 +65,8 @@ set_kind_info(K_RECV,            "recv",           0,    0,     1,   1)
 set_kind_info(K_SENDRECV,        "sendrecv",       0,    0,     1,   1)
 # host transfer: its inner op is what issues MPI calls (starts_mpi_collective looks there)
 set_kind_info(K_HOST_TRANSFER,   "host_transfer",  0,    0,     0,   0)
+# no MPI call: its ordering is the segment's (shm_gate)
+set_kind_info(K_SHM_ALLREDUCE,   "shm_allreduce",  0,    1,     0,   0)
 
 # op phases (al_op.phase)
 cdef enum:                  # al_phase
@@ -121,6 +124,7 @@ ctypedef struct al_comm:
     int rank
     int size
     int pending          # ops handed to the engine and not yet complete (atomic)
+    al_shm_seg* shm      # the shared-memory segment (shm.pxi), made with the communicator or NULL
 
 cdef struct al_op
 
@@ -188,3 +192,4 @@ cdef struct al_op:
     al_mpi_args mpi
     al_result result
     al_ht_state ht
+    al_shm_op shm        # K_SHM_ALLREDUCE: where the protocol stands (al_shm.h)

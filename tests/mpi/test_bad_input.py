@@ -447,7 +447,7 @@ def test_communicator_bad_arguments():
 
 # ---------------------------------------------------------------------------- names and errors
 def test_algorithm_names():
-    host = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical")
+    host = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm")
     gpu = ("auto", "nccl", "ht_mpi", "ht_recursive_doubling", "ht_rabenseifner", "ht_ring")
     names = al.algorithms("allreduce")
     assert len(names) == len(set(names))

@@ -1,0 +1,316 @@
+/* The intra-node shared-memory transport ("shm") of aluminum_py: one segment per communicator
+ * whose ranks all share a node, and the allreduce over it.  Pure C, called without the GIL
+ * from ext/core/shm.pxi (the op glue, the collective segment setup, the Python classes).
+ *
+ * The segment (al_shm_bytes): a header line, then one flag per rank, each on its own 128-byte
+ * line (two 64-byte lines: x86's adjacent-line prefetcher pairs them), then the data: two
+ * buffers, each one slot of `slot` bytes per rank (4 KiB aligned):
+ *
+ *     [header][flag 0][flag 1]...[flag p-1][buf 0: slot 0 ... slot p-1][buf 1: slot 0 ... slot p-1]
+ *
+ * A rank writes only its own flag and its own slots; it reads everybody's.
+ *
+ * The protocol.  Every rank makes the same sequence of "rounds" (one chunk of one op per round;
+ * ops on a communicator run one at a time in call order, see shm_gate in shm.pxi), and round m
+ * uses buffer m % 2.  A rank's flag is a 64-bit counter: each time it has written what its
+ * peers may read next, it stores the counter + 1 with release ordering ("publish"); it then
+ * waits until every peer's flag, loaded with acquire ordering, has reached the same value
+ * ("arrive").  Release/acquire pairs make everything the peer wrote before its publish visible
+ * to the reader after its arrive; no other ordering is needed, as every byte has one writer.
+ *
+ *   symmetric (small messages, one publish per round; DeepSpeed's "symmetric" allreduce):
+ *     copy the whole chunk into my slot; publish; arrive; reduce all p slots, in rank order,
+ *     into recvbuf (every rank computes the same bits from the same data in the same order).
+ *   split (large messages, two publishes per round; reduce-scatter then allgather):
+ *     copy the blocks j != me of the chunk into my slot (block j is what rank j reduces);
+ *     publish; arrive; reduce my block from my own sendbuf and every peer's slot into recvbuf
+ *     (one rank computes each block: every rank gets the same bits), copying each reduced tile
+ *     into my slot's block `me` while it is in cache; publish; arrive; copy every peer's
+ *     reduced block from its slot into recvbuf.
+ *
+ * Why no closing barrier: a rank overwrites its slot in buffer b at round m + 2, i.e. after its
+ * first arrive of round m + 1, i.e. after every peer's first publish of round m + 1, which each
+ * peer makes only after it finished reading round m (its last reads of buffer b).  In the split
+ * protocol a rank writes its slot's own block during round m's reduction, a block no peer reads
+ * before the second publish of round m.  So the two buffers alternate safely with no extra
+ * synchronisation, and a rank can run at most one round ahead of the slowest peer.
+ *
+ * The memory traffic of the split protocol per rank and per element of the message is the
+ * minimum for any algorithm that cannot read a peer's private memory (docs/performance.md):
+ * what peers reduce is copied out once ((p-1)/p read + write), the own block is read from
+ * sendbuf and the peers' slots (1 read) and written twice (recvbuf and the slot, 2/p), the
+ * peers' reduced blocks are copied in ((p-1)/p read + write).
+ */
+#ifndef AL_SHM_H
+#define AL_SHM_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "al_reduce.h"
+
+#define AL_SHM_LINE 128              /* a flag per line pair: no false sharing, no paired prefetch*/
+#define AL_SHM_ALIGN 4096            /* slots start on page boundaries */
+#define AL_SHM_TILE 8192             /* bytes reduced at a time: the output tile stays in L1 */
+#define AL_SHM_MAGIC 0x6d68735f6c61ULL /* "al_shm" */
+#define AL_SHM_MAX_RANKS 256         /* ranks per segment (a reduction's inputs are on the stack) */
+
+typedef struct al_shm_seg {
+  char *base;                        /* the mapping */
+  size_t len;
+  int rank, size;
+  size_t slot;                       /* bytes per rank per buffer */
+  size_t small;                      /* messages of at most this many bytes: symmetric protocol */
+  uint64_t seq;                      /* the last value this rank published */
+  uint64_t round;                    /* rounds so far (buffer = round % 2) */
+} al_shm_seg;
+
+/* Where one op stands (al_op.shm); zero is "not started". */
+enum { AL_SHM_PUT = 0, AL_SHM_WAIT_IN = 1, AL_SHM_WAIT_OUT = 2, AL_SHM_END = 3 };
+
+typedef struct al_shm_op {
+  int phase;                         /* AL_SHM_PUT ... AL_SHM_END */
+  int split;                         /* 1: reduce-scatter + allgather, 0: symmetric */
+  int64_t off;                       /* the current chunk: elements [off, off + chunk) */
+  int64_t chunk;
+  uint64_t want;                     /* the flag value every peer must reach */
+  int waiting;                       /* the first peer not yet seen at `want` */
+  long polls;                        /* unsuccessful polls of the current wait (when to yield) */
+} al_shm_op;
+
+static inline size_t al_shm_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+static inline size_t al_shm_data_offset(int size) {
+  return al_shm_round_up((size_t)(size + 1) * AL_SHM_LINE, AL_SHM_ALIGN);
+}
+
+/* The segment's length for `size` ranks and slots of `slot` bytes (a multiple of AL_SHM_ALIGN). */
+static inline size_t al_shm_bytes(int size, size_t slot) {
+  return al_shm_data_offset(size) + 2 * (size_t)size * slot;
+}
+
+static inline uint64_t *al_shm_flag(const al_shm_seg *s, int r) {
+  return (uint64_t *)(s->base + (size_t)(r + 1) * AL_SHM_LINE);
+}
+
+static inline char *al_shm_slot(const al_shm_seg *s, int buf, int r) {
+  return s->base + al_shm_data_offset(s->size) + ((size_t)buf * s->size + r) * s->slot;
+}
+
+/* ---- the segment: create (one rank), open (the others), unlink, unmap ---- */
+
+/* Create `name` (O_EXCL, mode 0600), reserve `len` bytes of memory for it (posix_fallocate: a
+ * full /dev/shm is reported here, not as SIGBUS in the middle of an op) and map it; the header
+ * records what the openers check.  Returns the mapping, or NULL with a message in err. */
+static char *al_shm_create(const char *name, size_t len, int size, size_t slot, char *err,
+                           size_t errlen) {
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600), rc;
+  char *p;
+  if (fd < 0) {
+    snprintf(err, errlen, "shm_open(%s, O_CREAT) failed: %s", name, strerror(errno));
+    return NULL;
+  }
+  rc = ftruncate(fd, (off_t)len) != 0 ? errno : posix_fallocate(fd, 0, (off_t)len);
+  if (rc != 0) {
+    snprintf(err, errlen, "reserving %zu bytes in /dev/shm for %s failed: %s", len, name,
+             strerror(rc));
+    close(fd);
+    shm_unlink(name);
+    return NULL;
+  }
+  p = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, name, strerror(errno));
+    shm_unlink(name);
+    return NULL;
+  }
+  ((uint64_t *)p)[1] = (uint64_t)size;
+  ((uint64_t *)p)[2] = (uint64_t)slot;
+  __atomic_store_n((uint64_t *)p, AL_SHM_MAGIC, __ATOMIC_RELEASE);
+  return p;
+}
+
+/* Map the segment another rank created; checks its length and header. */
+static char *al_shm_open(const char *name, size_t len, int size, size_t slot, char *err,
+                         size_t errlen) {
+  int fd = shm_open(name, O_RDWR, 0);
+  struct stat st;
+  char *p;
+  if (fd < 0) {
+    snprintf(err, errlen, "shm_open(%s) failed: %s", name, strerror(errno));
+    return NULL;
+  }
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size != len) {
+    snprintf(err, errlen, "%s has %lld bytes, expected %zu", name, (long long)st.st_size, len);
+    close(fd);
+    return NULL;
+  }
+  p = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, name, strerror(errno));
+    return NULL;
+  }
+  if (__atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE) != AL_SHM_MAGIC ||
+      ((uint64_t *)p)[1] != (uint64_t)size || ((uint64_t *)p)[2] != (uint64_t)slot) {
+    snprintf(err, errlen, "%s is not the segment of this communicator (header mismatch)", name);
+    munmap(p, len);
+    return NULL;
+  }
+  return p;
+}
+
+static void al_shm_init(al_shm_seg *s, char *base, size_t len, int rank, int size, size_t slot,
+                        size_t small) {
+  memset(s, 0, sizeof(*s));
+  s->base = base;
+  s->len = len;
+  s->rank = rank;
+  s->size = size;
+  s->slot = slot;
+  s->small = small;
+}
+
+/* ---- flags ---- */
+
+static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
+  s->seq++;
+  __atomic_store_n(al_shm_flag(s, s->rank), s->seq, __ATOMIC_RELEASE);
+  o->want = s->seq;
+  o->waiting = 0;
+  o->polls = 0;
+}
+
+/* 1 once every peer's flag has reached o->want (never blocks). */
+static inline int al_shm_arrived(const al_shm_seg *s, al_shm_op *o) {
+  while (o->waiting < s->size) {
+    if (o->waiting != s->rank &&
+        __atomic_load_n(al_shm_flag(s, o->waiting), __ATOMIC_ACQUIRE) < o->want)
+      return 0;
+    o->waiting++;
+  }
+  return 1;
+}
+
+/* ---- data movement ---- */
+
+/* Block j of a chunk of n elements of esize bytes: [lo, hi).  Blocks are whole cache lines
+ * (except the last), so no two ranks ever write the same line of recvbuf or of a slot. */
+static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo, int64_t *hi) {
+  int64_t per_line = 64 / esize > 0 ? 64 / esize : 1;
+  int64_t b = ((n + p - 1) / p + per_line - 1) / per_line * per_line;
+  *lo = (int64_t)j * b < n ? (int64_t)j * b : n;
+  *hi = *lo + b < n ? *lo + b : n;
+}
+
+/* out = src[0] op src[1] op ... op src[k-1] over n elements (k >= 2), tile by tile so that the
+ * partial results stay in L1 (memory traffic: k reads and one write per element); AVG (avg_div
+ * > 0) divides in the last pass.  `out` may be src[0] exactly.  Each tile is then copied to
+ * `copy_to` if it is not NULL.  Returns 0, or -1 for an unsupported (dtype, op). */
+static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *const *src, int k,
+                         int64_t n, double avg_div, char *copy_to) {
+  int64_t tile = AL_SHM_TILE / esize, t, m;
+  int j, rc = 0;
+  for (t = 0; t < n && rc == 0; t += tile) {
+    size_t off = (size_t)t * esize;
+    m = n - t < tile ? n - t : tile;
+    for (j = 1; j < k && rc == 0; j++) {
+      const char *a = j == 1 ? src[0] + off : out + off;
+      if (j == k - 1 && avg_div > 0)
+        rc = al_reduce_div(dtype, out + off, a, src[j] + off, (size_t)m, avg_div);
+      else
+        rc = al_reduce(dtype, op, out + off, a, src[j] + off, (size_t)m);
+    }
+    if (copy_to != NULL)
+      memcpy(copy_to + off, out + off, (size_t)m * esize);
+  }
+  return rc;
+}
+
+/* ---- the allreduce ---- */
+
+typedef struct al_shm_args {
+  int dtype, rop, esize;
+  const char *sbuf;                  /* == rbuf in place */
+  char *rbuf;
+  int64_t count;
+  double avg_div;                    /* > 0: AVG, divide in the last reduction pass */
+} al_shm_args;
+
+/* Start an allreduce: the protocol by size (the same on every rank: count and esize are). */
+static inline void al_shm_allreduce_begin(const al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
+  memset(o, 0, sizeof(*o));
+  o->split = (size_t)a->count * a->esize > s->small && s->size > 1;
+  o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
+}
+
+/* Run the op until it must wait for a peer (returns 0), it is complete (1) or fails (-1:
+ * unsupported (dtype, op), checked before by the caller).  Never blocks. */
+static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
+  const char *src[AL_SHM_MAX_RANKS];
+  int p = s->size, me = s->rank, j, k, b;
+  int64_t lo, hi, es = a->esize;
+  while (o->phase != AL_SHM_END) {
+    b = (int)(s->round & 1);
+    if (o->phase == AL_SHM_PUT) {
+      int64_t cap = (int64_t)(s->slot / (size_t)es);
+      o->chunk = a->count - o->off < cap ? a->count - o->off : cap;
+      if (o->split) {
+        for (j = 0; j < p; j++) {
+          if (j == me) continue;
+          al_shm_block(o->chunk, p, a->esize, j, &lo, &hi);
+          memcpy(al_shm_slot(s, b, me) + lo * es, a->sbuf + (o->off + lo) * es,
+                 (size_t)(hi - lo) * es);
+        }
+      } else {
+        memcpy(al_shm_slot(s, b, me), a->sbuf + o->off * es, (size_t)o->chunk * es);
+      }
+      al_shm_publish(s, o);
+      o->phase = AL_SHM_WAIT_IN;
+    }
+    if (o->phase == AL_SHM_WAIT_IN) {
+      if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+      if (o->split) {
+        al_shm_block(o->chunk, p, a->esize, me, &lo, &hi);
+        src[0] = a->sbuf + (o->off + lo) * es;
+        for (j = 0, k = 1; j < p; j++)
+          if (j != me) src[k++] = al_shm_slot(s, b, j) + lo * es;
+        if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + (o->off + lo) * es, src, p,
+                          hi - lo, a->avg_div, al_shm_slot(s, b, me) + lo * es) != 0)
+          return -1;
+        al_shm_publish(s, o);
+        o->phase = AL_SHM_WAIT_OUT;
+      } else {
+        for (j = 0; j < p; j++) src[j] = al_shm_slot(s, b, j);
+        if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + o->off * es, src, p, o->chunk,
+                          a->avg_div, NULL) != 0)
+          return -1;
+        o->phase = AL_SHM_PUT;          /* round complete */
+      }
+    }
+    if (o->phase == AL_SHM_WAIT_OUT) {
+      if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+      for (j = 0; j < p; j++) {
+        if (j == me) continue;
+        al_shm_block(o->chunk, p, a->esize, j, &lo, &hi);
+        memcpy(a->rbuf + (o->off + lo) * es, al_shm_slot(s, b, j) + lo * es,
+               (size_t)(hi - lo) * es);
+      }
+      o->phase = AL_SHM_PUT;            /* round complete */
+    }
+    /* here only at the end of a round */
+    s->round++;
+    o->off += o->chunk;
+    if (o->off >= a->count) o->phase = AL_SHM_END;
+  }
+  return 1;
+}
+
+#endif

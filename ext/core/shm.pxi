@@ -1,0 +1,199 @@
+# The shared-memory transport: the op glue of the "shm" allreduce (K_SHM_ALLREDUCE), its
+# ordering rule in the engine (shm_gate), and the collective setup of a communicator's segment.
+# The segment's layout and the protocol (with its memory-ordering argument) are in ext/al_shm.h.
+
+cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
+    a.dtype = op.dtype
+    a.rop = op.rop
+    a.esize = op.esize
+    a.sbuf = op.sbuf
+    a.rbuf = op.rbuf
+    a.count = op.count
+    a.avg_div = op.result.avg_div if op.result.avg_in_steps else 0.0
+
+DEF SHM_SPIN = 1 << 20              # unsuccessful polls of one wait before it always yields
+
+cdef int shm_step(al_op* op) noexcept nogil:
+    """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
+    Never blocks.  A wait spins, then yields: every g_yield_every unsuccessful polls when ranks
+    outnumber cores (the engine's rule, AL_ENGINE_YIELD: the peer waited for needs this core),
+    and after SHM_SPIN polls (milliseconds) in any case, so that a peer descheduled by other
+    work on the machine gets a core back.  Not sooner: on a loaded machine a yield can hand the
+    core to another process for a whole time slice, and a wait of a few microseconds then costs
+    milliseconds (measured: 4096 polls made a 64 MiB allreduce 2-5x slower under load)."""
+    cdef al_shm_args a
+    cdef int rc
+    shm_args(op, &a)
+    rc = al_shm_allreduce_advance(op.comm.shm, &op.shm, &a)
+    if rc == 0:
+        if ((g_yield_every > 0 and op.shm.polls % g_yield_every == 0)
+                or op.shm.polls > SHM_SPIN):
+            sched_yield()
+        return 0
+    if rc < 0:
+        op.err = -1
+        snprintf(op.errmsg, 256, "shm allreduce: op %d is not defined for dtype %d", op.rop,
+                 op.dtype)
+    return op_finish(op)
+
+cdef int shm_start(al_op* op) noexcept nogil:
+    cdef al_shm_args a
+    if op.comm.size == 1:                 # nothing to exchange (and no segment)
+        if op.sbuf != op.rbuf and op.count > 0:
+            memcpy(op.rbuf, op.sbuf, <size_t>(op.count * op.esize))
+        return op_finish(op)
+    shm_args(op, &a)
+    al_shm_allreduce_begin(op.comm.shm, &op.shm, &a)
+    return shm_step(op)
+
+cdef inline int uses_shm(al_op* op) noexcept nogil:
+    """The op (or a host-transfer op's inner host algorithm) runs over the segment."""
+    if op.kind == K_HOST_TRANSFER:
+        return op.ht.inner != NULL and op.ht.inner.kind == K_SHM_ALLREDUCE
+    return op.kind == K_SHM_ALLREDUCE
+
+cdef inline int shm_gate(al_op* active, al_op* op, al_comm** blocked, int n) noexcept nogil:
+    """`op` runs over the segment and must not start yet: the segment's rounds are consumed in
+    call order, one op at a time per communicator (al_shm.h), so it waits while an op over the
+    segment of its communicator is active, or while an earlier op of its communicator waits to
+    start (`blocked`; it would overtake it)."""
+    cdef al_op* a = active
+    if not uses_shm(op):
+        return 0
+    if comm_blocked(blocked, n, op.comm):
+        return 1
+    while a != NULL:
+        if a.comm == op.comm and uses_shm(a):
+            return 1
+        a = a.next
+    return 0
+
+cdef str shm_describe(al_op* op):
+    """Where a running shm op waits (NativeOp.describe, the timeout message)."""
+    cdef al_shm_op* s = &op.shm
+    what = ("copying in", "waiting for the peers' inputs", "waiting for the peers' reduced blocks",
+            "done")[s.phase]
+    # (read while the engine may be running it: a snapshot)
+    who = (f" (rank {s.waiting} has not published {s.want} yet)"
+           if s.phase in (1, 2) and s.waiting < op.comm.size else "")
+    return (f"{'split' if s.split else 'symmetric'} protocol, elements {s.off}.."
+            f"{s.off + s.chunk} of {op.count}: {what}{who}")
+
+
+# ---- the segment of a communicator ----
+
+cdef int g_shm_created = 0          # segments this process created (their names' suffix)
+DEF SHM_MSG = 256                   # bytes per rank in the setup's exchange
+
+def shm_bytes(int size, size_t slot):
+    """The length of a segment for `size` ranks with slots of `slot` bytes."""
+    return al_shm_bytes(size, slot)
+
+def _shm_finish(req, deadline, double timeout, what):
+    """Poll an MPI request of the setup until it completes or the deadline passes."""
+    import time
+    while not req.Test():
+        if deadline is not None and time.monotonic() > deadline:
+            _hooks.setup_timeout(f"shm: setting up the shared-memory segment ({what})", timeout)
+        time.sleep(0)
+
+def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout):
+    """Create and map the communicator's segment (at construction: collective over
+    `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
+    other traffic uses it).  Rank 0 creates a POSIX shared-memory object, every rank maps it, and rank 0 unlinks it
+    as soon as every rank has reported: from then on nothing is named in /dev/shm and the memory
+    goes away with the last process that maps it, however it ends.  Rank 0's `slot` (bytes per
+    rank per buffer, a multiple of 4096) and `small` (the symmetric protocol's limit) are used
+    by all.  Raises aluminum_py.Error naming every rank's failure, or TimeoutError after
+    `timeout` seconds (< 0: none)."""
+    global g_shm_created
+    import os
+    import time
+    import numpy as np
+    from mpi4py import MPI
+    cdef int size = cs.c.size, rank = cs.c.rank
+    cdef size_t length
+    cdef char err[SHM_MSG]
+    cdef char* base = NULL
+    cdef al_shm_seg* seg
+    cdef bytes bname
+    cdef const char* cname
+    if cs.c.shm != NULL:
+        return
+    if node_comm.Get_size() != size or node_comm.Get_rank() != rank:
+        _hooks.fail("shm: the node communicator does not match the communicator")
+    if size > AL_SHM_MAX_RANKS:
+        _hooks.fail(f"algorithm 'shm': at most {AL_SHM_MAX_RANKS} ranks, the communicator has "
+                    f"{size}")
+    deadline = time.monotonic() + timeout if timeout >= 0 else None
+    err[0] = 0
+
+    # rank 0 creates; the name and rank 0's parameters (or its error) go to every rank
+    params = np.zeros(3, dtype=np.uint64)          # slot, small, created
+    name = np.zeros(SHM_MSG, dtype=np.uint8)
+    if rank == 0 and slot == 0:
+        snprintf(err, SHM_MSG, "disabled (AL_SHM_SLOT_BYTES=0)")
+    elif rank == 0:
+        slot = (slot + 4095) // 4096 * 4096
+        g_shm_created += 1
+        bname = f"/al_shm_{os.getpid()}_{g_shm_created}".encode()
+        length = al_shm_bytes(size, slot)
+        cname = bname
+        with nogil:
+            base = al_shm_create(cname, length, size, slot, err, SHM_MSG)
+        params[:] = (slot, small, base != NULL)
+        name[:len(bname)] = np.frombuffer(bname, np.uint8)
+    try:
+        what = "receiving the segment's name"
+        _shm_finish(node_comm.Ibcast(params, root=0), deadline, timeout, what)
+        _shm_finish(node_comm.Ibcast(name, root=0), deadline, timeout, what)
+        slot, small = int(params[0]), int(params[1])
+        length = al_shm_bytes(size, slot)
+        bname = name.tobytes().rstrip(b"\0")
+        cname = bname
+        if rank != 0 and params[2]:
+            with nogil:
+                base = al_shm_open(cname, length, size, slot, err, SHM_MSG)
+        elif rank != 0:
+            snprintf(err, SHM_MSG, "rank 0 could not create the segment")
+        mine = np.zeros(SHM_MSG, dtype=np.uint8)
+        msg = (<bytes>err)[:SHM_MSG - 1]
+        mine[:len(msg)] = np.frombuffer(msg, np.uint8)
+        every = np.zeros(SHM_MSG * size, dtype=np.uint8)
+        _shm_finish(node_comm.Iallgather(mine, every), deadline, timeout,
+                    "every rank reporting that it mapped the segment")
+    finally:
+        if rank == 0 and params[2]:
+            shm_unlink(bname)                      # mapped everywhere, or failed: never leaked
+    failures = [f"rank {r}: {every[r * SHM_MSG:(r + 1) * SHM_MSG].tobytes().rstrip(b'\0').decode()}"
+                for r in range(size) if every[r * SHM_MSG]]
+    if failures:
+        if base != NULL:
+            munmap(base, length)
+        _hooks.fail("algorithm 'shm': could not set up the shared-memory segment: "
+                    + "; ".join(failures))
+    seg = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
+    if seg == NULL:
+        munmap(base, length)
+        raise MemoryError()
+    al_shm_init(seg, base, length, rank, size, slot, small)
+    cs.c.shm = seg
+
+cdef void shm_release(al_comm* c) noexcept nogil:
+    """Unmap the segment (no op may use it any more)."""
+    if c != NULL and c.shm != NULL:
+        munmap(c.shm.base, c.shm.len)
+        free(c.shm)
+        c.shm = NULL
+
+def shm_detach(CommState cs):
+    """Unmap the communicator's segment, if it has one (Free; nothing may be pending)."""
+    shm_release(cs.c)
+
+def shm_info(CommState cs):
+    """The segment as this rank sees it (None without one: one rank, or none could be made): its
+    length, slot and symmetric-protocol limit in bytes, and the rounds and flag value so far."""
+    cdef al_shm_seg* s = cs.c.shm
+    if s == NULL:
+        return None
+    return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq}

@@ -1,0 +1,256 @@
+"""The shared-memory allreduce ("shm"): every op x dtype x count (0, 1, odd, larger than a slot)
+x in place or not x blocking or not, on the default segment and on one with tiny slots (many
+chunks of both protocols), checked against numpy on all ranks' inputs; its order among other
+algorithms' nonblocking ops; its hang timeout; its error on a communicator of several nodes.
+The kill test (nothing left in /dev/shm) is tests/test_shm_segment.py."""
+import os
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from aluminum_py import _core
+from conftest import (DTYPES, WORLD, all_ranks_ok, every_rank, gather_all, make_input, ramp,
+                      ramp_reference, reference, wait_for, differences)
+from test_allreduce import matrix_failures, run_allreduce
+
+pytestmark = pytest.mark.mpi
+
+# 65537: above the default symmetric limit (64 KiB) for every dtype, below the 1 MiB slot
+SIZES = [0, 1, 7, 1001, 65537]
+TINY = {"AL_SHM_SLOT_BYTES": "4096", "AL_SHM_SMALL_BYTES": "1024"}
+TINY_SIZES = [5, 300, 1025, 9001]     # both protocols, up to 18 chunks of 4 KiB (8-byte dtypes)
+
+
+def with_env(env, make):
+    """`make()` with the environment variables `env` set (restored after)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    al.config.reload()
+    try:
+        return make()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+        al.config.reload()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A communicator whose segment has 4 KiB slots and a 1 KiB symmetric limit (both set on
+    every rank; rank 0's are the ones used)."""
+    c = with_env(TINY, al.Communicator)
+    yield c
+    c.Free()
+
+
+def test_listed_and_a_candidate():
+    assert "shm" in al.algorithms("allreduce", "host")
+    assert "shm" not in al.algorithms("allreduce", "cuda")
+    from aluminum_py.algorithms import HOST_CANDIDATES, ONE_NODE
+    assert "shm" in HOST_CANDIDATES and ONE_NODE == ("shm",)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matrix(comm, dtype):
+    failures = matrix_failures(comm, "shm", [dtype], SIZES)
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float16", "float32", "float64", "complex128"])
+def test_matrix_tiny_slots(tiny, dtype):
+    """Counts above the slot: many chunks, both protocols, uneven last chunks and blocks."""
+    info = _core.shm_info(tiny._state)
+    if tiny.size > 1:
+        assert (info["slot"], info["small"]) == (4096, 1024)
+    failures = matrix_failures(tiny, "shm", [dtype], TINY_SIZES)
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_large(comm):
+    """4 Mi + 5 float32 (16 MiB: 16 chunks of the default 1 MiB slot), in place and out."""
+    n = (4 << 20) + 5
+    x = ramp(n, 3, comm.rank)
+    failures = []
+    for inplace in (False, True):
+        got = run_allreduce(comm, x, al.SUM, "shm", inplace, not inplace, failures)
+        failures += differences(f"inplace={inplace}", got, ramp_reference(n, 3, comm.size))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+@pytest.mark.parametrize("n", [1000, 100003])        # symmetric, split
+def test_results_identical_on_all_ranks(comm, n):
+    """Arbitrary floats (rounding differs with the order): every rank holds the same bits."""
+    rng = np.random.default_rng(comm.rank + 17)
+    x = rng.standard_normal(n)
+    exact = np.sum(gather_all(x), axis=0)
+    comm.Allreduce(x, algorithm="shm")
+    stack = gather_all(x)
+    failures = [f"rank {r} differs from rank 0 at {np.flatnonzero(s != stack[0])[:5]}"
+                for r, s in enumerate(stack) if not np.array_equal(stack[0], s)]
+    if not np.allclose(x, exact, rtol=1e-12, atol=1e-12):
+        failures.append(f"rank {comm.rank}: not the sum")
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_nonblocking_interleaved_with_other_algorithms(comm):
+    """Nonblocking shm ops between other algorithms' on one communicator, sizes of both
+    protocols, then a blocking shm call queued behind them: each lands in its own buffer."""
+    algs = ["shm", "ring", "shm", "mpi", "shm", "recursive_doubling"]
+    xs = [ramp((37 if i % 3 else 30011) + i, i, comm.rank) for i in range(24)]
+    reqs = [comm.Iallreduce(x, algorithm=algs[i % len(algs)]) for i, x in enumerate(xs)]
+    y = ramp(5000, 99, comm.rank)
+    comm.Allreduce(y, algorithm="shm")
+    al.Waitall(reqs, timeout=60)
+    failures = differences("blocking shm behind them", y, ramp_reference(5000, 99, comm.size))
+    for i, (x, req) in enumerate(zip(xs, reqs)):
+        failures += differences(f"op {i} ({algs[i % len(algs)]})", x,
+                                ramp_reference(x.size, i, comm.size))
+        if req.algorithm != algs[i % len(algs)]:
+            failures.append(f"op {i}: req.algorithm {req.algorithm!r}")
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_blocking_after_nonblocking_keeps_order(comm):
+    """Some ranks let their nonblocking shm op finish before the blocking one (it runs inline),
+    others still have it pending (it queues in the engine): both orders match."""
+    failures = []
+    for it in range(20):
+        x = ramp(3000 + 7 * it, 2 * it, comm.rank)
+        y = ramp(11, 2 * it + 1, comm.rank)
+        req = comm.Iallreduce(x, algorithm="shm")
+        if (comm.rank + it) % 2:
+            req.Wait(timeout=60)
+        comm.Allreduce(y, algorithm="shm")
+        req.Wait(timeout=60)
+        failures += differences(f"it {it} nonblocking", x,
+                                ramp_reference(x.size, 2 * it, comm.size))
+        failures += differences(f"it {it} blocking", y, ramp_reference(11, 2 * it + 1, comm.size))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_two_communicators(comm, tiny):
+    """Two segments progressed together by the engine (one of them chunked)."""
+    a = ramp(20000, 5, comm.rank)
+    b = ramp(3001, 6, comm.rank, np.float64)
+    ra = comm.Iallreduce(a, algorithm="shm")
+    rb = tiny.Iallreduce(b, algorithm="shm")
+    rb.Wait(timeout=60)
+    ra.Wait(timeout=60)
+    failures = (differences("comm", a, ramp_reference(20000, 5, comm.size))
+                + differences("tiny", b, ramp_reference(3001, 6, comm.size, np.float64)))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_segment_made_with_the_communicator_and_freed():
+    c = al.Communicator()
+    info = _core.shm_info(c._state)
+    failures = []
+    if (info is None) != (c.size == 1) or (info and info["rounds"] != 0):
+        failures.append(f"segment of a new communicator: {info}")
+    x = ramp(100, 1, c.rank)
+    c.Allreduce(x, algorithm="shm")
+    info = _core.shm_info(c._state)
+    failures += differences("first op", x, ramp_reference(100, 1, c.size))
+    if c.size > 1 and (info is None or info["rounds"] != 1):
+        failures.append(f"segment after one op: {info}")
+    c.Free()
+    if _core.shm_info(c._state) is not None:
+        failures.append("segment still mapped after Free")
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_hang_timeout_names_the_missing_rank():
+    """Rank 0 calls an shm allreduce the others join only later: it raises the hang-timeout
+    error naming a rank it waits for; the op goes on in the engine and completes once they
+    join."""
+    if WORLD.Get_size() < 2:
+        pytest.skip("needs a peer")
+    c = al.Communicator()
+    c.Allreduce(np.ones(4, np.float32), algorithm="shm")        # the segment exists
+    x = ramp(1000, 7, c.rank)
+    err = None
+    if c.rank == 0:
+        try:
+            with_env({"AL_HANG_TIMEOUT": "0.3"}, lambda: c.Allreduce(x, algorithm="shm"))
+        except al.TimeoutError as e:
+            err = str(e)
+    WORLD.Barrier()
+    if c.rank != 0:
+        c.Allreduce(x, algorithm="shm")
+    failures = []
+    if c.rank == 0:
+        if err is None or "allreduce/shm" not in err or "has not published" not in err:
+            failures.append(f"timeout error: {err!r}")
+        if not wait_for(lambda: c._state.pending == 0):
+            failures.append("the timed-out op did not complete after the peers joined")
+    failures += differences("late op", x, ramp_reference(1000, 7, c.size))
+    y = ramp(10, 8, c.rank)
+    c.Allreduce(y, algorithm="shm")                              # the segment still works
+    failures += differences("next op", y, ramp_reference(10, 8, c.size))
+    c.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_opposite_orders_on_two_communicators():
+    """Nonblocking shm ops on two communicators, issued in opposite orders on neighbouring
+    ranks (each communicator's own order is the same everywhere): no rank waits for another."""
+    c1, c2 = al.Communicator(), al.Communicator()
+    r, p = c1.rank, c1.size
+    a, b = ramp(999, 1, r), ramp(70001, 2, r)
+    if r % 2 == 0:
+        reqs = [c1.Iallreduce(a, algorithm="shm"), c2.Iallreduce(b, algorithm="shm")]
+    else:
+        reqs = [c2.Iallreduce(b, algorithm="shm"), c1.Iallreduce(a, algorithm="shm")]
+    al.Waitall(reqs, timeout=60)
+    failures = (differences("c1", a, ramp_reference(999, 1, p))
+                + differences("c2", b, ramp_reference(70001, 2, p)))
+    c1.Free()
+    c2.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_disabled_is_a_clear_error():
+    """AL_SHM_SLOT_BYTES=0: no segment; shm raises saying so, auto leaves it out."""
+    c = with_env({"AL_SHM_SLOT_BYTES": "0"}, al.Communicator)
+    try:
+        if c.size > 1:
+            with pytest.raises(al.UnavailableError, match=r"'shm'.*AL_SHM_SLOT_BYTES=0"):
+                c.Allreduce(np.ones(3, np.float32), algorithm="shm")
+            assert "shm" not in c._host.candidates
+    finally:
+        c.Free()
+
+
+def test_several_nodes_is_a_clear_error():
+    """On a communicator whose ranks span nodes (forced with AL_NODE_LAYOUT): shm raises
+    UnavailableError saying why, on every rank, before any communication; auto never picks it."""
+    p = WORLD.Get_size()
+    if p < 2:
+        pytest.skip("one rank is one node")
+    layout = ",".join(str(r % 2) for r in range(p))
+    c = with_env({"AL_NODE_LAYOUT": layout}, al.Communicator)
+    try:
+        with pytest.raises(al.UnavailableError, match=r"'shm'.*on 2 nodes.*one node"):
+            c.Allreduce(np.ones(3, np.float32), algorithm="shm")
+        assert "shm" not in c._host.candidates and "shm" not in c._host.chooser.usable
+        x = ramp(50, 2, c.rank)
+        c.Allreduce(x)                                           # still usable
+        assert not differences("after", x, ramp_reference(50, 2, p))
+    finally:
+        c.Free()
+
+
+def test_avg_is_divided_once(comm):
+    """AVG of float32 at both protocols and at a chunked size: the sum over ranks / p."""
+    failures = []
+    for n in (3, 20000, 300001):
+        x = make_input("float32", al.AVG, n, seed=n, rank=comm.rank)
+        expected = reference(al.AVG, gather_all(x), comm.size)
+        out = np.empty_like(x)
+        comm.Allreduce(x, out, op=al.AVG, algorithm="shm")
+        failures += differences(f"AVG n={n}", out, expected)
+    assert all_ranks_ok(not failures), every_rank(failures)
