@@ -1,5 +1,5 @@
-"""One timing mechanism for every benchmark: interleaved contenders, barrier before each call,
-samples are the max over ranks of one call."""
+"""One timing mechanism for every benchmark: interleaved contenders in a random order per
+iteration, barrier before each call, samples are the max over ranks of one call."""
 from __future__ import annotations
 
 import time
@@ -59,14 +59,16 @@ def _max():
 
 
 def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: int) -> dict[str, np.ndarray]:
-    """Per contender, `iters` samples (seconds) of the max over ranks of one call. The order of
-    contenders rotates every iteration; each call is preceded by a barrier."""
+    """Per contender, `iters` samples (seconds) of the max over ranks of one call. Every
+    iteration runs the contenders in a fresh random order (seeded by the iteration, so the same
+    on every rank), each call preceded by a barrier: no contender always follows the same one
+    (a rotation kept every contender's predecessor fixed, and a peer whose threads are still
+    busy after its call, such as gloo's, then slowed the same contender every time)."""
     from mpi4py import MPI
     names = list(contenders)
     samples = np.zeros((len(names), iters))
     for it in range(iters):
-        k = it % len(names)
-        for i in list(range(k, len(names))) + list(range(k)):
+        for i in np.random.default_rng(it).permutation(len(names)):
             f = contenders[names[i]]
             world.Barrier()
             t0 = time.perf_counter()
