@@ -72,11 +72,22 @@ HOST_TRANSFER = _names("cuda", backend="host_transfer")  # ht_auto, ht_mpi, ...,
 MODELLED = _names("host", modelled=True)                 # recursive_doubling, rabenseifner, ring
 ONE_NODE = _names("host", one_node=True)                 # shm
 
+# The other collectives that take ``algorithm=`` (their blocking and nonblocking forms): the MPI
+# library's own call (the default) or the shared-memory transport (host buffers of one node).
+COLLECTIVE_ALGORITHMS = ("mpi", "shm")
+OTHER_COLLECTIVES = ("allgather", "bcast", "reduce_scatter", "barrier")
+
 
 def algorithms(op: str = "allreduce", device: str | None = None) -> tuple[str, ...]:
-    """Names usable as ``algorithm=`` for `op`: for host buffers, GPU buffers, or (None) both."""
-    if op != "allreduce":
-        raise ValueError(f"op: only 'allreduce' takes an algorithm argument, got {op!r}")
+    """Names usable as ``algorithm=`` for `op` ("allreduce", or one of OTHER_COLLECTIVES): for
+    host buffers, GPU buffers, or (None) both."""
+    if op in OTHER_COLLECTIVES and device in ("host", None):
+        return COLLECTIVE_ALGORITHMS
+    if op in OTHER_COLLECTIVES and device in ("cuda", "gpu"):
+        return ("mpi",)
+    if op != "allreduce" and op not in OTHER_COLLECTIVES:
+        raise ValueError(f"op: 'allreduce', {', '.join(map(repr, OTHER_COLLECTIVES))} take an "
+                         f"algorithm argument, got {op!r}")
     if device == "host":
         return HOST_ALLREDUCE
     if device in ("cuda", "gpu"):

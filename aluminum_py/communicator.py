@@ -210,39 +210,57 @@ class Communicator:
         return self._reduce(sendbuf, recvbuf, op, root, False)
 
     # ------------------------------------------------------------------ reduce_scatter
-    def _reduce_scatter(self, sendbuf, recvbuf, op, blocking):
-        return self._backend_for(sendbuf, "sendbuf").reduce_scatter(sendbuf, recvbuf, op, blocking)
+    def _collective(self, what: str, buf, name: str, algorithm, *args):
+        """Run collective `what` (a method of the backends) on `buf`'s backend: the MPI library's
+        call for algorithm "mpi", the shared-memory transport for "shm" (host buffers only)."""
+        backend = self._backend_for(buf, name)
+        if algorithm == "mpi":
+            return getattr(backend, what)(*args)
+        if backend is not self._host and algorithm == "shm":
+            raise ValueError(f"algorithm: 'shm' is for host buffers; {name} is a GPU buffer "
+                             f"(GPU buffers take 'mpi')")
+        return getattr(self._host, what)(*args, algorithm)
 
-    def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM) -> None:
+    def _reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm):
+        return self._collective("reduce_scatter", sendbuf, "sendbuf", algorithm, sendbuf,
+                                recvbuf, op, blocking)
+
+    def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> None:
         """Block reduce-scatter: rank i gets block i (len(sendbuf)//size elements) of the
-        reduction. recvbuf None: in place, the result lands in sendbuf[:len//size]."""
-        self._reduce_scatter(sendbuf, recvbuf, op, True)
+        reduction. recvbuf None: in place, the result lands in sendbuf[:len//size].
+        algorithm: "mpi" (the MPI library's) or "shm" (the shared-memory transport: host
+        buffers, ranks of one node; aluminum_py.UnavailableError otherwise); the same on every
+        rank. So for every collective below that takes it."""
+        self._reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
-    def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM) -> Request:
-        return self._reduce_scatter(sendbuf, recvbuf, op, False)
+    def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> Request:
+        return self._reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
 
     # ------------------------------------------------------------------ data movement
-    def _allgather(self, sendbuf, recvbuf, blocking):
-        return self._backend_for(sendbuf, "sendbuf").allgather(sendbuf, recvbuf, blocking)
+    def _allgather(self, sendbuf, recvbuf, blocking, algorithm):
+        return self._collective("allgather", sendbuf, "sendbuf", algorithm, sendbuf, recvbuf,
+                                blocking)
 
-    def Allgather(self, sendbuf, recvbuf=None) -> None:
+    def Allgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> None:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
-        recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`."""
-        self._allgather(sendbuf, recvbuf, True)
+        recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`.
+        algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
+        self._allgather(sendbuf, recvbuf, True, algorithm)
 
-    def Iallgather(self, sendbuf, recvbuf=None) -> Request:
-        return self._allgather(sendbuf, recvbuf, False)
+    def Iallgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
+        return self._allgather(sendbuf, recvbuf, False, algorithm)
 
-    def _bcast(self, buf, root, blocking):
+    def _bcast(self, buf, root, blocking, algorithm):
         root = self._rank_arg(root, "root")
-        return self._backend_for(buf, "buf").bcast(buf, root, blocking)
+        return self._collective("bcast", buf, "buf", algorithm, buf, root, blocking)
 
-    def Bcast(self, buf, root: int = 0) -> None:
-        """Broadcast root's `buf` into `buf` on every rank."""
-        self._bcast(buf, root, True)
+    def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
+        """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as
+        Reduce_scatter's)."""
+        self._bcast(buf, root, True, algorithm)
 
-    def Ibcast(self, buf, root: int = 0) -> Request:
-        return self._bcast(buf, root, False)
+    def Ibcast(self, buf, root: int = 0, algorithm: str = "mpi") -> Request:
+        return self._bcast(buf, root, False, algorithm)
 
     def _alltoall(self, sendbuf, recvbuf, blocking):
         return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, blocking)
@@ -278,14 +296,15 @@ class Communicator:
     def Iscatter(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
         return self._scatter(sendbuf, recvbuf, root, False)
 
-    def _barrier(self, blocking):
-        return self._host.barrier(blocking)
+    def _barrier(self, blocking, algorithm):
+        return self._host.barrier(blocking, algorithm)
 
-    def Barrier(self) -> None:
-        self._barrier(True)
+    def Barrier(self, algorithm: str = "mpi") -> None:
+        """Wait until every rank called it. algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
+        self._barrier(True, algorithm)
 
-    def Ibarrier(self) -> Request:
-        return self._barrier(False)
+    def Ibarrier(self, algorithm: str = "mpi") -> Request:
+        return self._barrier(False, algorithm)
 
     # ------------------------------------------------------------------ point to point
     def _send(self, buf, dest, tag, blocking):

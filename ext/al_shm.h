@@ -242,6 +242,8 @@ typedef struct al_shm_args {
   char *rbuf;
   int64_t count;
   double avg_div;                    /* > 0: AVG, divide in the last reduction pass */
+  int coll;                          /* 0: allreduce, else AL_SHM_ALLGATHER ... (below) */
+  int root;                          /* bcast */
 } al_shm_args;
 
 /* Start an allreduce: the protocol by size (the same on every rank: count and esize are). */
@@ -309,6 +311,88 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     s->round++;
     o->off += o->chunk;
     if (o->off >= a->count) o->phase = AL_SHM_END;
+  }
+  return 1;
+}
+
+/* ---- allgather, bcast, reduce_scatter, barrier ----
+ *
+ * One publish per round, as the symmetric allreduce: write what the peers read from my slot
+ * (possibly nothing); publish; arrive; read the peers' slots.  Every rank publishes in every
+ * round, even one that writes nothing (bcast's non-roots, barrier), so the flags stay in step
+ * and the argument above (no closing barrier) holds as it is: a rank's reads of round m end
+ * before its publish of round m + 1.  These ops share the rounds with the allreduce.
+ *
+ *   allgather (count: elements per rank): copy my chunk of sendbuf into my slot; copy every
+ *     peer's chunk out into its block of recvbuf (my own block straight from sendbuf).
+ *   bcast (count: elements of the buffer): the root copies the chunk into its slot; the others
+ *     copy it out.
+ *   reduce_scatter (count: elements of each rank's result): a round takes `chunk` elements of
+ *     each of the p blocks (p * chunk fit one slot); I copy the blocks j != me into my slot
+ *     (block j at j * chunk); I reduce my block, in rank order, from my sendbuf and the peers'
+ *     slots into recvbuf (AVG: divided in the last pass).  In place (recvbuf == sendbuf, the
+ *     result in its first `count` elements) works: round k writes recvbuf[off, off + chunk)
+ *     after copying those elements of block 0 in, and reads nothing there afterwards.
+ *   barrier (count 0): one round that writes nothing.
+ */
+enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
+
+/* Elements of each block per round. */
+static inline int64_t al_shm_coll_cap(const al_shm_seg *s, const al_shm_args *a) {
+  int64_t cap = (int64_t)(s->slot / (size_t)a->esize);
+  if (a->coll == AL_SHM_REDUCE_SCATTER) cap /= s->size;
+  return cap > 0 ? cap : 1;
+}
+
+static inline void al_shm_coll_begin(al_shm_op *o, const al_shm_args *a) {
+  memset(o, 0, sizeof(*o));
+  o->phase = a->count > 0 || a->coll == AL_SHM_BARRIER ? AL_SHM_PUT : AL_SHM_END;
+}
+
+/* As al_shm_allreduce_advance, for a->coll (never blocks; -1: unsupported (dtype, op)). */
+static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
+  const char *src[AL_SHM_MAX_RANKS];
+  int p = s->size, me = s->rank, j, b;
+  int64_t es = a->esize, n = a->count, off, c;
+  while (o->phase != AL_SHM_END) {
+    b = (int)(s->round & 1);
+    off = o->off;
+    if (o->phase == AL_SHM_PUT) {
+      char *mine = al_shm_slot(s, b, me);
+      int64_t cap = al_shm_coll_cap(s, a);
+      c = o->chunk = n - off < cap ? n - off : cap;
+      if (a->coll == AL_SHM_ALLGATHER) {
+        memcpy(mine, a->sbuf + off * es, (size_t)(c * es));
+        if (a->rbuf + (me * n + off) * es != a->sbuf + off * es)
+          memcpy(a->rbuf + (me * n + off) * es, a->sbuf + off * es, (size_t)(c * es));
+      } else if (a->coll == AL_SHM_BCAST && me == a->root) {
+        memcpy(mine, a->sbuf + off * es, (size_t)(c * es));
+      } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
+        for (j = 0; j < p; j++)
+          if (j != me)
+            memcpy(mine + j * c * es, a->sbuf + (j * n + off) * es, (size_t)(c * es));
+      }
+      al_shm_publish(s, o);
+      o->phase = AL_SHM_WAIT_IN;
+    }
+    if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+    c = o->chunk;
+    if (a->coll == AL_SHM_ALLGATHER) {
+      for (j = 0; j < p; j++)
+        if (j != me)
+          memcpy(a->rbuf + (j * n + off) * es, al_shm_slot(s, b, j), (size_t)(c * es));
+    } else if (a->coll == AL_SHM_BCAST && me != a->root) {
+      memcpy(a->rbuf + off * es, al_shm_slot(s, b, a->root), (size_t)(c * es));
+    } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
+      for (j = 0; j < p; j++)
+        src[j] = j == me ? a->sbuf + (me * n + off) * es : al_shm_slot(s, b, j) + me * c * es;
+      if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + off * es, src, p, c, a->avg_div,
+                        NULL) != 0)
+        return -1;
+    }
+    s->round++;
+    o->off += c;
+    o->phase = o->off >= n ? AL_SHM_END : AL_SHM_PUT;
   }
   return 1;
 }

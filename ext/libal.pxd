@@ -30,6 +30,7 @@ cdef extern from "al_shm.h" nogil:
     # the shared-memory transport (ext/al_shm.h; its protocol is described there)
     enum:
         AL_SHM_PUT, AL_SHM_WAIT_IN, AL_SHM_WAIT_OUT, AL_SHM_END, AL_SHM_MAX_RANKS
+        AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
     ctypedef struct al_shm_seg:
         char* base
         size_t len
@@ -48,12 +49,15 @@ cdef extern from "al_shm.h" nogil:
         char* rbuf
         int64_t count
         double avg_div
+        int coll, root
     size_t al_shm_bytes(int size, size_t slot)
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
     void al_shm_allreduce_begin(const al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    void al_shm_coll_begin(al_shm_op*, const al_shm_args*)
+    int al_shm_coll_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int shm_unlink(const char* name)
     int munmap(void* addr, size_t len)
 

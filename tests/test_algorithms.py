@@ -13,7 +13,10 @@ def test_names():
     assert "nccl" in al.algorithms("allreduce", "cuda")
     assert set(host) <= set(al.algorithms("allreduce"))
     with pytest.raises(ValueError, match="op"):
-        al.algorithms("bcast")
+        al.algorithms("alltoall")
+    for op in ("allgather", "bcast", "reduce_scatter", "barrier"):
+        assert al.algorithms(op, "host") == al.algorithms(op) == ("mpi", "shm")
+        assert al.algorithms(op, "cuda") == ("mpi",)
     with pytest.raises(ValueError, match="device"):
         al.algorithms("allreduce", "tpu")
 

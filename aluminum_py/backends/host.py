@@ -10,7 +10,8 @@ import operator
 import os
 
 from .. import _core, config, schedules, tuning
-from ..algorithms import GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES, ONE_NODE
+from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
+                          ONE_NODE)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..errors import Error, TimeoutError, UnavailableError
@@ -131,6 +132,8 @@ class HostBackend:
         data = tuning.shared_data(tuning_comm, "host", self.layout)
         if self._node_comm is not None and self.size > 1:
             self._make_shm_segment()
+        # "shm" runs (one rank needs no segment: its ops copy locally)
+        self._has_shm = self.size == 1 or _core.shm_info(state) is not None
         # what "auto" chooses from on this communicator (and the crossover benchmark times)
         self.candidates = tuple(a for a in HOST_CANDIDATES
                                 if self._no_shm is None or a not in ONE_NODE)
@@ -188,6 +191,20 @@ class HostBackend:
                                    f"of one node only (MPI_Comm_split_type(SHARED)); on "
                                    f"several nodes use 'hierarchical' or 'auto'")
         raise UnavailableError(f"algorithm 'shm': no shared-memory segment: {self._no_shm}")
+
+    def collective_shm(self, what: str, algorithm) -> bool:
+        """Whether `what` (a collective other than allreduce) runs over the segment: True for
+        "shm" (UnavailableError, as the allreduce's, without a segment), False for "mpi"."""
+        if algorithm == "mpi":
+            return False
+        if algorithm == "shm":
+            if not self._has_shm:
+                self._shm_unavailable()
+            return True
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        raise ValueError(f"algorithm: {what} takes {' or '.join(map(repr, COLLECTIVE_ALGORITHMS))}"
+                         f", got {algorithm!r}")
 
     # ------------------------------------------------------------------ choosing
     def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:
@@ -270,6 +287,15 @@ class HostBackend:
                             arr.itemsize, 0, root=root, keep=(s, r))
         return self._launch(nop, blocking, "mpi")
 
+    def _shm(self, name, sp, r, n, blocking, rop=0, root=0, avg_div=0.0, keep=()):
+        """Launch `name` over the segment (kind shm_<name>): send address sp (never 0: in place
+        is sp == addr(r)), result in r, n elements per block."""
+        code, _ = DTYPE_CODES[r.dtype]
+        nop = _core.make_op(self.state, K["shm_" + name], name + "/shm", sp, addr(r),
+                            check_count(n, "count"), code, r.itemsize, rop, root=root,
+                            avg_div=avg_div, avg_buf=addr(r), avg_cnt=n, keep=keep)
+        return self._launch(nop, blocking, "shm")
+
     # ------------------------------------------------------------------ collectives
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):
@@ -293,7 +319,8 @@ class HostBackend:
                             keep=(s, r))
         return self._launch(nop, blocking, "mpi")
 
-    def reduce_scatter(self, sendbuf, recvbuf, op, blocking):
+    def reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm="mpi"):
+        shm = self.collective_shm("reduce_scatter", algorithm)
         s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
         self._divisible(s, "sendbuf")
         op, code = self._reduction(op, s)
@@ -301,19 +328,31 @@ class HostBackend:
         r, sp = self._result(s, recvbuf, n, "len(sendbuf) // size")
         rp = addr(r)
         avg = float(self.size) if op is AVG else 0.0
+        if shm:
+            return self._shm("reduce_scatter", sp or rp, r, n, blocking, rop=op.code,
+                             avg_div=avg, keep=(s, r))
         nop = _core.make_op(self.state, K["reduce_scatter"], "reduce_scatter", sp, rp, n, code,
                             s.itemsize, op.code, avg_div=avg, avg_buf=rp, avg_cnt=n, keep=(s, r))
         return self._launch(nop, blocking, "mpi")
 
-    def allgather(self, sendbuf, recvbuf, blocking):
+    def allgather(self, sendbuf, recvbuf, blocking, algorithm="mpi"):
+        shm = self.collective_shm("allgather", algorithm)
         if recvbuf is None:
             r, n = self._blocks_in_place(sendbuf, "sendbuf")
+            if shm:
+                return self._shm("allgather", addr(r) + self.rank * n * r.itemsize, r, n,
+                                 blocking, keep=(r,))
             return self._move("allgather", "allgather", None, r, n, blocking)
         s, r = self._separate(sendbuf, recvbuf, self.size, "size * len(sendbuf)")
+        if shm:
+            return self._shm("allgather", addr(s), r, s.size, blocking, keep=(s, r))
         return self._move("allgather", "allgather", s, r, s.size, blocking)
 
-    def bcast(self, buf, root, blocking):
+    def bcast(self, buf, root, blocking, algorithm="mpi"):
+        shm = self.collective_shm("bcast", algorithm)
         b = as_array(buf, "buf", writable=self.rank != root)
+        if shm:
+            return self._shm("bcast", addr(b), b, b.size, blocking, root=root, keep=(b,))
         nop = _core.make_op(self.state, K["bcast"], "bcast", 0, addr(b), check_count(b.size, "buf"),
                             DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
         return self._launch(nop, blocking, "mpi")
@@ -352,7 +391,10 @@ class HostBackend:
         no_overlap(s, r, "sendbuf", "recvbuf")
         return self._move("scatter", "scatter", s, r, n, blocking, root)
 
-    def barrier(self, blocking):
+    def barrier(self, blocking, algorithm="mpi"):
+        if self.collective_shm("barrier", algorithm):
+            nop = _core.make_op(self.state, K["shm_barrier"], "barrier/shm", 0, 0, 0, 0, 1, 0)
+            return self._launch(nop, blocking, "shm")
         nop = _core.make_op(self.state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)
         return self._launch(nop, blocking, "mpi")
 

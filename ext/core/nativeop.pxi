@@ -185,7 +185,7 @@ cdef class NativeOp:
         cdef al_op* o = self.op
         cdef al_step* st
         phase = ("new", "running", "done")[o.phase]
-        if o.kind == K_SHM_ALLREDUCE and o.phase == PH_RUNNING:
+        if is_shm_kind(o.kind) and o.phase == PH_RUNNING:
             return f"{self.name}: {shm_describe(o)}"
         if o.kind == K_SCHEDULE and o.phase == PH_RUNNING and o.sched.cur < o.sched.nsteps:
             st = &o.sched.steps[o.sched.cur]

@@ -56,7 +56,7 @@ cdef int op_start(al_op* op) noexcept nogil:
                          op.sched.tmpbytes)
                 return op_finish(op)
         return sched_advance(op)
-    if op.kind == K_SHM_ALLREDUCE:
+    if is_shm_kind(op.kind):
         return shm_start(op)
     return mpi_start(op)
 
@@ -69,7 +69,7 @@ cdef int op_step(al_op* op) noexcept nogil:
         return sched_advance(op)
     if op.kind == K_HOST_TRANSFER:
         return ht_step(op)
-    if op.kind == K_SHM_ALLREDUCE:
+    if is_shm_kind(op.kind):
         return shm_step(op)
     if op.nreqs > 0:
         rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)

@@ -1,5 +1,6 @@
-# The shared-memory transport: the op glue of the "shm" allreduce (K_SHM_ALLREDUCE), its
-# ordering rule in the engine (shm_gate), and the collective setup of a communicator's segment.
+# The shared-memory transport: the op glue of the "shm" collectives (K_SHM_ALLREDUCE ...
+# K_SHM_BARRIER), their ordering rule in the engine (shm_gate), and the collective setup of a
+# communicator's segment.
 # The segment's layout and the protocol (with its memory-ordering argument) are in ext/al_shm.h.
 
 cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
@@ -10,6 +11,8 @@ cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
     a.rbuf = op.rbuf
     a.count = op.count
     a.avg_div = op.result.avg_div if op.result.avg_in_steps else 0.0
+    a.coll = op.kind - K_SHM_ALLREDUCE     # 0: allreduce, else AL_SHM_ALLGATHER ... (al_shm.h)
+    a.root = op.mpi.root
 
 DEF SHM_SPIN = 1 << 20              # unsuccessful polls of one wait before it always yields
 
@@ -20,11 +23,15 @@ cdef int shm_step(al_op* op) noexcept nogil:
     and after SHM_SPIN polls (milliseconds) in any case, so that a peer descheduled by other
     work on the machine gets a core back.  Not sooner: on a loaded machine a yield can hand the
     core to another process for a whole time slice, and a wait of a few microseconds then costs
-    milliseconds (measured: 4096 polls made a 64 MiB allreduce 2-5x slower under load)."""
+    milliseconds (measured: 4096 polls made a 64 MiB allreduce 2-5x slower under load).
+    Every shm op (allreduce, allgather, bcast, reduce_scatter, barrier) waits here."""
     cdef al_shm_args a
     cdef int rc
     shm_args(op, &a)
-    rc = al_shm_allreduce_advance(op.comm.shm, &op.shm, &a)
+    if a.coll == 0:
+        rc = al_shm_allreduce_advance(op.comm.shm, &op.shm, &a)
+    else:
+        rc = al_shm_coll_advance(op.comm.shm, &op.shm, &a)
     if rc == 0:
         if ((g_yield_every > 0 and op.shm.polls % g_yield_every == 0)
                 or op.shm.polls > SHM_SPIN):
@@ -32,25 +39,37 @@ cdef int shm_step(al_op* op) noexcept nogil:
         return 0
     if rc < 0:
         op.err = -1
-        snprintf(op.errmsg, 256, "shm allreduce: op %d is not defined for dtype %d", op.rop,
-                 op.dtype)
+        snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
+                 kind_info(op.kind).name + 4, op.rop, op.dtype)
+    return op_finish(op)
+
+cdef int shm_alone(al_op* op) noexcept nogil:
+    """One rank (no segment): the result is the input (op_finish normalises logical ops)."""
+    cdef int64_t n = op.count
+    if op.kind == K_SHM_BCAST or op.kind == K_SHM_BARRIER:
+        n = 0
+    if op.sbuf != op.rbuf and n > 0:
+        memcpy(op.rbuf, op.sbuf, <size_t>(n * op.esize))
     return op_finish(op)
 
 cdef int shm_start(al_op* op) noexcept nogil:
     cdef al_shm_args a
     if op.comm.size == 1:                 # nothing to exchange (and no segment)
-        if op.sbuf != op.rbuf and op.count > 0:
-            memcpy(op.rbuf, op.sbuf, <size_t>(op.count * op.esize))
-        return op_finish(op)
+        return shm_alone(op)
+    if op.kind == K_SHM_REDUCE_SCATTER:
+        op.result.avg_in_steps = 1        # AVG divided in the last reduction pass
     shm_args(op, &a)
-    al_shm_allreduce_begin(op.comm.shm, &op.shm, &a)
+    if a.coll == 0:
+        al_shm_allreduce_begin(op.comm.shm, &op.shm, &a)
+    else:
+        al_shm_coll_begin(&op.shm, &a)
     return shm_step(op)
 
 cdef inline int uses_shm(al_op* op) noexcept nogil:
     """The op (or a host-transfer op's inner host algorithm) runs over the segment."""
     if op.kind == K_HOST_TRANSFER:
         return op.ht.inner != NULL and op.ht.inner.kind == K_SHM_ALLREDUCE
-    return op.kind == K_SHM_ALLREDUCE
+    return is_shm_kind(op.kind)
 
 cdef inline int shm_gate(al_op* active, al_op* op, al_comm** blocked, int n) noexcept nogil:
     """`op` runs over the segment and must not start yet: the segment's rounds are consumed in
@@ -76,8 +95,9 @@ cdef str shm_describe(al_op* op):
     # (read while the engine may be running it: a snapshot)
     who = (f" (rank {s.waiting} has not published {s.want} yet)"
            if s.phase in (1, 2) and s.waiting < op.comm.size else "")
-    return (f"{'split' if s.split else 'symmetric'} protocol, elements {s.off}.."
-            f"{s.off + s.chunk} of {op.count}: {what}{who}")
+    how = (f"{'split' if s.split else 'symmetric'} protocol, " if op.kind == K_SHM_ALLREDUCE
+           else "")
+    return f"{how}elements {s.off}..{s.off + s.chunk} of {op.count}: {what}{who}"
 
 
 # ---- the segment of a communicator ----

@@ -21,7 +21,11 @@ cdef enum:                  # al_kind
     K_SENDRECV = 12
     K_HOST_TRANSFER = 13    # device copies around an inner host allreduce (host_transfer.pxi)
     K_SHM_ALLREDUCE = 14    # allreduce over the communicator's shared-memory segment (shm.pxi)
-    K_NKINDS = 15
+    K_SHM_ALLGATHER = 15    # up to K_SHM_BARRIER: the other collectives over the segment
+    K_SHM_BCAST = 16
+    K_SHM_REDUCE_SCATTER = 17
+    K_SHM_BARRIER = 18
+    K_NKINDS = 19
 
 # What the engine needs to know about a kind, in one table (KIND_INFO, filled below) instead of
 # tests on the enum's order.
@@ -40,6 +44,10 @@ memset(KIND_INFO, 0, sizeof(KIND_INFO))
 cdef inline const al_kind_info* kind_info(int kind) noexcept nogil:
     """The kind's row of KIND_INFO (the all-zero row for an unknown kind, which mpi_start fails)."""
     return &KIND_INFO[kind if 0 <= kind < K_NKINDS else K_NKINDS]
+
+cdef inline int is_shm_kind(int kind) noexcept nogil:
+    """The op runs over the communicator's shared-memory segment (shm.pxi)."""
+    return K_SHM_ALLREDUCE <= kind <= K_SHM_BARRIER
 
 cdef void set_kind_info(int kind, const char* name, int mpi_collective, int allreduce_bytes,
                         int point_to_point, int recv_first) noexcept:
@@ -67,6 +75,10 @@ set_kind_info(K_SENDRECV,        "sendrecv",       0,    0,     1,   1)
 set_kind_info(K_HOST_TRANSFER,   "host_transfer",  0,    0,     0,   0)
 # no MPI call: its ordering is the segment's (shm_gate)
 set_kind_info(K_SHM_ALLREDUCE,   "shm_allreduce",  0,    1,     0,   0)
+set_kind_info(K_SHM_ALLGATHER,   "shm_allgather",  0,    0,     0,   0)
+set_kind_info(K_SHM_BCAST,       "shm_bcast",      0,    0,     0,   0)
+set_kind_info(K_SHM_REDUCE_SCATTER, "shm_reduce_scatter", 0, 0,  0,   0)
+set_kind_info(K_SHM_BARRIER,     "shm_barrier",    0,    0,     0,   0)
 
 # op phases (al_op.phase)
 cdef enum:                  # al_phase
@@ -192,4 +204,4 @@ cdef struct al_op:
     al_mpi_args mpi
     al_result result
     al_ht_state ht
-    al_shm_op shm        # K_SHM_ALLREDUCE: where the protocol stands (al_shm.h)
+    al_shm_op shm        # K_SHM_*: where the protocol stands (al_shm.h)
