@@ -455,9 +455,11 @@ def test_algorithm_names():
     assert set(al.algorithms("allreduce", "host")) == set(host)
     assert set(al.algorithms("allreduce", "cuda")) == set(gpu)
     with pytest.raises(ValueError, match=named("op")):
-        al.algorithms("bcast")
+        al.algorithms("alltoall")
     with pytest.raises(ValueError, match=named("device")):
         al.algorithms("allreduce", "tpu")
+    with pytest.raises(ValueError, match=named("device")):
+        al.algorithms("bcast", "tpu")
 
 
 def test_error_hierarchy():
