@@ -210,20 +210,20 @@ class Communicator:
         return self._reduce(sendbuf, recvbuf, op, root, False)
 
     # ------------------------------------------------------------------ reduce_scatter
-    def _collective(self, what: str, buf, name: str, algorithm, *args):
-        """Run collective `what` (a method of the backends) on `buf`'s backend: the MPI library's
-        call for algorithm "mpi", the shared-memory transport for "shm" (host buffers only)."""
-        backend = self._backend_for(buf, name)
-        if algorithm == "mpi":
-            return getattr(backend, what)(*args)
-        if backend is not self._host and algorithm == "shm":
+    def _shm_backend(self, buf, name: str, algorithm):
+        """The backend of a collective called with an algorithm other than "mpi": the host
+        backend, which runs "shm" and rejects other names (a GPU buffer takes only "mpi")."""
+        if algorithm == "shm" and self._backend_for(buf, name) is not self._host:
             raise ValueError(f"algorithm: 'shm' is for host buffers; {name} is a GPU buffer "
                              f"(GPU buffers take 'mpi')")
-        return getattr(self._host, what)(*args, algorithm)
+        return self._host
 
     def _reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm):
-        return self._collective("reduce_scatter", sendbuf, "sendbuf", algorithm, sendbuf,
-                                recvbuf, op, blocking)
+        if algorithm == "mpi":
+            return self._backend_for(sendbuf, "sendbuf").reduce_scatter(sendbuf, recvbuf, op,
+                                                                        blocking)
+        return self._shm_backend(sendbuf, "sendbuf", algorithm).reduce_scatter(
+            sendbuf, recvbuf, op, blocking, algorithm)
 
     def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> None:
         """Block reduce-scatter: rank i gets block i (len(sendbuf)//size elements) of the
@@ -238,8 +238,10 @@ class Communicator:
 
     # ------------------------------------------------------------------ data movement
     def _allgather(self, sendbuf, recvbuf, blocking, algorithm):
-        return self._collective("allgather", sendbuf, "sendbuf", algorithm, sendbuf, recvbuf,
-                                blocking)
+        if algorithm == "mpi":
+            return self._backend_for(sendbuf, "sendbuf").allgather(sendbuf, recvbuf, blocking)
+        return self._shm_backend(sendbuf, "sendbuf", algorithm).allgather(sendbuf, recvbuf,
+                                                                          blocking, algorithm)
 
     def Allgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> None:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
@@ -252,7 +254,9 @@ class Communicator:
 
     def _bcast(self, buf, root, blocking, algorithm):
         root = self._rank_arg(root, "root")
-        return self._collective("bcast", buf, "buf", algorithm, buf, root, blocking)
+        if algorithm == "mpi":
+            return self._backend_for(buf, "buf").bcast(buf, root, blocking)
+        return self._shm_backend(buf, "buf", algorithm).bcast(buf, root, blocking, algorithm)
 
     def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
         """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as

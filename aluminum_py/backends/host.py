@@ -320,7 +320,7 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     def reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm="mpi"):
-        shm = self.collective_shm("reduce_scatter", algorithm)
+        shm = algorithm != "mpi" and self.collective_shm("reduce_scatter", algorithm)
         s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
         self._divisible(s, "sendbuf")
         op, code = self._reduction(op, s)
@@ -336,7 +336,7 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     def allgather(self, sendbuf, recvbuf, blocking, algorithm="mpi"):
-        shm = self.collective_shm("allgather", algorithm)
+        shm = algorithm != "mpi" and self.collective_shm("allgather", algorithm)
         if recvbuf is None:
             r, n = self._blocks_in_place(sendbuf, "sendbuf")
             if shm:
@@ -349,7 +349,7 @@ class HostBackend:
         return self._move("allgather", "allgather", s, r, s.size, blocking)
 
     def bcast(self, buf, root, blocking, algorithm="mpi"):
-        shm = self.collective_shm("bcast", algorithm)
+        shm = algorithm != "mpi" and self.collective_shm("bcast", algorithm)
         b = as_array(buf, "buf", writable=self.rank != root)
         if shm:
             return self._shm("bcast", addr(b), b, b.size, blocking, root=root, keep=(b,))
@@ -392,7 +392,7 @@ class HostBackend:
         return self._move("scatter", "scatter", s, r, n, blocking, root)
 
     def barrier(self, blocking, algorithm="mpi"):
-        if self.collective_shm("barrier", algorithm):
+        if algorithm != "mpi" and self.collective_shm("barrier", algorithm):
             nop = _core.make_op(self.state, K["shm_barrier"], "barrier/shm", 0, 0, 0, 0, 1, 0)
             return self._launch(nop, blocking, "shm")
         nop = _core.make_op(self.state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)

@@ -444,3 +444,17 @@ def test_gpu_reduce_reads_recvbuf_at_root_only(bound):
         ReadOnlyDeviceArray(np.zeros(1, np.float32))
     with pytest.raises((al.NcclError, al.UnavailableError)):
         comm.Reduce(x, recv, root=0)
+
+
+def test_shm_collectives_refuse_gpu_buffers(bound):
+    """algorithm="shm" of Allgather/Bcast/Reduce_scatter is for host buffers: a GPU buffer
+    raises ValueError before anything runs (GPU buffers take only "mpi")."""
+    comm, _ = bound
+    x = DeviceArray(np.ones(comm.size, np.float32))
+    r = DeviceArray(np.ones(comm.size * comm.size, np.float32))
+    for call in (lambda: comm.Allgather(x, r, algorithm="shm"),
+                 lambda: comm.Ibcast(x, algorithm="shm"),
+                 lambda: comm.Reduce_scatter(x, algorithm="shm")):
+        with pytest.raises(ValueError, match="'shm' is for host buffers; .* is a GPU buffer"):
+            call()
+    assert comm._state.pending == 0
