@@ -113,6 +113,14 @@ def shm_small_bytes() -> int:
     return _bytes("AL_SHM_SMALL_BYTES", 64 << 10)
 
 
+def shm_named() -> bool:
+    """AL_SHM_NAMED: a debugging aid; 1 makes every communicator's shared-memory segment a named
+    POSIX object in /dev/shm (unlinked once every rank has mapped it) instead of an anonymous
+    memory file opened through /proc, the path taken anyway where that cannot work (default
+    0).  Rank 0's value is used."""
+    return _float("AL_SHM_NAMED", 0.0) != 0
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

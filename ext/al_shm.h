@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "al_reduce.h"
@@ -103,32 +104,33 @@ static inline char *al_shm_slot(const al_shm_seg *s, int buf, int r) {
   return s->base + al_shm_data_offset(s->size) + ((size_t)buf * s->size + r) * s->slot;
 }
 
-/* ---- the segment: create (one rank), open (the others), unlink, unmap ---- */
+/* ---- the segment: create (one rank), open (the others), unmap ----
+ *
+ * Rank 0 creates the segment as an anonymous memory file (memfd_create: the name is only what
+ * /proc shows, nothing is named in /dev/shm), and the peers open it through
+ * /proc/<rank 0's pid>/fd/<fd>; rank 0 closes its fd once every rank has reported.  Nothing can
+ * leak, whoever dies when: the memory goes away with the last fd or mapping.  Where
+ * memfd_create is missing (ENOSYS) or a peer may not open rank 0's fd (restricted /proc, other
+ * user, other PID namespace: *named_instead), the setup falls back for the whole communicator
+ * to a named POSIX object in /dev/shm (al_shm_create / al_shm_open), unlinked by rank 0 once
+ * every rank has reported; a rank killed between its creation and that unlink leaves the name. */
 
-/* Create `name` (O_EXCL, mode 0600), reserve `len` bytes of memory for it (posix_fallocate: a
- * full /dev/shm is reported here, not as SIGBUS in the middle of an op) and map it; the header
- * records what the openers check.  Returns the mapping, or NULL with a message in err. */
-static char *al_shm_create(const char *name, size_t len, int size, size_t slot, char *err,
-                           size_t errlen) {
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600), rc;
+/* Reserve `len` bytes of memory for the open file `fd` (posix_fallocate: a full /dev/shm or
+ * memory cgroup is reported here, not as SIGBUS in the middle of an op) and map it; the header
+ * records what the openers check.  Does not close fd.  Returns the mapping, or NULL with a
+ * message naming `what` in err. */
+static char *al_shm_init_fd(int fd, const char *what, size_t len, int size, size_t slot,
+                            char *err, size_t errlen) {
+  int rc = ftruncate(fd, (off_t)len) != 0 ? errno : posix_fallocate(fd, 0, (off_t)len);
   char *p;
-  if (fd < 0) {
-    snprintf(err, errlen, "shm_open(%s, O_CREAT) failed: %s", name, strerror(errno));
-    return NULL;
-  }
-  rc = ftruncate(fd, (off_t)len) != 0 ? errno : posix_fallocate(fd, 0, (off_t)len);
   if (rc != 0) {
-    snprintf(err, errlen, "reserving %zu bytes in /dev/shm for %s failed: %s", len, name,
+    snprintf(err, errlen, "reserving %zu bytes of shared memory for %s failed: %s", len, what,
              strerror(rc));
-    close(fd);
-    shm_unlink(name);
     return NULL;
   }
   p = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
-    snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, name, strerror(errno));
-    shm_unlink(name);
+    snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, what, strerror(errno));
     return NULL;
   }
   ((uint64_t *)p)[1] = (uint64_t)size;
@@ -137,33 +139,111 @@ static char *al_shm_create(const char *name, size_t len, int size, size_t slot, 
   return p;
 }
 
-/* Map the segment another rank created; checks its length and header. */
+/* Map the open file `fd` another rank created; checks its length and header.  Does not close
+ * fd. */
+static char *al_shm_map_fd(int fd, const char *what, size_t len, int size, size_t slot,
+                           char *err, size_t errlen) {
+  struct stat st;
+  char *p;
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size != len) {
+    snprintf(err, errlen, "%s has %lld bytes, expected %zu", what, (long long)st.st_size, len);
+    return NULL;
+  }
+  p = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, what, strerror(errno));
+    return NULL;
+  }
+  if (__atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE) != AL_SHM_MAGIC ||
+      ((uint64_t *)p)[1] != (uint64_t)size || ((uint64_t *)p)[2] != (uint64_t)slot) {
+    snprintf(err, errlen, "%s is not the segment of this communicator (header mismatch)", what);
+    munmap(p, len);
+    return NULL;
+  }
+  return p;
+}
+
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x0001U
+#endif
+
+/* Create the segment as a memory file labelled `label` (close-on-exec), reserve and map it.
+ * Returns the mapping with the open fd in *fd (the caller closes it once every peer has opened
+ * it), or NULL with *fd = -1 and a message in err; *unsupported = 1 when the kernel has no
+ * memfd_create (ENOSYS: use the named path). */
+static char *al_shm_create_memfd(const char *label, size_t len, int size, size_t slot, int *fd,
+                                 int *unsupported, char *err, size_t errlen) {
+  char *p;
+  *unsupported = 0;
+#ifdef SYS_memfd_create
+  *fd = (int)syscall(SYS_memfd_create, label, MFD_CLOEXEC);
+#else
+  *fd = -1;
+  errno = ENOSYS;
+#endif
+  if (*fd < 0) {
+    *unsupported = errno == ENOSYS;
+    snprintf(err, errlen, "memfd_create(%s) failed: %s", label, strerror(errno));
+    return NULL;
+  }
+  p = al_shm_init_fd(*fd, label, len, size, slot, err, errlen);
+  if (p == NULL) {
+    close(*fd);
+    *fd = -1;
+  }
+  return p;
+}
+
+/* Map the memory file that process `pid` holds open as `fd` (/proc/<pid>/fd/<fd>).  *named_instead
+ * = 1 when /proc does not let this process open it (EACCES, EPERM, ENOENT: restricted /proc,
+ * another user, another PID namespace), i.e. when the named path may work instead. */
+static char *al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot,
+                               int *named_instead, char *err, size_t errlen) {
+  char path[64];
+  char *p;
+  int mine, e;
+  *named_instead = 0;
+  snprintf(path, sizeof(path), "/proc/%ld/fd/%d", pid, fd);
+  mine = open(path, O_RDWR | O_CLOEXEC);
+  if (mine < 0) {
+    e = errno;
+    *named_instead = e == EACCES || e == EPERM || e == ENOENT || e == ENXIO;
+    snprintf(err, errlen, "open(%s) failed: %s", path, strerror(e));
+    return NULL;
+  }
+  p = al_shm_map_fd(mine, path, len, size, slot, err, errlen);
+  close(mine);
+  return p;
+}
+
+/* The named path: create `name` (O_EXCL, mode 0600), reserve and map it.  Removes the name on
+ * failure; otherwise the caller unlinks it once every peer has opened it. */
+static char *al_shm_create(const char *name, size_t len, int size, size_t slot, char *err,
+                           size_t errlen) {
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  char *p;
+  if (fd < 0) {
+    snprintf(err, errlen, "shm_open(%s, O_CREAT) failed: %s", name, strerror(errno));
+    return NULL;
+  }
+  p = al_shm_init_fd(fd, name, len, size, slot, err, errlen);
+  close(fd);
+  if (p == NULL)
+    shm_unlink(name);
+  return p;
+}
+
+/* The named path: map the segment another rank created as `name`. */
 static char *al_shm_open(const char *name, size_t len, int size, size_t slot, char *err,
                          size_t errlen) {
   int fd = shm_open(name, O_RDWR, 0);
-  struct stat st;
   char *p;
   if (fd < 0) {
     snprintf(err, errlen, "shm_open(%s) failed: %s", name, strerror(errno));
     return NULL;
   }
-  if (fstat(fd, &st) != 0 || (size_t)st.st_size != len) {
-    snprintf(err, errlen, "%s has %lld bytes, expected %zu", name, (long long)st.st_size, len);
-    close(fd);
-    return NULL;
-  }
-  p = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  p = al_shm_map_fd(fd, name, len, size, slot, err, errlen);
   close(fd);
-  if (p == MAP_FAILED) {
-    snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, name, strerror(errno));
-    return NULL;
-  }
-  if (__atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE) != AL_SHM_MAGIC ||
-      ((uint64_t *)p)[1] != (uint64_t)size || ((uint64_t *)p)[2] != (uint64_t)slot) {
-    snprintf(err, errlen, "%s is not the segment of this communicator (header mismatch)", name);
-    munmap(p, len);
-    return NULL;
-  }
   return p;
 }
 

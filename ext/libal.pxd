@@ -53,12 +53,17 @@ cdef extern from "al_shm.h" nogil:
     size_t al_shm_bytes(int size, size_t slot)
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
+    char* al_shm_create_memfd(const char* label, size_t len, int size, size_t slot, int* fd,
+                              int* unsupported, char* err, size_t errlen)
+    char* al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot,
+                            int* named_instead, char* err, size_t errlen)
     void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
     void al_shm_allreduce_begin(const al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     void al_shm_coll_begin(al_shm_op*, const al_shm_args*)
     int al_shm_coll_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int shm_unlink(const char* name)
+    int close(int fd)
     int munmap(void* addr, size_t len)
 
 cdef extern from "<pthread.h>" nogil:

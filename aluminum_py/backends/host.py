@@ -173,12 +173,13 @@ class HostBackend:
     def _make_shm_segment(self) -> None:
         """Map the communicator's shared-memory segment (collective, at construction: made by
         the first "shm" op instead, ops issued in different orders on different communicators
-        would wait for each other's setup).  A failure (no room in /dev/shm, ...) is the
+        would wait for each other's setup).  A failure (no room for the segment, ...) is the
         same on every rank: "shm" then raises it and "auto" leaves it out."""
         slot = config.shm_slot_bytes()
         try:
             _core.shm_attach(self.state, self._node_comm, slot,
-                             min(config.shm_small_bytes(), slot), config.hang_timeout_native())
+                             min(config.shm_small_bytes(), slot), config.hang_timeout_native(),
+                             config.shm_named())
         except TimeoutError:
             raise
         except Error as e:

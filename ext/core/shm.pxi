@@ -117,27 +117,33 @@ def _shm_finish(req, deadline, double timeout, what):
             _hooks.setup_timeout(f"shm: setting up the shared-memory segment ({what})", timeout)
         time.sleep(0)
 
-def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout):
+DEF SHM_MEMFD = 1                   # the setup's modes (al_shm.h): an anonymous memory file,
+DEF SHM_NAMED = 2                   # or the named fallback in /dev/shm
+
+def _shm_test_die(int rank):
+    """TESTING AID ONLY (tests/test_shm_segment.py): AL_SHM_TEST_DIE_IN_SETUP=<rank> makes that
+    rank os._exit in the middle of the setup: rank 0 right after it created the segment, any
+    other rank after it received what to open and before opening it."""
+    import os
+    if os.environ.get("AL_SHM_TEST_DIE_IN_SETUP", "") == str(rank):
+        os._exit(9)
+
+def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
+               bint named=False):
     """Create and map the communicator's segment (at construction: collective over
     `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
-    other traffic uses it).  Rank 0 creates a POSIX shared-memory object, every rank maps it, and rank 0 unlinks it
-    as soon as every rank has reported: from then on nothing is named in /dev/shm and the memory
-    goes away with the last process that maps it, however it ends.  Rank 0's `slot` (bytes per
-    rank per buffer, a multiple of 4096) and `small` (the symmetric protocol's limit) are used
-    by all.  Raises aluminum_py.Error naming every rank's failure, or TimeoutError after
-    `timeout` seconds (< 0: none)."""
-    global g_shm_created
-    import os
-    import time
-    import numpy as np
-    from mpi4py import MPI
+    other traffic uses it).  Rank 0 creates an anonymous memory file (memfd_create), every rank
+    opens it through /proc/<rank 0's pid>/fd/<fd> and maps it, and rank 0 closes its fd as soon
+    as every rank has reported: nothing is ever named in /dev/shm, and the memory goes away
+    with the last process that maps it, however it ends.  Where that cannot work (no
+    memfd_create on rank 0, or a rank may not open rank 0's fd), or with `named` (rank 0's
+    AL_SHM_NAMED), the whole communicator uses a named POSIX object instead, unlinked by rank 0
+    once every rank has reported (al_shm.h).  Rank 0's `slot` (bytes per rank per buffer, a
+    multiple of 4096) and `small` (the symmetric protocol's limit) are used by all.  Raises
+    aluminum_py.Error naming every rank's failure, or TimeoutError after `timeout` seconds
+    (< 0: none)."""
     cdef int size = cs.c.size, rank = cs.c.rank
-    cdef size_t length
-    cdef char err[SHM_MSG]
-    cdef char* base = NULL
-    cdef al_shm_seg* seg
-    cdef bytes bname
-    cdef const char* cname
+    cdef int mode = SHM_NAMED if named else SHM_MEMFD
     if cs.c.shm != NULL:
         return
     if node_comm.Get_size() != size or node_comm.Get_rank() != rank:
@@ -145,59 +151,107 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     if size > AL_SHM_MAX_RANKS:
         _hooks.fail(f"algorithm 'shm': at most {AL_SHM_MAX_RANKS} ranks, the communicator has "
                     f"{size}")
+    import time
     deadline = time.monotonic() + timeout if timeout >= 0 else None
+    if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode) == SHM_NAMED:
+        _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED)
+
+cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
+                  int mode) except -1:
+    """One attempt of shm_attach in `mode` (rank 0's: it may fall back to SHM_NAMED by itself
+    when memfd_create is missing).  Returns 0 with the segment attached, or SHM_NAMED on every
+    rank (they all see the same reports) when the memory file failed only where the named path
+    may work; raises for any other failure."""
+    global g_shm_created
+    import os
+    import numpy as np
+    cdef int size = cs.c.size, rank = cs.c.rank
+    cdef int fd = -1, unsupported = 0, named_instead = 0
+    cdef long pid = 0
+    cdef size_t length
+    cdef char err[SHM_MSG]
+    cdef char* base = NULL
+    cdef al_shm_seg* seg
+    cdef bytes bname = b""
+    cdef const char* cname
     err[0] = 0
 
-    # rank 0 creates; the name and rank 0's parameters (or its error) go to every rank
-    params = np.zeros(3, dtype=np.uint64)          # slot, small, created
+    # rank 0 creates; how to open it (or rank 0's error) and its parameters go to every rank
+    params = np.zeros(6, dtype=np.uint64)          # slot, small, created, mode, pid, fd
     name = np.zeros(SHM_MSG, dtype=np.uint8)
     if rank == 0 and slot == 0:
         snprintf(err, SHM_MSG, "disabled (AL_SHM_SLOT_BYTES=0)")
     elif rank == 0:
         slot = (slot + 4095) // 4096 * 4096
         g_shm_created += 1
-        bname = f"/al_shm_{os.getpid()}_{g_shm_created}".encode()
+        bname = f"al_shm_{os.getpid()}_{g_shm_created}".encode()
         length = al_shm_bytes(size, slot)
         cname = bname
-        with nogil:
-            base = al_shm_create(cname, length, size, slot, err, SHM_MSG)
-        params[:] = (slot, small, base != NULL)
+        if mode == SHM_MEMFD:
+            with nogil:
+                base = al_shm_create_memfd(cname, length, size, slot, &fd, &unsupported, err,
+                                           SHM_MSG)
+            if unsupported:
+                mode = SHM_NAMED                   # no memfd_create here: the named path
+                err[0] = 0
+        if mode == SHM_NAMED:
+            bname = b"/" + bname
+            cname = bname
+            with nogil:
+                base = al_shm_create(cname, length, size, slot, err, SHM_MSG)
+        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0))
         name[:len(bname)] = np.frombuffer(bname, np.uint8)
+        _shm_test_die(rank)
     try:
-        what = "receiving the segment's name"
+        what = "receiving where the segment is"
         _shm_finish(node_comm.Ibcast(params, root=0), deadline, timeout, what)
         _shm_finish(node_comm.Ibcast(name, root=0), deadline, timeout, what)
-        slot, small = int(params[0]), int(params[1])
+        slot, small, mode = int(params[0]), int(params[1]), int(params[3])
+        pid, fd = int(params[4]), int(params[5])
         length = al_shm_bytes(size, slot)
         bname = name.tobytes().rstrip(b"\0")
         cname = bname
-        if rank != 0 and params[2]:
+        if rank != 0:
+            _shm_test_die(rank)
+        if rank != 0 and params[2] and mode == SHM_MEMFD:
+            with nogil:
+                base = al_shm_open_memfd(pid, fd, length, size, slot, &named_instead, err,
+                                         SHM_MSG)
+        elif rank != 0 and params[2]:
             with nogil:
                 base = al_shm_open(cname, length, size, slot, err, SHM_MSG)
         elif rank != 0:
             snprintf(err, SHM_MSG, "rank 0 could not create the segment")
+        # a report: the error (empty: mapped), then in the last byte whether the named path
+        # may work where the memory file did not
         mine = np.zeros(SHM_MSG, dtype=np.uint8)
-        msg = (<bytes>err)[:SHM_MSG - 1]
+        msg = (<bytes>err)[:SHM_MSG - 2]
         mine[:len(msg)] = np.frombuffer(msg, np.uint8)
-        every = np.zeros(SHM_MSG * size, dtype=np.uint8)
+        mine[SHM_MSG - 1] = named_instead
+        every = np.zeros(SHM_MSG * size, dtype=np.uint8).reshape(size, SHM_MSG)
         _shm_finish(node_comm.Iallgather(mine, every), deadline, timeout,
                     "every rank reporting that it mapped the segment")
     finally:
-        if rank == 0 and params[2]:
-            shm_unlink(bname)                      # mapped everywhere, or failed: never leaked
-    failures = [f"rank {r}: {every[r * SHM_MSG:(r + 1) * SHM_MSG].tobytes().rstrip(b'\0').decode()}"
-                for r in range(size) if every[r * SHM_MSG]]
-    if failures:
-        if base != NULL:
-            munmap(base, length)
+        if rank == 0 and params[2] and mode == SHM_MEMFD:
+            close(fd)                              # mapped everywhere, or failed: never leaked
+        elif rank == 0 and params[2]:
+            shm_unlink(bname)                      # (a rank killed before this leaves the name)
+    failed = [r for r in range(size) if every[r, 0]]
+    if failed and base != NULL:
+        munmap(base, length)
+    if failed and mode == SHM_MEMFD and all(every[r, SHM_MSG - 1] for r in failed):
+        return SHM_NAMED
+    if failed:
         _hooks.fail("algorithm 'shm': could not set up the shared-memory segment: "
-                    + "; ".join(failures))
+                    + "; ".join(f"rank {r}: {every[r, :SHM_MSG - 1].tobytes().rstrip(b'\0').decode()}"
+                                for r in failed))
     seg = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
     if seg == NULL:
         munmap(base, length)
         raise MemoryError()
     al_shm_init(seg, base, length, rank, size, slot, small)
     cs.c.shm = seg
+    return 0
 
 cdef void shm_release(al_comm* c) noexcept nogil:
     """Unmap the segment (no op may use it any more)."""
