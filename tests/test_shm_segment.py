@@ -2,8 +2,8 @@
 an shm allreduce, under mpiexec, and the job's processes end with no /dev/shm entry of ours;
 while the job ran, every rank mapped rank 0's anonymous memory file (memfd), named nowhere.  A
 rank killed during the setup itself (between rank 0's create and the others' open) leaves
-nothing either; the named fallback (AL_SHM_NAMED=1) works, and there such a death leaves the
-name (what the memory file avoids)."""
+nothing either; the named fallback works, forced (AL_SHM_NAMED=1, where such a death leaves the
+name: what the memory file avoids) and taken because the peers may not open rank 0's fd."""
 import os
 import re
 import subprocess
@@ -72,10 +72,20 @@ def test_killed_rank_leaves_no_segment(tmp_path, how):
 
 
 SETUP = r"""
-import os, sys
+import ctypes, os, sys
 import numpy as np
 from mpi4py import MPI
 print(f"rank {MPI.COMM_WORLD.rank} pid {os.getpid()}", flush=True)
+if sys.argv[1:] == ["no-proc"]:                    # the peers may not open rank 0's fds
+    libc = ctypes.CDLL(None, use_errno=True)
+    if MPI.COMM_WORLD.rank == 0:                   # /proc/<pid>/fd then needs CAP_SYS_PTRACE
+        assert libc.prctl(4, 0, 0, 0, 0) == 0      # PR_SET_DUMPABLE, 0
+    else:                                          # which a peer drops (if it has it: root)
+        hdr = (ctypes.c_uint32 * 2)(0x20080522, 0) # _LINUX_CAPABILITY_VERSION_3, this process
+        data = (ctypes.c_uint32 * 6)()
+        assert libc.capget(hdr, data) == 0, ctypes.get_errno()
+        data[0] &= ~(1 << 19)                      # effective CAP_SYS_PTRACE
+        assert libc.capset(hdr, data) == 0, ctypes.get_errno()
 import aluminum_py as al
 c = al.Communicator()                              # the segment's setup
 x = np.arange(1000, dtype=np.float64) * (c.rank + 1)
@@ -88,11 +98,11 @@ print(f"rank {c.rank} ok mapped {mapped}", flush=True)
 """
 
 
-def run_setup(tmp_path, n, **env):
+def run_setup(tmp_path, n, *args, **env):
     script = tmp_path / "setup.py"
     script.write_text(SETUP)
     env = dict(os.environ, AL_HANG_TIMEOUT="30", PYTHONUNBUFFERED="1", **env)
-    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script)], env=env,
+    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script), *args], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     pids = {int(r): int(p) for r, p in re.findall(r"rank (\d) pid (\d+)", proc.stdout)}
     return proc, pids
@@ -131,3 +141,15 @@ def test_named_fallback(tmp_path):
         os.unlink(f"/dev/shm/{n}")
     assert proc.returncode != 0, proc.stdout
     assert left == [f"al_shm_{pids[0]}_1"], proc.stdout
+
+
+def test_named_fallback_when_proc_refuses(tmp_path):
+    # the peers get EACCES on /proc/<rank 0's pid>/fd/<fd>: the whole communicator takes the
+    # named path (the second segment rank 0 made) and the allreduce is right
+    before = ours()
+    proc, pids = run_setup(tmp_path, 3, "no-proc")
+    assert proc.returncode == 0, proc.stdout
+    for rank in (0, 1, 2):
+        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_2 \(deleted\)'\]",
+                         proc.stdout), proc.stdout
+    assert left_by(pids, before) == [], proc.stdout
