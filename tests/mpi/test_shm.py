@@ -163,6 +163,28 @@ def test_segment_made_with_the_communicator_and_freed():
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def late_peers(c, call, name: str) -> list:
+    """Rank 0 runs `call()` (an shm op named `name`) under a 0.3 s hang timeout, the other
+    ranks join only after it gave up: failure messages unless rank 0 got the hang-timeout error
+    naming the op and a rank it waits for, and the op then completed in the engine."""
+    err = None
+    if c.rank == 0:
+        try:
+            with_env({"AL_HANG_TIMEOUT": "0.3"}, call)
+        except al.TimeoutError as e:
+            err = str(e)
+    WORLD.Barrier()
+    if c.rank != 0:
+        call()
+    failures = []
+    if c.rank == 0:
+        if err is None or name not in err or "has not published" not in err:
+            failures.append(f"timeout error: {err!r}")
+        if not wait_for(lambda: c._state.pending == 0):
+            failures.append("the timed-out op did not complete after the peers joined")
+    return failures
+
+
 def test_hang_timeout_names_the_missing_rank():
     """Rank 0 calls an shm allreduce the others join only later: it raises the hang-timeout
     error naming a rank it waits for; the op goes on in the engine and completes once they
@@ -172,21 +194,7 @@ def test_hang_timeout_names_the_missing_rank():
     c = al.Communicator()
     c.Allreduce(np.ones(4, np.float32), algorithm="shm")        # the segment exists
     x = ramp(1000, 7, c.rank)
-    err = None
-    if c.rank == 0:
-        try:
-            with_env({"AL_HANG_TIMEOUT": "0.3"}, lambda: c.Allreduce(x, algorithm="shm"))
-        except al.TimeoutError as e:
-            err = str(e)
-    WORLD.Barrier()
-    if c.rank != 0:
-        c.Allreduce(x, algorithm="shm")
-    failures = []
-    if c.rank == 0:
-        if err is None or "allreduce/shm" not in err or "has not published" not in err:
-            failures.append(f"timeout error: {err!r}")
-        if not wait_for(lambda: c._state.pending == 0):
-            failures.append("the timed-out op did not complete after the peers joined")
+    failures = late_peers(c, lambda: c.Allreduce(x, algorithm="shm"), "allreduce/shm")
     failures += differences("late op", x, ramp_reference(1000, 7, c.size))
     y = ramp(10, 8, c.rank)
     c.Allreduce(y, algorithm="shm")                              # the segment still works

@@ -12,8 +12,8 @@ import pytest
 
 import aluminum_py as al
 from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gather_all,
-                      make_input, ops_for, ramp, ramp_reference, reference, wait_for)
-from test_shm import tiny, with_env  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
+                      make_input, ops_for, ramp, ramp_reference, reference)
+from test_shm import late_peers, tiny, with_env  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
 
 pytestmark = pytest.mark.mpi
 
@@ -190,21 +190,7 @@ def test_hang_timeout_names_the_missing_rank():
     if WORLD.Get_size() < 2:
         pytest.skip("needs a peer")
     c = al.Communicator()
-    err = None
-    if c.rank == 0:
-        try:
-            with_env({"AL_HANG_TIMEOUT": "0.3"}, lambda: c.Barrier(algorithm="shm"))
-        except al.TimeoutError as e:
-            err = str(e)
-    WORLD.Barrier()
-    if c.rank != 0:
-        c.Barrier(algorithm="shm")
-    failures = []
-    if c.rank == 0:
-        if err is None or "barrier/shm" not in err or "has not published" not in err:
-            failures.append(f"timeout error: {err!r}")
-        if not wait_for(lambda: c._state.pending == 0):
-            failures.append("the timed-out op did not complete after the peers joined")
+    failures = late_peers(c, lambda: c.Barrier(algorithm="shm"), "barrier/shm")
     x = ramp(10, 3, c.rank)
     c.Bcast(x, 1, algorithm="shm")
     failures += differences("next op", x, ramp(10, 3, 1))
