@@ -23,5 +23,7 @@ def install() -> None:
     _core.set_idle_spin(config.engine_spin())
     _core.set_serial_bytes(config.engine_serial_bytes())
     _core.set_scratch_cache(config.scratch_cache())
+    _core.set_wait_spin(config.wait_spin())
+    _core.set_shm_stream_bytes(config.shm_stream_bytes())
     atexit.register(_shutdown)
     timeline.start_from_env()

@@ -113,6 +113,22 @@ def shm_small_bytes() -> int:
     return _bytes("AL_SHM_SMALL_BYTES", 64 << 10)
 
 
+def shm_stream_bytes() -> int:
+    """AL_SHM_STREAM_BYTES: "shm" allreduces (reduce-scatter then allgather) of at least this
+    many bytes write recvbuf with streaming stores, which skip the read of every line before
+    its write and leave the caches to the slots (default 16 MiB; a huge value: never).  Not
+    needed to be the same on every rank."""
+    return _bytes("AL_SHM_STREAM_BYTES", 16 << 20)
+
+
+def wait_spin() -> float:
+    """AL_WAIT_SPIN: seconds a polling wait (the progress engine, a blocking call, an "shm"
+    op's wait for its peers) spins before it yields the core at every poll, where every rank
+    has a core of its own (default 5e-05; negative: never yield; where ranks outnumber cores
+    AL_ENGINE_YIELD's rule applies instead)."""
+    return _float("AL_WAIT_SPIN", 50e-6)
+
+
 def shm_named() -> bool:
     """AL_SHM_NAMED: a debugging aid; 1 makes every communicator's shared-memory segment a named
     POSIX object in /dev/shm (unlinked once every rank has mapped it) instead of an anonymous

@@ -78,6 +78,7 @@ enum { AL_SHM_PUT = 0, AL_SHM_WAIT_IN = 1, AL_SHM_WAIT_OUT = 2, AL_SHM_END = 3 }
 typedef struct al_shm_op {
   int phase;                         /* AL_SHM_PUT ... AL_SHM_END */
   int split;                         /* 1: reduce-scatter + allgather, 0: symmetric */
+  int stream;                        /* write recvbuf with streaming stores (al_shm_copy_nt) */
   int64_t off;                       /* the current chunk: elements [off, off + chunk) */
   int64_t chunk;
   uint64_t want;                     /* the flag value every peer must reach */
@@ -290,12 +291,83 @@ static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo,
   *hi = *lo + b < n ? *lo + b : n;
 }
 
+/* ---- streaming stores ----
+ *
+ * A message larger than the caches is read once from memory (sendbuf) and written once to it
+ * (recvbuf).  Written with ordinary stores, every line of recvbuf is first read from memory
+ * ("read for ownership") and then written back: 3n bytes of memory traffic instead of the 2n
+ * of the bound (docs/performance.md).  A streaming (non-temporal) store writes a whole line
+ * without reading it and without keeping it in the caches.  Used for recvbuf only, above
+ * al_shm_stream_bytes (AL_SHM_STREAM_BYTES): a smaller result may be read from the caches by
+ * the caller next, and the slots must stay in the caches for the peers.
+ *
+ * Memory ordering: streaming stores are weakly ordered, neither with the release store of a
+ * flag nor with the completion flag of an op that another thread reads (a plain store on
+ * x86).  No peer ever reads recvbuf, so the protocol above needs no fence; but every
+ * function below that streams ends with an sfence (al_shm_stream_fence), so that whatever
+ * follows it in this thread (a publish, the op's completion, the op's hand-over to the
+ * progress engine between two advances, the caller reading recvbuf in another thread) comes
+ * after the streamed bytes are visible everywhere.  Where SSE2 is missing, streaming is a
+ * plain memcpy. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define AL_SHM_CAN_STREAM 1
+#else
+#define AL_SHM_CAN_STREAM 0
+#endif
+
+static int al_shm_ahead_tmp = 1;
+static size_t al_shm_stream_bytes = (size_t)16 << 20;  /* allreduces of at least this: stream */
+
+static inline void al_shm_stream_fence(void) {
+#if AL_SHM_CAN_STREAM
+  _mm_sfence();
+#endif
+}
+
+/* dst = src (n bytes, any alignment): ordinary stores up to dst's first 16-byte boundary and
+ * after its last one, streaming stores in between.  No fence (callers end with one). */
+static void al_shm_copy_nt(char *dst, const char *src, size_t n) {
+#if AL_SHM_CAN_STREAM
+  size_t head = (size_t)(-(uintptr_t)dst & 15);
+  if (head > n) head = n;
+  memcpy(dst, src, head);
+  dst += head; src += head; n -= head;
+  for (; n >= 64; n -= 64, dst += 64, src += 64) {
+    __m128i x0 = _mm_loadu_si128((const __m128i *)src);
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(src + 16));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(src + 32));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(src + 48));
+    _mm_stream_si128((__m128i *)dst, x0);
+    _mm_stream_si128((__m128i *)(dst + 16), x1);
+    _mm_stream_si128((__m128i *)(dst + 32), x2);
+    _mm_stream_si128((__m128i *)(dst + 48), x3);
+  }
+  for (; n >= 16; n -= 16, dst += 16, src += 16)
+    _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
+  memcpy(dst, src, n);
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+/* dst = src, n bytes, streamed (and fenced) if `stream`. */
+static inline void al_shm_copy(char *dst, const char *src, size_t n, int stream) {
+  if (stream) {
+    al_shm_copy_nt(dst, src, n);
+    al_shm_stream_fence();
+  } else {
+    memcpy(dst, src, n);
+  }
+}
+
 /* out = src[0] op src[1] op ... op src[k-1] over n elements (k >= 2), tile by tile so that the
  * partial results stay in L1 (memory traffic: k reads and one write per element); AVG (avg_div
  * > 0) divides in the last pass.  `out` may be src[0] exactly.  Each tile is then copied to
- * `copy_to` if it is not NULL.  Returns 0, or -1 for an unsupported (dtype, op). */
-static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *const *src, int k,
-                         int64_t n, double avg_div, char *copy_to) {
+ * `copy_to` if it is not NULL, with streaming stores if `stream` (al_shm_copy_nt; one fence at
+ * the end).  Returns 0, or -1 for an unsupported (dtype, op). */
+static int al_shm_reduce_copy(int dtype, int op, int esize, char *out, const char *const *src,
+                              int k, int64_t n, double avg_div, char *copy_to, int stream) {
   int64_t tile = AL_SHM_TILE / esize, t, m;
   int j, rc = 0;
   for (t = 0; t < n && rc == 0; t += tile) {
@@ -308,10 +380,20 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
       else
         rc = al_reduce(dtype, op, out + off, a, src[j] + off, (size_t)m);
     }
-    if (copy_to != NULL)
+    if (copy_to != NULL && stream)
+      al_shm_copy_nt(copy_to + off, out + off, (size_t)m * esize);
+    else if (copy_to != NULL)
       memcpy(copy_to + off, out + off, (size_t)m * esize);
   }
+  if (stream)
+    al_shm_stream_fence();
   return rc;
+}
+
+/* al_shm_reduce_copy with ordinary stores. */
+static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *const *src, int k,
+                         int64_t n, double avg_div, char *copy_to) {
+  return al_shm_reduce_copy(dtype, op, esize, out, src, k, n, avg_div, copy_to, 0);
 }
 
 /* ---- the allreduce ---- */
@@ -326,46 +408,97 @@ typedef struct al_shm_args {
   int root;                          /* bcast */
 } al_shm_args;
 
-/* Start an allreduce: the protocol by size (the same on every rank: count and esize are). */
+/* Start an allreduce: the protocol by size (the same on every rank: count and esize are), and
+ * whether recvbuf is written with streaming stores (may differ between ranks: only this rank's
+ * stores change). */
 static inline void al_shm_allreduce_begin(const al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
+  size_t bytes = (size_t)a->count * a->esize;
   memset(o, 0, sizeof(*o));
-  o->split = (size_t)a->count * a->esize > s->small && s->size > 1;
+  o->split = bytes > s->small && s->size > 1;
+  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_bytes;
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
 }
 
+/* Elements of the round that starts at element `off`: a slot's worth, or what is left. */
+static inline int64_t al_shm_chunk(const al_shm_seg *s, const al_shm_args *a, int64_t off) {
+  int64_t cap = (int64_t)(s->slot / (size_t)a->esize);
+  return a->count - off < cap ? a->count - off : cap;
+}
+
+/* Split protocol, copy-in: the blocks j != me of the chunk [off, off + chunk) of sendbuf into
+ * my slot of buffer b. */
+static void al_shm_split_in(const al_shm_seg *s, const al_shm_args *a, int b, int64_t off,
+                            int64_t chunk) {
+  int64_t lo, hi, es = a->esize;
+  int j;
+  for (j = 0; j < s->size; j++) {
+    if (j == s->rank) continue;
+    al_shm_block(chunk, s->size, a->esize, j, &lo, &hi);
+    memcpy(al_shm_slot(s, b, s->rank) + lo * es, a->sbuf + (off + lo) * es, (size_t)(hi - lo) * es);
+  }
+}
+
+/* Split protocol, copy-out: every peer's reduced block of the chunk from its slot of buffer b
+ * into recvbuf. */
+static void al_shm_split_out(const al_shm_seg *s, const al_shm_args *a, int b, int64_t off,
+                             int64_t chunk, int stream) {
+  int64_t lo, hi, es = a->esize;
+  int j;
+  for (j = 0; j < s->size; j++) {
+    if (j == s->rank) continue;
+    al_shm_block(chunk, s->size, a->esize, j, &lo, &hi);
+    al_shm_copy(a->rbuf + (off + lo) * es, al_shm_slot(s, b, j) + lo * es,
+                (size_t)(hi - lo) * es, stream);
+  }
+}
+
 /* Run the op until it must wait for a peer (returns 0), it is complete (1) or fails (-1:
- * unsupported (dtype, op), checked before by the caller).  Never blocks. */
+ * unsupported (dtype, op), checked before by the caller).  Never blocks.
+ *
+ * The split protocol copies the next chunk in (into the other buffer) and publishes it right
+ * after its second arrive, before copying the peers' reduced blocks of this chunk out: the
+ * peers then find the next chunk's inputs published when they come to wait for them, and a
+ * rank that is late in one round does not delay its peers' reduction of the next by its
+ * copy-out.  Why that is safe (round m uses buffer b, round m + 1 buffer b' = the other):
+ *   - writing my slot of b' in round m + 1 needs every peer done reading round m - 1 (b').  A
+ *     peer's last reads of round m - 1 (its copy-out) come before its reduction of round m,
+ *     hence before its second publish of round m, which my second arrive of round m has seen.
+ *   - reading b after publishing round m + 1's first flag: a peer writes b next in round
+ *     m + 2, and (by the same rule) only after its second arrive of round m + 1, i.e. after my
+ *     second publish of round m + 1, which comes after my copy-out of round m.
+ *   - the counters stay in step: my first publish of round m + 1 (flag 2m + 3) also satisfies
+ *     a peer still waiting for 2m + 2.
+ * Only within one op: the last round of an op copies out, and the next op starts over. */
 static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   const char *src[AL_SHM_MAX_RANKS];
   int p = s->size, me = s->rank, j, k, b;
-  int64_t lo, hi, es = a->esize;
+  int64_t lo, hi, es = a->esize, next;
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {
-      int64_t cap = (int64_t)(s->slot / (size_t)es);
-      o->chunk = a->count - o->off < cap ? a->count - o->off : cap;
-      if (o->split) {
-        for (j = 0; j < p; j++) {
-          if (j == me) continue;
-          al_shm_block(o->chunk, p, a->esize, j, &lo, &hi);
-          memcpy(al_shm_slot(s, b, me) + lo * es, a->sbuf + (o->off + lo) * es,
-                 (size_t)(hi - lo) * es);
-        }
-      } else {
+      o->chunk = al_shm_chunk(s, a, o->off);
+      if (o->split)
+        al_shm_split_in(s, a, b, o->off, o->chunk);
+      else
         memcpy(al_shm_slot(s, b, me), a->sbuf + o->off * es, (size_t)o->chunk * es);
-      }
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
     if (o->phase == AL_SHM_WAIT_IN) {
       if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
       if (o->split) {
+        /* my block: into my slot (the peers copy it out), and into recvbuf: streamed from the
+         * slot's tile (in L1) when streaming, else written and then copied to the slot */
+        char *in_slot = al_shm_slot(s, b, me), *in_rbuf;
         al_shm_block(o->chunk, p, a->esize, me, &lo, &hi);
+        in_slot += lo * es;
+        in_rbuf = a->rbuf + (o->off + lo) * es;
         src[0] = a->sbuf + (o->off + lo) * es;
         for (j = 0, k = 1; j < p; j++)
           if (j != me) src[k++] = al_shm_slot(s, b, j) + lo * es;
-        if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + (o->off + lo) * es, src, p,
-                          hi - lo, a->avg_div, al_shm_slot(s, b, me) + lo * es) != 0)
+        if (al_shm_reduce_copy(a->dtype, a->rop, a->esize, o->stream ? in_slot : in_rbuf, src,
+                               p, hi - lo, a->avg_div, o->stream ? in_rbuf : in_slot,
+                               o->stream) != 0)
           return -1;
         al_shm_publish(s, o);
         o->phase = AL_SHM_WAIT_OUT;
@@ -379,12 +512,19 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     }
     if (o->phase == AL_SHM_WAIT_OUT) {
       if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
-      for (j = 0; j < p; j++) {
-        if (j == me) continue;
-        al_shm_block(o->chunk, p, a->esize, j, &lo, &hi);
-        memcpy(a->rbuf + (o->off + lo) * es, al_shm_slot(s, b, j) + lo * es,
-               (size_t)(hi - lo) * es);
+      next = o->off + o->chunk;
+      if (next < a->count && al_shm_ahead_tmp) {            /* the next round's copy-in first (above) */
+        int64_t c = al_shm_chunk(s, a, next);
+        al_shm_split_in(s, a, !b, next, c);
+        al_shm_publish(s, o);
+        al_shm_split_out(s, a, b, o->off, o->chunk, o->stream);
+        s->round++;
+        o->off = next;
+        o->chunk = c;
+        o->phase = AL_SHM_WAIT_IN;
+        continue;
       }
+      al_shm_split_out(s, a, b, o->off, o->chunk, o->stream);
       o->phase = AL_SHM_PUT;            /* round complete */
     }
     /* here only at the end of a round */

@@ -38,7 +38,7 @@ cdef extern from "al_shm.h" nogil:
         size_t slot, small
         uint64_t seq, round
     ctypedef struct al_shm_op:
-        int phase, split
+        int phase, split, stream
         int64_t off, chunk
         uint64_t want
         int waiting
@@ -51,6 +51,8 @@ cdef extern from "al_shm.h" nogil:
         double avg_div
         int coll, root
     size_t al_shm_bytes(int size, size_t slot)
+    size_t al_shm_stream_bytes
+    int al_shm_ahead_tmp
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     char* al_shm_create_memfd(const char* label, size_t len, int size, size_t slot, int* fd,

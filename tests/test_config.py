@@ -7,6 +7,7 @@ from aluminum_py import config
 @pytest.mark.parametrize("name,read,default", [
     ("AL_ENGINE_SERIAL_BYTES", config.engine_serial_bytes, 1 << 20),
     ("AL_SCRATCH_CACHE", config.scratch_cache, 256 << 20),
+    ("AL_SHM_STREAM_BYTES", config.shm_stream_bytes, 16 << 20),
 ])
 def test_byte_counts(monkeypatch, name, read, default):
     monkeypatch.delenv(name, raising=False)
@@ -19,3 +20,13 @@ def test_byte_counts(monkeypatch, name, read, default):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             read()
+
+
+def test_wait_spin(monkeypatch):
+    monkeypatch.delenv("AL_WAIT_SPIN", raising=False)
+    assert config.wait_spin() == 50e-6
+    monkeypatch.setenv("AL_WAIT_SPIN", "-1")
+    assert config.wait_spin() == -1.0
+    monkeypatch.setenv("AL_WAIT_SPIN", "soon")
+    with pytest.raises(ValueError, match="AL_WAIT_SPIN"):
+        config.wait_spin()

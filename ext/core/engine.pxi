@@ -18,6 +18,7 @@ cdef int g_yield_every = 0       # polls without progress between sched_yield ca
 cdef int64_t g_serial_bytes = 0   # see set_serial_bytes
 cdef double g_idle_spin = 0.0    # seconds the idle engine polls for work before sleeping
 cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll watches it)
+cdef double g_wait_spin = 50e-6  # seconds a wait spins before it yields (wait_poll; < 0: never)
 
 def set_idle_spin(double seconds):
     """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
@@ -35,6 +36,35 @@ def set_poll_yield(int every):
     progress it calls sched_yield() (0: never). See AL_ENGINE_YIELD."""
     global g_yield_every
     g_yield_every = every
+
+def set_wait_spin(double seconds):
+    """How long a wait polls without yielding where every rank has a core (AL_WAIT_SPIN;
+    < 0: never yield)."""
+    global g_wait_spin
+    g_wait_spin = seconds
+
+cdef inline void wait_poll(long polls, double* since) noexcept nogil:
+    """The one policy of every polling wait: the engine's loop, a blocking call's loop
+    (run_inline), an shm op's wait for its peers' flags (stepped by those two).  Called after
+    each unsuccessful poll; `polls` counts them since the last progress (1 at the first),
+    `since` is the caller's variable for this function, set at the first.
+    Where ranks outnumber cores (g_yield_every > 0, AL_ENGINE_YIELD), it yields the core every
+    g_yield_every polls: the peer waited for needs it.  Otherwise it spins for g_wait_spin
+    seconds (AL_WAIT_SPIN; the clock read every 16 polls), then yields at every poll: a wait
+    that long means the peer is not running (descheduled by other work on the machine) or is
+    itself busy for a while, and spinning on would keep a core from it or from the other work.
+    A wait on an idle machine (microseconds) never yields, and sched_yield returns at once when
+    nothing else wants the core."""
+    if g_yield_every > 0:
+        if polls % g_yield_every == 0:
+            sched_yield()
+    elif polls == 1:
+        since[0] = al_now()
+    elif since[0] < 0:
+        sched_yield()
+    elif (polls & 15) == 0 and g_wait_spin >= 0 and al_now() - since[0] >= g_wait_spin:
+        since[0] = -1.0               # past the budget: yield from now on
+        sched_yield()
 
 cdef inline void notify_done(al_op* op) noexcept nogil:
     op.t_done = al_now()
@@ -118,7 +148,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
     cdef int stopping = 0, progress
     cdef long idle = 0
     cdef int seen = 0
-    cdef double spin_until
+    cdef double spin_until, idle_since = 0.0
     cdef al_op* deferred = NULL       # submitted, not yet started (FIFO)
     cdef al_op* dtail = NULL
     cdef al_comm* blocked[64]
@@ -199,6 +229,8 @@ cdef void* engine_main(void* arg) noexcept nogil:
                 unlink(&active, &tail, prev, op)
                 notify_done(op)
             else:
+                if shm_waits_anew(op):
+                    progress = 1
                 prev = op
             op = nxt
         if stopping and ((active == NULL and deferred == NULL) or al_now() > deadline):
@@ -207,8 +239,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             idle = 0
         else:
             idle += 1
-            if g_yield_every > 0 and idle % g_yield_every == 0:
-                sched_yield()
+            wait_poll(idle, &idle_since)
     # shutdown: abandon what is left
     if dtail != NULL:                 # never-started ops are abandoned like the rest
         dtail.next = active
@@ -312,12 +343,12 @@ cdef int wait_done(al_op* op, double deadline, int spin) noexcept nogil:
 cdef int run_inline(al_op* op, double deadline) noexcept nogil:
     """Drive an op in the calling thread (starting it if new), polling: returns 1 once done,
     0 past `deadline`, SLICE after WAKE seconds (call again to go on).  Never a blocking MPI
-    call, so the caller can check for signals and hand the op to the engine.  Yields the core
-    every g_yield_every polls, as the engine does (AL_ENGINE_YIELD): where ranks outnumber
-    cores, a caller spinning on a peer's message would otherwise hold the core that peer
-    needs for its whole time slice (milliseconds per step on the emulated cluster)."""
-    cdef int n = 0
-    cdef double now, wake
+    call, so the caller can check for signals and hand the op to the engine.  Waits as the
+    engine does (wait_poll): where ranks outnumber cores, a caller spinning on a peer's message
+    would otherwise hold the core that peer needs for its whole time slice (milliseconds per
+    step on the emulated cluster); an shm op's publish starts a new wait."""
+    cdef long n = 0, w = 0
+    cdef double now, wake, since = 0.0
     if op.phase == PH_NEW:
         if op_start(op):
             op.t_done = al_now()
@@ -325,9 +356,11 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
             return 1
     wake = al_now() + WAKE
     while not op_step(op):
+        if shm_waits_anew(op):
+            w = 0
         n += 1
-        if g_yield_every > 0 and n % g_yield_every == 0:
-            sched_yield()
+        w += 1
+        wait_poll(w, &since)
         if (n & 15) == 0:
             now = al_now()
             if now > deadline:

@@ -14,17 +14,21 @@ cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
     a.coll = op.kind - K_SHM_ALLREDUCE     # 0: allreduce, else AL_SHM_ALLGATHER ... (al_shm.h)
     a.root = op.mpi.root
 
-DEF SHM_SPIN = 1 << 20              # unsuccessful polls of one wait before it always yields
+def set_shm_stream_bytes(size_t nbytes):
+    """"shm" allreduces of at least `nbytes` write recvbuf with streaming stores (al_shm.h;
+    AL_SHM_STREAM_BYTES)."""
+    global al_shm_stream_bytes
+    al_shm_stream_bytes = nbytes
+
+def _tmp_ahead(int v):
+    global al_shm_ahead_tmp
+    al_shm_ahead_tmp = v
 
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
-    Never blocks.  A wait spins, then yields: every g_yield_every unsuccessful polls when ranks
-    outnumber cores (the engine's rule, AL_ENGINE_YIELD: the peer waited for needs this core),
-    and after SHM_SPIN polls (milliseconds) in any case, so that a peer descheduled by other
-    work on the machine gets a core back.  Not sooner: on a loaded machine a yield can hand the
-    core to another process for a whole time slice, and a wait of a few microseconds then costs
-    milliseconds (measured: 4096 polls made a 64 MiB allreduce 2-5x slower under load).
-    Every shm op (allreduce, allgather, bcast, reduce_scatter, barrier) waits here."""
+    Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
+    the wait policy (wait_poll), and counts a publish as progress (shm_waits_anew).  Every shm
+    op (allreduce, allgather, bcast, reduce_scatter, barrier) waits here."""
     cdef al_shm_args a
     cdef int rc
     shm_args(op, &a)
@@ -33,15 +37,18 @@ cdef int shm_step(al_op* op) noexcept nogil:
     else:
         rc = al_shm_coll_advance(op.comm.shm, &op.shm, &a)
     if rc == 0:
-        if ((g_yield_every > 0 and op.shm.polls % g_yield_every == 0)
-                or op.shm.polls > SHM_SPIN):
-            sched_yield()
         return 0
     if rc < 0:
         op.err = -1
         snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
                  kind_info(op.kind).name + 4, op.rop, op.dtype)
     return op_finish(op)
+
+cdef inline int shm_waits_anew(al_op* op) noexcept nogil:
+    """After an op_step that returned 0: `op` runs over the segment and began a new wait for
+    its peers in that step (it published: al_shm_publish reset the count of unsuccessful polls,
+    and the step ended after the first).  The stepping loops count that as progress."""
+    return is_shm_kind(op.kind) and op.shm.polls == 1
 
 cdef int shm_alone(al_op* op) noexcept nogil:
     """One rank (no segment): the result is the input (op_finish normalises logical ops)."""

@@ -70,6 +70,84 @@ def test_matrix_tiny_slots(tiny, dtype):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+@pytest.fixture
+def streaming():
+    """Every split-protocol allreduce of this process writes recvbuf with streaming stores
+    (al_shm.h; AL_SHM_STREAM_BYTES=0) until the test ends."""
+    _core.set_shm_stream_bytes(0)
+    yield
+    _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_streaming_matrix(tiny, streaming, dtype):
+    """The streaming path, every dtype and op (AVG included) in place and not, blocking and
+    not: many rounds of 4 KiB slots, uneven last chunks and blocks."""
+    failures = matrix_failures(tiny, "shm", [dtype], [1025, 9001])
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+GUARD = 6                              # elements around each buffer that must stay untouched
+
+
+def misaligned(dtype, n, offset, fill):
+    """A view of n elements `offset` elements into a larger array filled with `fill`, and that
+    array (to check the guard elements on both sides)."""
+    base = np.full(n + 2 * GUARD, fill, dtype=dtype)
+    return base[GUARD + offset - 3:][:n], base
+
+
+@pytest.mark.parametrize("comm_name", ["default", "tiny"])
+def test_streaming_unaligned(comm, tiny, streaming, comm_name):
+    """Buffers at odd element offsets (sendbuf and recvbuf misaligned differently), counts that
+    are no multiple of 16 or 64 bytes, in place and not: every element right, no byte written
+    outside recvbuf (a wrong head or tail length in the streaming copy fails here)."""
+    c = comm if comm_name == "default" else tiny
+    failures = []
+    counts = [70001, 65539] if comm_name == "default" else [1031, 4099]
+    for dtype, op in (("int8", al.BXOR), ("float16", al.SUM), ("float32", al.AVG),
+                      ("float64", al.MAX), ("complex128", al.PROD)):
+        for n in counts:
+            x = make_input(dtype, op, n, seed=n, rank=c.rank)
+            expected = reference(op, gather_all(x), c.size)
+            for soff, roff in ((4, 3), (3, 5), (5, 5)):
+                what = f"{dtype} {op.name} n={n} offsets {soff - 3},{roff - 3}"
+                src, sbase = misaligned(dtype, n, soff, 0)
+                src[:] = x
+                out, rbase = misaligned(dtype, n, roff, 0)
+                before = rbase.copy()
+                c.Allreduce(src, out, op=op, algorithm="shm")
+                failures += differences(what, out, expected)
+                rbase[GUARD + roff - 3:][:n] = before[GUARD + roff - 3:][:n]
+                if not np.array_equal(rbase, before):
+                    failures.append(f"{what}: wrote outside recvbuf")
+                buf, base = misaligned(dtype, n, soff, 0)
+                buf[:] = x
+                c.Allreduce(buf, op=op, algorithm="shm")
+                failures += differences(what + " in place", buf, expected)
+                base[GUARD + soff - 3:][:n] = 0
+                if base.any():
+                    failures.append(f"{what} in place: wrote outside the buffer")
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_streaming_threshold(comm):
+    """Allreduces just below, at and above AL_SHM_STREAM_BYTES (256 KiB here): the ordinary and
+    the streaming path side by side, in place and not."""
+    _core.set_shm_stream_bytes(256 << 10)
+    failures = []
+    try:
+        for k, n in enumerate((65535, 65536, 65537)):
+            x = ramp(n, k, comm.rank)
+            for inplace in (False, True):
+                got = run_allreduce(comm, x, al.SUM, "shm", inplace, not inplace, failures)
+                failures += differences(f"n={n} inplace={inplace}", got,
+                                        ramp_reference(n, k, comm.size))
+    finally:
+        _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
 def test_large(comm):
     """4 Mi + 5 float32 (16 MiB: 16 chunks of the default 1 MiB slot), in place and out."""
     n = (4 << 20) + 5
