@@ -124,9 +124,9 @@ def shm_stream_bytes() -> int:
 def wait_spin() -> float:
     """AL_WAIT_SPIN: seconds a polling wait (the progress engine, a blocking call, an "shm"
     op's wait for its peers) spins before it yields the core at every poll, where every rank
-    has a core of its own (default 5e-05; negative: never yield; where ranks outnumber cores
+    has a core of its own (default 5e-06; negative: never yield; where ranks outnumber cores
     AL_ENGINE_YIELD's rule applies instead)."""
-    return _float("AL_WAIT_SPIN", 50e-6)
+    return _float("AL_WAIT_SPIN", 5e-6)
 
 
 def shm_named() -> bool:

@@ -11,7 +11,9 @@ the median sample in microseconds and the ratio to mpi4py's ``comm.Allreduce`` (
 numpy (``recv /= size``), as a user would.
 
 With ``shm`` among the algorithms (and more than one rank), the last line compares its time at
-the largest size with the memory-traffic bound of a shared-memory allreduce (:func:`shm_bound`).
+the largest size with the memory-traffic bound of a shared-memory allreduce (:func:`shm_bound`),
+whose bandwidth comes from ``copy``: an ``np.copyto`` of the same bytes on every rank at once,
+timed at the largest size among the contenders (same iterations, same load; not in the table).
 """
 from __future__ import annotations
 
@@ -26,28 +28,13 @@ import aluminum_py as al
 from aluminum_py.bench.timing import parse_bytes, size_sweep, time_interleaved
 
 
-def copy_bandwidth(world, nbytes: int = 64 << 20, reps: int = 5) -> float:
-    """STREAM-like copy bandwidth of one rank while every rank copies at once (they share the
-    memory system): bytes read + written per second by ``np.copyto`` of `nbytes`, the median of
-    `reps` copies each started after a barrier, the minimum over ranks."""
-    import time
-    src = np.ones(nbytes // 8)
-    dst = np.zeros_like(src)
-    times = []
-    for _ in range(reps):
-        world.Barrier()
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return world.allreduce(2 * nbytes / float(np.median(times)), op=MPI.MIN)
-
-
 def shm_bound(nbytes: int, bandwidth: float) -> float:
     """Lower bound (s) of an allreduce of `nbytes` per rank, for buffers larger than the caches:
     every rank must at least read its sendbuf from memory and write its recvbuf to it, 2n bytes,
-    at `bandwidth` (copy_bandwidth: what one rank gets while every rank copies).  The rest of the
-    shm algorithm's traffic ((5 - 2/p) n bytes per rank in all, al_shm.h) goes to and from its
-    slots, 2 p MiB that stay in the caches."""
+    at `bandwidth` (what one rank gets while every rank copies: bytes read + written per second
+    by ``np.copyto`` of n bytes, whose glibc memcpy streams its stores, so it pays no read of
+    the destination either).  The rest of the shm algorithm's traffic ((5 - 2/p) n bytes per
+    rank in all, al_shm.h) goes to and from its slots, 2 p MiB that stay in the caches."""
     return 2 * nbytes / bandwidth
 
 
@@ -103,6 +90,9 @@ def main(argv=None) -> int:
             return lambda: comm.Allreduce(send, recv, op=op, algorithm=name)
 
         fns = {name: run(name) for name in contenders}
+        bound_here = "shm" in algs and comm.size > 1 and nbytes == sizes[-1]
+        if bound_here:
+            fns["copy"] = lambda: np.copyto(recv, send)
         for f in fns.values():          # warm-up
             f()
         samples = time_interleaved(world, fns, iters)
@@ -111,11 +101,15 @@ def main(argv=None) -> int:
         row = {"bytes": nbytes, "iters": iters,
                **{name: float(med[i]) for i, name in enumerate(contenders)},
                **{f"{name}_min": float(times[i].min() * 1e6) for i, name in enumerate(contenders)}}
+        if bound_here:
+            # every rank copies at once: 2n bytes read + written per rank in the median time
+            row["copy"] = float(np.median(samples["copy"]) * 1e6)
+            row["copy_bandwidth"] = 2 * nbytes / (row["copy"] * 1e-6)
         rows.append(row)
         if comm.rank == 0:
             cells = "".join(f" {med[i + 1]:>11.1f} ({med[i + 1] / med[0]:4.2f}x)" for i in range(len(algs)))
             print(f"{nbytes:>10} {med[0]:>10.1f}{cells}", flush=True)
-    bandwidth = copy_bandwidth(world) if "shm" in algs and comm.size > 1 and rows else None
+    bandwidth = rows[-1].get("copy_bandwidth") if rows else None
     if comm.rank == 0 and rows:
         for a in algs:
             ratios = np.array([r[a] / r["mpi4py"] for r in rows])
@@ -127,7 +121,7 @@ def main(argv=None) -> int:
             print(f"# shm at {big['bytes']} B: {big['shm']:.0f} us = {big['shm'] / bound:.2f}x the "
                   f"memory-traffic bound {bound:.0f} us (read sendbuf + write recvbuf, 2n bytes "
                   f"per rank, at {bandwidth / 1e9:.2f} GB/s read + written per rank while all "
-                  f"ranks copy)")
+                  f"ranks copy, np.copyto of the same bytes timed among the contenders)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "dtype": args.dtype, "op": args.op,

@@ -24,7 +24,7 @@ def test_byte_counts(monkeypatch, name, read, default):
 
 def test_wait_spin(monkeypatch):
     monkeypatch.delenv("AL_WAIT_SPIN", raising=False)
-    assert config.wait_spin() == 50e-6
+    assert config.wait_spin() == 5e-6
     monkeypatch.setenv("AL_WAIT_SPIN", "-1")
     assert config.wait_spin() == -1.0
     monkeypatch.setenv("AL_WAIT_SPIN", "soon")

@@ -18,7 +18,13 @@ cdef int g_yield_every = 0       # polls without progress between sched_yield ca
 cdef int64_t g_serial_bytes = 0   # see set_serial_bytes
 cdef double g_idle_spin = 0.0    # seconds the idle engine polls for work before sleeping
 cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll watches it)
-cdef double g_wait_spin = 50e-6  # seconds a wait spins before it yields (wait_poll; < 0: never)
+cdef double g_wait_spin = 5e-6   # seconds a wait spins before it yields (wait_poll; < 0: never)
+# The engine's budget: not AL_WAIT_SPIN's microseconds.  A yield of the engine hands the core
+# to this process's own Python thread as often as to anyone else, and the op then stalls
+# behind a busy caller (measured with 5 us: 39-514 % of an shm op's time left to Wait after a
+# busy caller, 0.0 % without; performance.md "Under load").  After milliseconds without
+# progress the peer is descheduled, and yielding lets it have a core.
+DEF ENGINE_WAIT_SPIN = 2e-3
 
 def set_idle_spin(double seconds):
     """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
@@ -43,26 +49,29 @@ def set_wait_spin(double seconds):
     global g_wait_spin
     g_wait_spin = seconds
 
-cdef inline void wait_poll(long polls, double* since) noexcept nogil:
-    """The one policy of every polling wait: the engine's loop, a blocking call's loop
-    (run_inline), an shm op's wait for its peers' flags (stepped by those two).  Called after
+cdef inline void wait_poll(long polls, double* since, double spin) noexcept nogil:
+    """The one policy of every polling wait: a blocking call's loop (run_inline) with
+    spin = g_wait_spin, the engine's loop with ENGINE_WAIT_SPIN, and so an shm op's wait for its
+    peers' flags (stepped by those two).  Called after
     each unsuccessful poll; `polls` counts them since the last progress (1 at the first),
     `since` is the caller's variable for this function, set at the first.
     Where ranks outnumber cores (g_yield_every > 0, AL_ENGINE_YIELD), it yields the core every
-    g_yield_every polls: the peer waited for needs it.  Otherwise it spins for g_wait_spin
-    seconds (AL_WAIT_SPIN; the clock read every 16 polls), then yields at every poll: a wait
-    that long means the peer is not running (descheduled by other work on the machine) or is
-    itself busy for a while, and spinning on would keep a core from it or from the other work.
-    A wait on an idle machine (microseconds) never yields, and sched_yield returns at once when
-    nothing else wants the core."""
+    g_yield_every polls: the peer waited for needs it.  Otherwise it spins for `spin` seconds
+    (g_wait_spin, AL_WAIT_SPIN; < 0: never yield; the clock read every 16 polls), then yields
+    at every poll: a wait that long means the peer is not running (descheduled by other work
+    on the machine) or is busy for a while, and spinning on would keep the core from it or
+    from that work.  A wait on an idle machine (microseconds) seldom yields, and sched_yield
+    returns at once when nothing else wants the core."""
     if g_yield_every > 0:
         if polls % g_yield_every == 0:
             sched_yield()
     elif polls == 1:
         since[0] = al_now()
+    elif spin < 0:
+        return
     elif since[0] < 0:
         sched_yield()
-    elif (polls & 15) == 0 and g_wait_spin >= 0 and al_now() - since[0] >= g_wait_spin:
+    elif (polls & 15) == 0 and al_now() - since[0] >= spin:
         since[0] = -1.0               # past the budget: yield from now on
         sched_yield()
 
@@ -239,7 +248,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             idle = 0
         else:
             idle += 1
-            wait_poll(idle, &idle_since)
+            wait_poll(idle, &idle_since, ENGINE_WAIT_SPIN)
     # shutdown: abandon what is left
     if dtail != NULL:                 # never-started ops are abandoned like the rest
         dtail.next = active
@@ -360,7 +369,7 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
             w = 0
         n += 1
         w += 1
-        wait_poll(w, &since)
+        wait_poll(w, &since, g_wait_spin)
         if (n & 15) == 0:
             now = al_now()
             if now > deadline:
