@@ -26,7 +26,8 @@
  *     publish; arrive; reduce my block from my own sendbuf and every peer's slot into recvbuf
  *     (one rank computes each block: every rank gets the same bits), copying each reduced tile
  *     into my slot's block `me` while it is in cache; publish; arrive; copy every peer's
- *     reduced block from its slot into recvbuf.
+ *     reduced block from its slot into recvbuf.  Large messages write recvbuf with streaming
+ *     stores (below: each tile is reduced into the slot, then streamed to recvbuf).
  *
  * Why no closing barrier: a rank overwrites its slot in buffer b at round m + 2, i.e. after its
  * first arrive of round m + 1, i.e. after every peer's first publish of round m + 1, which each
@@ -39,7 +40,9 @@
  * minimum for any algorithm that cannot read a peer's private memory (docs/performance.md):
  * what peers reduce is copied out once ((p-1)/p read + write), the own block is read from
  * sendbuf and the peers' slots (1 read) and written twice (recvbuf and the slot, 2/p), the
- * peers' reduced blocks are copied in ((p-1)/p read + write).
+ * peers' reduced blocks are copied in ((p-1)/p read + write).  All of it but reading sendbuf
+ * and writing recvbuf stays in the caches (the slots); recvbuf's writes cost a read of each
+ * line too unless they stream (see "streaming stores").
  */
 #ifndef AL_SHM_H
 #define AL_SHM_H
@@ -316,7 +319,6 @@ static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo,
 #define AL_SHM_CAN_STREAM 0
 #endif
 
-static int al_shm_ahead_tmp = 1;
 static size_t al_shm_stream_bytes = (size_t)16 << 20;  /* allreduces of at least this: stream */
 
 static inline void al_shm_stream_fence(void) {
@@ -455,24 +457,28 @@ static void al_shm_split_out(const al_shm_seg *s, const al_shm_args *a, int b, i
 /* Run the op until it must wait for a peer (returns 0), it is complete (1) or fails (-1:
  * unsupported (dtype, op), checked before by the caller).  Never blocks.
  *
- * The split protocol copies the next chunk in (into the other buffer) and publishes it right
- * after its second arrive, before copying the peers' reduced blocks of this chunk out: the
- * peers then find the next chunk's inputs published when they come to wait for them, and a
- * rank that is late in one round does not delay its peers' reduction of the next by its
- * copy-out.  Why that is safe (round m uses buffer b, round m + 1 buffer b' = the other):
+ * Not done, measured (docs/performance.md): copying the next chunk in (into the other buffer)
+ * and publishing it right after the second arrive of a round, before copying the peers'
+ * reduced blocks of this round out, so that a peer late in one round does not delay the next
+ * round's reduction by this rank's copy-out.  It would be safe (round m uses buffer b, round
+ * m + 1 the other, b'):
  *   - writing my slot of b' in round m + 1 needs every peer done reading round m - 1 (b').  A
  *     peer's last reads of round m - 1 (its copy-out) come before its reduction of round m,
  *     hence before its second publish of round m, which my second arrive of round m has seen.
+ *     Right after my first arrive of round m would not do: in this order a peer publishes
+ *     round m's first flag before its copy-out of round m - 1.
  *   - reading b after publishing round m + 1's first flag: a peer writes b next in round
- *     m + 2, and (by the same rule) only after its second arrive of round m + 1, i.e. after my
- *     second publish of round m + 1, which comes after my copy-out of round m.
- *   - the counters stay in step: my first publish of round m + 1 (flag 2m + 3) also satisfies
- *     a peer still waiting for 2m + 2.
- * Only within one op: the last round of an op copies out, and the next op starts over. */
+ *     m + 2, by the same rule only after its second arrive of round m + 1, i.e. after my second
+ *     publish of round m + 1, which comes after my copy-out of round m.
+ *   - the counters stay in step: that publish (flag 2m + 3) also satisfies a peer still
+ *     waiting for 2m + 2.
+ * With ranks of equal speed the copy-out and copy-in take the same time on every rank and
+ * the wait it removes is short; interleaved with the plain order at 4-64 MiB it was neither
+ * consistently faster nor slower, so the plain order (one copy per phase) stays. */
 static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   const char *src[AL_SHM_MAX_RANKS];
   int p = s->size, me = s->rank, j, k, b;
-  int64_t lo, hi, es = a->esize, next;
+  int64_t lo, hi, es = a->esize;
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {
@@ -512,18 +518,6 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     }
     if (o->phase == AL_SHM_WAIT_OUT) {
       if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
-      next = o->off + o->chunk;
-      if (next < a->count && al_shm_ahead_tmp) {            /* the next round's copy-in first (above) */
-        int64_t c = al_shm_chunk(s, a, next);
-        al_shm_split_in(s, a, !b, next, c);
-        al_shm_publish(s, o);
-        al_shm_split_out(s, a, b, o->off, o->chunk, o->stream);
-        s->round++;
-        o->off = next;
-        o->chunk = c;
-        o->phase = AL_SHM_WAIT_IN;
-        continue;
-      }
       al_shm_split_out(s, a, b, o->off, o->chunk, o->stream);
       o->phase = AL_SHM_PUT;            /* round complete */
     }

@@ -52,7 +52,6 @@ cdef extern from "al_shm.h" nogil:
         int coll, root
     size_t al_shm_bytes(int size, size_t slot)
     size_t al_shm_stream_bytes
-    int al_shm_ahead_tmp
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
     char* al_shm_create_memfd(const char* label, size_t len, int size, size_t slot, int* fd,

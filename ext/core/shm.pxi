@@ -20,10 +20,6 @@ def set_shm_stream_bytes(size_t nbytes):
     global al_shm_stream_bytes
     al_shm_stream_bytes = nbytes
 
-def _tmp_ahead(int v):
-    global al_shm_ahead_tmp
-    al_shm_ahead_tmp = v
-
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
