@@ -116,9 +116,9 @@ def shm_small_bytes() -> int:
 def shm_stream_bytes() -> int:
     """AL_SHM_STREAM_BYTES: "shm" allreduces (reduce-scatter then allgather) of at least this
     many bytes write recvbuf with streaming stores, which skip the read of every line before
-    its write and leave the caches to the slots (default 16 MiB; a huge value: never).  Not
+    its write and leave the caches to the slots (default 8 MiB; a huge value: never).  Not
     needed to be the same on every rank."""
-    return _bytes("AL_SHM_STREAM_BYTES", 16 << 20)
+    return _bytes("AL_SHM_STREAM_BYTES", 8 << 20)
 
 
 def wait_spin() -> float:

@@ -319,7 +319,7 @@ static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo,
 #define AL_SHM_CAN_STREAM 0
 #endif
 
-static size_t al_shm_stream_bytes = (size_t)16 << 20;  /* allreduces of at least this: stream */
+static size_t al_shm_stream_bytes = (size_t)8 << 20;   /* allreduces of at least this: stream */
 
 static inline void al_shm_stream_fence(void) {
 #if AL_SHM_CAN_STREAM

@@ -7,7 +7,7 @@ from aluminum_py import config
 @pytest.mark.parametrize("name,read,default", [
     ("AL_ENGINE_SERIAL_BYTES", config.engine_serial_bytes, 1 << 20),
     ("AL_SCRATCH_CACHE", config.scratch_cache, 256 << 20),
-    ("AL_SHM_STREAM_BYTES", config.shm_stream_bytes, 16 << 20),
+    ("AL_SHM_STREAM_BYTES", config.shm_stream_bytes, 8 << 20),
 ])
 def test_byte_counts(monkeypatch, name, read, default):
     monkeypatch.delenv(name, raising=False)
