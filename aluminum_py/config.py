@@ -122,10 +122,10 @@ def shm_stream_bytes() -> int:
 
 
 def wait_spin() -> float:
-    """AL_WAIT_SPIN: seconds a polling wait (the progress engine, a blocking call, an "shm"
-    op's wait for its peers) spins before it yields the core at every poll, where every rank
-    has a core of its own (default 5e-06; negative: never yield; where ranks outnumber cores
-    AL_ENGINE_YIELD's rule applies instead)."""
+    """AL_WAIT_SPIN: seconds a blocking call's polling wait (an "shm" op's wait for its peers
+    included) spins before it yields the core at every poll, where every rank has a core of
+    its own (default 5e-06; negative: never yield; where ranks outnumber cores
+    AL_ENGINE_YIELD's rule applies instead; the progress engine waits 2 ms)."""
     return _float("AL_WAIT_SPIN", 5e-6)
 
 

@@ -44,8 +44,8 @@ def set_poll_yield(int every):
     g_yield_every = every
 
 def set_wait_spin(double seconds):
-    """How long a wait polls without yielding where every rank has a core (AL_WAIT_SPIN;
-    < 0: never yield)."""
+    """How long a blocking call's wait polls without yielding where every rank has a core
+    (AL_WAIT_SPIN; < 0: never yield).  The engine's loop uses ENGINE_WAIT_SPIN."""
     global g_wait_spin
     g_wait_spin = seconds
 
