@@ -21,8 +21,8 @@ cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll wat
 cdef double g_wait_spin = 5e-6   # seconds a wait spins before it yields (wait_poll; < 0: never)
 # The engine's budget: not AL_WAIT_SPIN's microseconds.  A yield of the engine hands the core
 # to this process's own Python thread as often as to anyone else, and the op then stalls
-# behind a busy caller (measured with 5 us: 39-514 % of an shm op's time left to Wait after a
-# busy caller, 0.0 % without; performance.md "Under load").  After milliseconds without
+# behind a busy caller (measured with 5 us: 87 % of a 16 MiB shm op's time left to Wait after
+# a busy caller, 0.0 % without; performance.md "Under load").  After milliseconds without
 # progress the peer is descheduled, and yielding lets it have a core.
 DEF ENGINE_WAIT_SPIN = 2e-3
 
@@ -352,10 +352,11 @@ cdef int wait_done(al_op* op, double deadline, int spin) noexcept nogil:
 cdef int run_inline(al_op* op, double deadline) noexcept nogil:
     """Drive an op in the calling thread (starting it if new), polling: returns 1 once done,
     0 past `deadline`, SLICE after WAKE seconds (call again to go on).  Never a blocking MPI
-    call, so the caller can check for signals and hand the op to the engine.  Waits as the
-    engine does (wait_poll): where ranks outnumber cores, a caller spinning on a peer's message
-    would otherwise hold the core that peer needs for its whole time slice (milliseconds per
-    step on the emulated cluster); an shm op's publish starts a new wait."""
+    call, so the caller can check for signals and hand the op to the engine.  Waits through
+    wait_poll with AL_WAIT_SPIN's budget (an shm op's publish starts a new wait): where ranks
+    outnumber cores, a caller spinning on a peer's message would otherwise hold the core that
+    peer needs for its whole time slice (milliseconds per step on the emulated cluster), and
+    past the budget the peer is descheduled or busy."""
     cdef long n = 0, w = 0
     cdef double now, wake, since = 0.0
     if op.phase == PH_NEW:
