@@ -148,6 +148,28 @@ def test_streaming_threshold(comm):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+@pytest.mark.parametrize("spin", [-1.0, 0.0, 5e-6])
+def test_wait_policy_with_late_ranks(comm, spin):
+    """Blocking shm allreduces of both protocols (and a ring one, an MPI wait) whose ranks
+    arrive 20 ms apart, in turn: the waiting ranks spin (AL_WAIT_SPIN < 0), yield at once (0)
+    or spin then yield (the default, 5 us) through wait_poll, and every result is right."""
+    import time
+    _core.set_wait_spin(spin)
+    failures = []
+    try:
+        for k, (n, algorithm) in enumerate(((300, "shm"), (300001, "shm"), (5000, "ring"))):
+            x = ramp(n, k, comm.rank)
+            WORLD.Barrier()
+            if comm.rank == k % comm.size:
+                time.sleep(0.02)
+            comm.Allreduce(x, algorithm=algorithm)
+            failures += differences(f"{algorithm} n={n} spin={spin}", x,
+                                    ramp_reference(n, k, comm.size))
+    finally:
+        _core.set_wait_spin(al.config.wait_spin())
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
 def test_large(comm):
     """4 Mi + 5 float32 (16 MiB: 16 chunks of the default 1 MiB slot), in place and out."""
     n = (4 << 20) + 5
