@@ -43,7 +43,10 @@ REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("rabenseifner", ("host",), "host", candidate=True, modelled=True),
     Algorithm("ring", ("host",), "host", candidate=True, modelled=True),
     # reduce inside each node, allreduce among node leaders, broadcast inside each node
+    # (inside the nodes over each node's shared-memory segment where they can be made)
     Algorithm("hierarchical", ("host",), "host", candidate=True),
+    # the same with point-to-point messages inside the nodes too ("hierarchical"'s fallback)
+    Algorithm("hierarchical_p2p", ("host",), "host"),
     # over a shared-memory segment of the node (docs/algorithms.md, "Shared memory")
     Algorithm("shm", ("host",), "host", candidate=True, one_node=True),
     Algorithm("nccl", ("cuda",), "nccl", candidate=True),
