@@ -396,7 +396,8 @@ def _nodes(p: int, layout) -> list[list[int]]:
 
 
 @lru_cache(maxsize=512)
-def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None):
+def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None,
+                     split_from: int | None = None):
     """The phases of one rank's hierarchical allreduce over its node's segment: (phases, scratch
     elements).  Two forms, the same on every rank for a given count and layout:
 
@@ -413,8 +414,11 @@ def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None):
 
     AVG: the leader (first form) or each rank for its block and the tail (second form) divides
     after the allreduce between nodes, so the shm phases move final values.  count == 0: no
-    phases.
+    phases.  `split_from` (None: :data:`HIER_SHM_SPLIT_FROM`) is where the second form starts
+    (``bench/hierarchical_forms.py`` times each form at every size).
     """
+    if split_from is None:
+        split_from = HIER_SHM_SPLIT_FROM
     nodes = _nodes(p, layout)
     layout = node_layout(layout if layout is not None else [0] * p)
     members = nodes[layout[rank]]
@@ -423,7 +427,7 @@ def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None):
         return (), 0
     src = "recv" if inplace else "send"
     b = _Builder(count, [0, count], True)          # a container for the steps between nodes
-    if count >= HIER_SHM_SPLIT_FROM and k > 1 and len({len(m) for m in nodes}) == 1:
+    if count >= split_from and k > 1 and len({len(m) for m in nodes}) == 1:
         n, t = divmod(count, k)
         group = [m[i] for m in nodes]
         phases = [NodePhase("allreduce", src, k * n, "recv", k * n, t)] if t else []

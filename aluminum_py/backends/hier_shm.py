@@ -29,6 +29,9 @@ class NodeSegments:
         self.layout = layout
         self.members = tuple(r for r in range(state.size) if layout[r] == layout[state.rank])
         self._plans: dict = {}
+        # where the reduce-scatter form starts (None: schedules.HIER_SHM_SPLIT_FROM); set the
+        # same on every rank, only to time the forms (bench/hierarchical_forms.py)
+        self.split_from = None
 
     @classmethod
     def setup(cls, state, comm, layout):
@@ -76,11 +79,11 @@ class NodeSegments:
     def _plan(self, count: int, inplace: bool):
         """(phases, scratch elements) of this rank for (count, in place), each step phase with
         its native Schedule; cached."""
-        key = (count, inplace)
+        key = (count, inplace, self.split_from)
         plan = self._plans.get(key)
         if plan is None:
             phases, tmp = schedules.hierarchical_shm(self.state.size, self.state.rank, count,
-                                                     inplace, self.layout)
+                                                     inplace, self.layout, self.split_from)
             plan = (tuple((ph, _core.Schedule(ph.steps, ph.tmp)
                            if isinstance(ph, schedules.NetPhase) else None) for ph in phases),
                     tmp)
