@@ -95,3 +95,26 @@ def test_forms_and_what_crosses_nodes():
     assert [getattr(ph, "coll", None) for ph in uneven if isinstance(ph, NodePhase)] == [
         "allreduce", "bcast"]
     assert hierarchical_shm(4, 0, 0, False, layout) == ((), 0)
+
+
+def test_bytes_between_nodes_as_the_point_to_point_form():
+    """What the phases between nodes send is what `bench cluster --expect-algorithm
+    hierarchical` expects (computed from the point-to-point form), plus, in the reduce-scatter
+    form, the tail that every node rank's group carries (k - 1 extra copies of t elements)."""
+    from aluminum_py.bench.cluster import expected_nic_bytes
+    for layout in [(0, 0, 1, 1), (0, 0, 0, 1, 1, 1), (0, 0, 1), (0, 1, 0, 1)]:
+        p = len(layout)
+        sizes = [layout.count(n) for n in set(layout)]
+        for count in [1, 1000, schedules.HIER_SHM_SPLIT_FROM - 1, schedules.HIER_SHM_SPLIT_FROM,
+                      schedules.HIER_SHM_SPLIT_FROM + 1, (1 << 20) + 2]:
+            sent = [0] * len(sizes)
+            for r in range(p):
+                for ph in hierarchical_shm(p, r, count, False, layout)[0]:
+                    if isinstance(ph, NetPhase):
+                        sent[layout[r]] += sum(4 * s.send_cnt for s in ph.steps if s.send_peer >= 0
+                                               and layout[s.send_peer] != layout[r])
+            k = sizes[0]
+            split = count >= schedules.HIER_SHM_SPLIT_FROM and len(set(sizes)) == 1
+            extra = (k - 1) * (count % k) * 4 if split else 0
+            assert sent == [s + extra for s, _ in expected_nic_bytes("hierarchical", layout,
+                                                                      count, 4)], (layout, count)
