@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from aluminum_py import schedules
 from aluminum_py.schedules import (LocalPhase, NetPhase, NodePhase, hierarchical_shm,
                                    simulate_hierarchical_shm)
+from test_schedules import split_from  # noqa: F401  (the fixture: both forms at small counts)
 
 
 def inputs(p, count, seed):
@@ -23,21 +24,10 @@ def _layouts(p, rng):
     return [lay for lay in out if 1 < len(set(lay)) < p]     # several nodes, one of several
 
 
-@pytest.fixture
-def thresholds(monkeypatch):
-    """Set the forms' and the leaders' thresholds (so both forms run at small counts)."""
-    def set_(split_from, ring_from):
-        monkeypatch.setattr(schedules, "HIER_SHM_SPLIT_FROM", split_from)
-        monkeypatch.setattr(schedules, "HIER_RING_FROM", ring_from)
-        hierarchical_shm.cache_clear()
-    yield set_
-    hierarchical_shm.cache_clear()
-
-
 @pytest.mark.parametrize("p", range(3, 10))
-@pytest.mark.parametrize("split_from,ring_from", [(10 ** 9, 10 ** 9), (0, 10 ** 9), (0, 0)])
-def test_every_layout(thresholds, p, split_from, ring_from):
-    thresholds(split_from, ring_from)
+@pytest.mark.parametrize("split,ring_from", [(10 ** 9, 10 ** 9), (0, 10 ** 9), (0, 0)])
+def test_every_layout(split_from, p, split, ring_from):
+    split_from(split, ring_from)
     rng = np.random.default_rng(p)
     for layout in _layouts(p, rng):
         for count in [0, 1, 2, 3, 7, 12, 100]:
