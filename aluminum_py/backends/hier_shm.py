@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from .. import _core, config, schedules
 from ..errors import Error, TimeoutError
-from ..ops import AVG
 from ..topology import machine_id
 
 K = _core.KINDS
@@ -76,17 +75,15 @@ class NodeSegments:
         """The node segment as this rank sees it (``_core.shm_info``; None on a node of one)."""
         return _core.shm_info(self.node_state)
 
-    def _plan(self, count: int, inplace: bool):
-        """(phases, scratch elements) of this rank for (count, in place), each step phase with
-        its native Schedule; cached."""
+    def _plan(self, count: int, inplace: bool) -> "_core.HierPlan":
+        """This rank's phases for (count, in place), in the native form the op of a call is
+        made from; cached."""
         key = (count, inplace, self.split_from)
         plan = self._plans.get(key)
         if plan is None:
             phases, tmp = schedules.hierarchical_shm(self.state.size, self.state.rank, count,
                                                      inplace, self.layout, self.split_from)
-            plan = (tuple((ph, _core.Schedule(ph.steps, ph.tmp)
-                           if isinstance(ph, schedules.NetPhase) else None) for ph in phases),
-                    tmp)
+            plan = _core.HierPlan([_native(ph) for ph in phases], tmp, self.members)
             if len(self._plans) >= 256:
                 self._plans.clear()
             self._plans[key] = plan
@@ -95,28 +92,24 @@ class NodeSegments:
     def allreduce_op(self, sp: int, rp: int, count: int, code: int, esize: int, opcode: int,
                      inplace: bool, keep):
         """The K_HIER_SHM op of one allreduce on checked buffers (addresses; sp == rp in place),
-        not launched (Launcher.hierarchical)."""
-        phases, tmp = self._plan(count, inplace)
-        tag = self.state.next_tag()         # on every rank, steps between nodes or not
-        avg = opcode == AVG.code
-        base = {"send": sp, "recv": rp}
-        built = []
-        for ph, sched in phases:
-            if isinstance(ph, schedules.NodePhase):
-                to_tmp = ph.dst == "tmp"
-                nop = _core.make_op(self.node_state, K["shm_" + ph.coll], _LABELS[ph.coll],
-                                    base[ph.src] + ph.src_off * esize,
-                                    0 if to_tmp else base[ph.dst] + ph.dst_off * esize,
-                                    ph.count, code, esize, opcode, root=ph.root)
-                built.append((_LABELS[ph.coll], nop, 0, 0, 0, to_tmp))
-            elif sched is not None:
-                nop = _core.make_op(self.state, K["schedule"], "between nodes", rp, rp, count,
-                                    code, esize, opcode, tag=tag, schedule=sched)
-                built.append(("between nodes", nop, 0, 0, 0, False))
-            elif ph.what == "copy_tmp":
-                built.append(("copy from scratch", None, rp + ph.off * esize, 0, ph.cnt, True))
-            elif avg:
-                built.append(("AVG division", None, rp + ph.off * esize, 0, ph.cnt, False))
-        return _core.make_hier_op(self.state, "allreduce/hierarchical", count, code, esize,
-                                  opcode, float(self.state.size) if avg else 0.0, tmp * esize,
-                                  built, self.members, keep)
+        not launched (Launcher.hierarchical).  The tag is taken on every rank, steps between
+        nodes or not, so that the ranks' tags stay in step."""
+        return self._plan(count, inplace).make(self.state, self.node_state, sp, rp, count, code,
+                                               esize, opcode, self.state.next_tag(), keep)
+
+
+_BUFFERS = {"send": 0, "recv": 1, "tmp": 2}        # HierPlan's buffer numbers (hier_shm.pxi)
+
+
+def _native(ph) -> tuple:
+    """A phase of schedules.hierarchical_shm as HierPlan takes it: (label, kind, src, src_off,
+    dst, dst_off, count, root, Schedule or None); kind < 0: a local action (-1 copy out of
+    scratch, -2 AVG's division)."""
+    if isinstance(ph, schedules.NodePhase):
+        return (_LABELS[ph.coll], K["shm_" + ph.coll], _BUFFERS[ph.src], ph.src_off,
+                _BUFFERS[ph.dst], ph.dst_off, ph.count, ph.root, None)
+    if isinstance(ph, schedules.NetPhase):
+        return ("between nodes", K["schedule"], 1, 0, 1, 0, 0, 0, _core.Schedule(ph.steps, ph.tmp))
+    if ph.what == "copy_tmp":
+        return ("copy from scratch", -1, 2, 0, 1, ph.off, ph.cnt, 0, None)
+    return ("AVG division", -2, 1, 0, 1, ph.off, ph.cnt, 0, None)

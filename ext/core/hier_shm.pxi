@@ -93,38 +93,87 @@ cdef str hier_describe(NativeOp o):
     return f"{where}: {io.describe().partition(': ')[2]}"
 
 
-def make_hier_op(CommState cs, name, int64_t count, int dtype, int esize, int rop,
-                 double avg_div, size_t tmpbytes, phases, members, keep=None):
-    """The K_HIER_SHM op of one hierarchical allreduce (count elements; result in the buffers
-    the phases name).  `phases`: per phase (label, NativeOp or None, dst, src, cnt, tmp): an inner
-    op (made with make_op, not launched: this op starts and steps it), or a local action (copy
-    cnt elements src -> dst; src 0: divide dst[:cnt] by avg_div); `tmp`: the inner op's rbuf
-    (its result region too), or the copy's src, is this op's scratch of `tmpbytes` bytes, taken
-    when it starts.  `members`: the ranks of this rank's node, by node rank (the timeout
-    message)."""
-    cdef NativeOp o = NativeOp.__new__(NativeOp)
-    cdef NativeOp io
-    cdef al_op* op = o.op
-    cdef al_hier_phase* ph
-    cdef int i
-    if len(phases) > HIER_MAX_PHASES:
-        _hooks.fail(f"{name}: {len(phases)} phases, at most {HIER_MAX_PHASES}")
-    init_op(op, cs.c, K_HIER_SHM, NULL, NULL, count, dtype, esize, rop)
-    op.result.avg_div = avg_div
-    op.result.avg_in_steps = 1              # divided by a phase, never by op_finish
-    op.sched.tmpbytes = tmpbytes
-    inner = []
-    for i, (label, phase_op, dst, src, cnt, tmp) in enumerate(phases):
-        ph = &op.hier.phases[i]
-        ph.dst = <char*><intptr_t>dst
-        ph.src = <char*><intptr_t>src
-        ph.cnt = cnt
-        ph.tmp = tmp
-        if phase_op is not None:
-            io = <NativeOp?>phase_op
+DEF HIER_SEND = 0                  # HierPlan's buffers: sendbuf (recvbuf in place), recvbuf,
+DEF HIER_RECV = 1                  # the op's scratch
+DEF HIER_TMP = 2
+DEF HIER_COPY_TMP = -1             # HierPlan's local actions (kind < 0)
+DEF HIER_DIVIDE = -2
+
+cdef class HierPlan:
+    """One rank's phases of a hierarchical allreduce for one (count, in place), made once
+    (aluminum_py.backends.hier_shm caches them) from schedules.hierarchical_shm: per phase
+    (label, kind, src, src_off, dst, dst_off, count, root, Schedule or None), where kind is an
+    op kind (K_SHM_*, K_SCHEDULE) or a local action (HIER_COPY_TMP: scratch -> recvbuf[dst_off:];
+    HIER_DIVIDE: recvbuf[dst_off:dst_off + count] /= p, AVG only), src/dst name a buffer
+    (0 sendbuf, 1 recvbuf, 2 scratch) and offsets are in elements.  `make` builds the op of
+    one call."""
+    cdef list phases
+    cdef readonly int64_t tmp_elems
+    cdef readonly tuple members
+
+    def __cinit__(self, phases, int64_t tmp_elems, members):
+        if len(phases) > HIER_MAX_PHASES:
+            _hooks.fail(f"hierarchical: {len(phases)} phases, at most {HIER_MAX_PHASES}")
+        self.phases = list(phases)
+        self.tmp_elems = tmp_elems
+        self.members = tuple(members)
+
+    def make(self, CommState cs, CommState node, intptr_t sp, intptr_t rp, int64_t count,
+             int dtype, int esize, int rop, int tag, keep=None):
+        """The K_HIER_SHM op of one allreduce of `count` elements on checked buffers
+        (addresses; sp == rp in place), not launched: its inner ops are made here (shm ops on
+        the node's CommState `node`, the schedule on `cs` with `tag`), never launched
+        themselves.  AVG (rop) divides by the communicator's size in the plan's HIER_DIVIDE
+        phases; other ops skip them."""
+        cdef NativeOp o = NativeOp.__new__(NativeOp)
+        cdef NativeOp io
+        cdef al_op* op = o.op
+        cdef al_hier_phase* ph
+        cdef int kind, src, dst, n = 0
+        cdef int64_t src_off, dst_off, cnt
+        cdef intptr_t base[3]
+        cdef Schedule sched
+        cdef bint avg = rop == AL_AVG
+        base[HIER_SEND] = sp
+        base[HIER_RECV] = rp
+        base[HIER_TMP] = 0                  # set when the op starts (hier_start)
+        init_op(op, cs.c, K_HIER_SHM, NULL, NULL, count, dtype, esize, rop)
+        op.result.avg_div = <double>cs.c.size if avg else 0.0
+        op.result.avg_in_steps = 1          # divided by a phase, never by op_finish
+        op.sched.tmpbytes = <size_t>(self.tmp_elems * esize)
+        inner = []
+        labels = []
+        for label, kind, src, src_off, dst, dst_off, cnt, root, sched_obj in self.phases:
+            if kind == HIER_DIVIDE and not avg:
+                continue
+            ph = &op.hier.phases[n]
+            n += 1
+            labels.append(label)
+            ph.tmp = dst == HIER_TMP if kind >= 0 else kind == HIER_COPY_TMP
+            if kind < 0:                    # a local action on recvbuf
+                ph.dst = <char*>(rp + dst_off * esize)
+                ph.cnt = cnt
+                inner.append(None)
+                continue
+            io = NativeOp.__new__(NativeOp)
+            io.name = label
+            if kind == K_SCHEDULE:
+                sched = <Schedule>sched_obj
+                init_op(io.op, cs.c, kind, <char*>rp, <char*>rp, count, dtype, esize, rop)
+                io.op.tag = tag
+                io.op.sched.steps = sched.steps
+                io.op.sched.nsteps = sched.nsteps
+                io.op.sched.tmpbytes = <size_t>(sched.tmp_elems * esize)
+                io.keep = (cs, sched, None)
+            else:
+                init_op(io.op, node.c, kind, <char*>(base[src] + src_off * esize),
+                        <char*>(base[dst] + dst_off * esize) if dst != HIER_TMP else NULL,
+                        cnt, dtype, esize, rop)
+                io.op.mpi.root = root
+                io.keep = (node, None, None)
             ph.op = io.op
-        inner.append(phase_op)
-    op.hier.nphases = len(phases)
-    o.keep = (cs, (tuple(inner), tuple(members), tuple(p[0] for p in phases)), keep)
-    o.name = name
-    return o
+            inner.append(io)
+        op.hier.nphases = n
+        o.keep = (cs, (tuple(inner), self.members, tuple(labels)), keep)
+        o.name = "allreduce/hierarchical"
+        return o
