@@ -28,6 +28,8 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
   ring allgather inside the node.  It needs the node layout (the node of every rank,
   :func:`node_layout`); with one node there is no inter-node phase, with one rank per node it is
   the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
+  Where the nodes have shared-memory segments its inside-a-node phases run over them instead:
+  :func:`hierarchical_shm` lists those phases (``hierarchical_p2p`` names this schedule always).
 
 Every block's final value is computed by exactly one rank or identically by both partners (the
 ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
@@ -299,12 +301,17 @@ def _flat(b: _Builder, group: list[int], rank: int, lo: int, cnt: int, valid: bo
             recv_peer=group[st.recv_peer] if st.recv_peer >= 0 else -1))
 
 
-def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
+def _nodes(p: int, layout) -> list[list[int]]:
+    """The ranks of each node (numbered by first appearance), in rank order; None: one node."""
     layout = node_layout(layout if layout is not None else [0] * p)
     if len(layout) != p:
         raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
-    nodes = [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
-    members = nodes[layout[rank]]
+    return [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
+
+
+def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
+    nodes = _nodes(p, layout)
+    members = next(m for m in nodes if rank in m)
     i = members.index(rank)
     if count >= HIER_SPLIT_FROM and p > len(nodes):       # the same form on every rank
         return _hierarchical_split(nodes, members, i, rank, count, inplace)
@@ -388,13 +395,6 @@ class LocalPhase:
     cnt: int
 
 
-def _nodes(p: int, layout) -> list[list[int]]:
-    layout = node_layout(layout if layout is not None else [0] * p)
-    if len(layout) != p:
-        raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
-    return [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
-
-
 @lru_cache(maxsize=512)
 def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None,
                      split_from: int | None = None):
@@ -420,8 +420,7 @@ def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None,
     if split_from is None:
         split_from = HIER_SHM_SPLIT_FROM
     nodes = _nodes(p, layout)
-    layout = node_layout(layout if layout is not None else [0] * p)
-    members = nodes[layout[rank]]
+    members = next(m for m in nodes if rank in m)
     i, k = members.index(rank), len(members)
     if count == 0:
         return (), 0
