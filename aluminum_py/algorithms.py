@@ -43,9 +43,13 @@ REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("rabenseifner", ("host",), "host", candidate=True, modelled=True),
     Algorithm("ring", ("host",), "host", candidate=True, modelled=True),
     # reduce inside each node, allreduce among node leaders, broadcast inside each node
+    # (inside the nodes over each node's shared-memory segment where they can be made)
     Algorithm("hierarchical", ("host",), "host", candidate=True),
     # over a shared-memory segment of the node (docs/algorithms.md, "Shared memory")
     Algorithm("shm", ("host",), "host", candidate=True, one_node=True),
+    # "hierarchical" with point-to-point messages inside the nodes too (its form where the
+    # nodes have no segments; a name to compare the two)
+    Algorithm("hierarchical_p2p", ("host",), "host"),
     Algorithm("nccl", ("cuda",), "nccl", candidate=True),
     # host transfer with the host "auto" inside: what GPU "auto" falls back to without NCCL
     # (reported as a request's algorithm) and what aluminum_py.host_transfer.allreduce takes;

@@ -171,7 +171,8 @@ class Communicator:
             recvbuf: output with at least sendbuf's element count and the same dtype, or None.
             op: al.SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR or AVG.
             algorithm: "auto", "mpi", "recursive_doubling", "rabenseifner", "ring",
-                "hierarchical" or "shm" (ranks of one node only); for GPU buffers "auto",
+                "hierarchical", "shm" (ranks of one node only) or "hierarchical_p2p"
+                ("hierarchical" without the nodes' shared memory); for GPU buffers "auto",
                 "nccl" or "ht_*" (aluminum_py.gpu).
             max_ctas, min_ctas: GPU buffers with NCCL only: limits on the thread blocks NCCL
                 uses (default AL_NCCL_MAX_CTAS / AL_NCCL_MIN_CTAS).

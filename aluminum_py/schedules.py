@@ -28,6 +28,8 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
   ring allgather inside the node.  It needs the node layout (the node of every rank,
   :func:`node_layout`); with one node there is no inter-node phase, with one rank per node it is
   the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
+  Where the nodes have shared-memory segments its inside-a-node phases run over them instead:
+  :func:`hierarchical_shm` lists those phases (``hierarchical_p2p`` names this schedule always).
 
 Every block's final value is computed by exactly one rank or identically by both partners (the
 ops are commutative element-wise, so ``a op b`` equals ``b op a`` bit for bit); all ranks end with
@@ -54,7 +56,7 @@ FROM_SEND, FROM_RECV = _core.STEP_SOURCES["send"], _core.STEP_SOURCES["recv"]
 RECV_NONE, RECV_INTO, RECV_TMP_REDUCE, RECV_INTO_REDUCE = (
     _core.RECV_MODES[m] for m in ("none", "into", "tmp_reduce", "into_reduce"))
 
-ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring", "hierarchical")
+ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring", "hierarchical", "hierarchical_p2p")
 
 # hierarchical: the leaders' allreduce is ring from this many elements (64 KiB of float32),
 # recursive doubling below: latency decides small messages, bandwidth large ones
@@ -299,12 +301,17 @@ def _flat(b: _Builder, group: list[int], rank: int, lo: int, cnt: int, valid: bo
             recv_peer=group[st.recv_peer] if st.recv_peer >= 0 else -1))
 
 
-def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
+def _nodes(p: int, layout) -> list[list[int]]:
+    """The ranks of each node (numbered by first appearance), in rank order; None: one node."""
     layout = node_layout(layout if layout is not None else [0] * p)
     if len(layout) != p:
         raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
-    nodes = [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
-    members = nodes[layout[rank]]
+    return [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]
+
+
+def hierarchical(p: int, rank: int, count: int, inplace: bool, layout=None):
+    nodes = _nodes(p, layout)
+    members = next(m for m in nodes if rank in m)
     i = members.index(rank)
     if count >= HIER_SPLIT_FROM and p > len(nodes):       # the same form on every rank
         return _hierarchical_split(nodes, members, i, rank, count, inplace)
@@ -352,9 +359,189 @@ def _hierarchical_split(nodes, members, i, rank, count, inplace):
     return b.finish()
 
 
+# hierarchical over the nodes' shared-memory segments: the reduce-scatter form from this many
+# elements (64 KiB of float32) when every node has the same number of ranks, the reduce ->
+# leaders' allreduce -> bcast form below it (and at every size on nodes of different sizes)
+HIER_SHM_SPLIT_FROM = 16384
+
+
+@dataclass(frozen=True)
+class NodePhase:
+    """A collective of the node's ranks over its shared-memory segment (the "shm" protocols,
+    ``ext/al_shm.h``; every rank of a node has the same node phases in the same order).
+    Buffers: ``"send"`` (recvbuf in place), ``"recv"``, ``"tmp"`` (the op's scratch)."""
+    coll: str           # "allreduce", "reduce_scatter", "allgather", "bcast"
+    src: str
+    src_off: int        # elements
+    dst: str
+    dst_off: int
+    count: int          # allreduce, bcast: elements; reduce_scatter, allgather: per node rank
+    root: int = 0       # bcast: the node rank that sends
+
+
+@dataclass(frozen=True)
+class NetPhase:
+    """The allreduce between nodes: steps on the communicator, in place on recvbuf."""
+    steps: tuple
+    tmp: int
+
+
+@dataclass(frozen=True)
+class LocalPhase:
+    """``"copy_tmp"``: tmp[:cnt] -> recvbuf[off:]; ``"divide"``: recvbuf[off:off+cnt] /= p
+    (AVG only; left out for the other ops)."""
+    what: str
+    off: int
+    cnt: int
+
+
+@lru_cache(maxsize=512)
+def hierarchical_shm(p: int, rank: int, count: int, inplace: bool, layout=None,
+                     split_from: int | None = None):
+    """The phases of one rank's hierarchical allreduce over its node's segment: (phases, scratch
+    elements).  Two forms, the same on every rank for a given count and layout:
+
+    * below :data:`HIER_SHM_SPLIT_FROM` elements, or on nodes of different sizes: an shm
+      allreduce inside the node (every node rank gets the node's sum), the node leaders'
+      allreduce (recursive doubling or ring, as :func:`hierarchical`), an shm bcast from the
+      leader;
+    * from it, on nodes of k ranks each (n = count // k, t = count % k): the tail of t elements
+      allreduced over shm, an shm reduce-scatter (node rank i gets the node's sum of block i, n
+      elements), the allreduce between nodes of block i (and of the tail) among the ranks of
+      node rank i, one per node, an shm allgather of the blocks.  In place, the reduce-scatter
+      lands in scratch and is copied to block i (the shm reduction may not write the input of
+      another block's rank order in place).
+
+    AVG: the leader (first form) or each rank for its block and the tail (second form) divides
+    after the allreduce between nodes, so the shm phases move final values.  count == 0: no
+    phases.  `split_from` (None: :data:`HIER_SHM_SPLIT_FROM`) is where the second form starts
+    (``bench/hierarchical_forms.py`` times each form at every size).
+    """
+    if split_from is None:
+        split_from = HIER_SHM_SPLIT_FROM
+    nodes = _nodes(p, layout)
+    members = next(m for m in nodes if rank in m)
+    i, k = members.index(rank), len(members)
+    if count == 0:
+        return (), 0
+    src = "recv" if inplace else "send"
+    b = _Builder(count, [0, count], True)          # a container for the steps between nodes
+    if count >= split_from and k > 1 and len({len(m) for m in nodes}) == 1:
+        n, t = divmod(count, k)
+        group = [m[i] for m in nodes]
+        phases = [NodePhase("allreduce", src, k * n, "recv", k * n, t)] if t else []
+        phases.append(NodePhase("reduce_scatter", src, 0, "tmp" if inplace else "recv",
+                                0 if inplace else i * n, n))
+        if inplace:
+            phases.append(LocalPhase("copy_tmp", i * n, n))
+        _flat(b, group, rank, i * n, n, True)
+        if t:
+            _flat(b, group, rank, k * n, t, True)
+        phases += [NetPhase(tuple(b.steps), b.tmp), LocalPhase("divide", i * n, n)]
+        if t:
+            phases.append(LocalPhase("divide", k * n, t))
+        phases.append(NodePhase("allgather", "recv", i * n, "recv", 0, n))
+        return tuple(phases), (n if inplace else 0)
+    phases = [NodePhase("allreduce", src, 0, "recv", 0, count)]
+    if i == 0:
+        _flat(b, [m[0] for m in nodes], rank, 0, count, True)
+        phases += [NetPhase(tuple(b.steps), b.tmp), LocalPhase("divide", 0, count)]
+    phases.append(NodePhase("bcast", "recv", 0, "recv", 0, count, root=0))
+    return tuple(phases), 0
+
+
+def simulate_hierarchical_shm(inputs: list[np.ndarray], reduce, inplace: bool = False,
+                              layout=None, divide=None):
+    """Execute :func:`hierarchical_shm`'s phases of all ranks in numpy (for tests): returns each
+    rank's result.  The node phases run as the shm protocols define them (reductions in node
+    rank order); the steps between nodes through :func:`_run_steps` (deadlock and mismatch
+    checked); ``divide(a)``, if given, is AVG's division.  Checks that the ranks of a node list
+    the same node phases and that every rank's phases come in the same order of kinds."""
+    p = len(inputs)
+    count = inputs[0].size
+    layout = None if layout is None else tuple(layout)
+    nodes = _nodes(p, layout)
+    plans = [hierarchical_shm(p, r, count, inplace, layout) for r in range(p)]
+    bufs = []
+    for r, x in enumerate(inputs):
+        recv = x.copy() if inplace else np.zeros_like(x)
+        bufs.append({"send": recv if inplace else x.copy(), "recv": recv,
+                     "tmp": np.zeros(plans[r][1], x.dtype)})
+    for node in nodes:                   # the node phases of a node's ranks must agree
+        ref = [ph for ph in plans[node[0]][0] if isinstance(ph, NodePhase)]
+        for r in node:
+            got = [ph for ph in plans[r][0] if isinstance(ph, NodePhase)]
+            if [(g.coll, g.count, g.root) for g in got] != [(f.coll, f.count, f.root) for f in ref]:
+                raise AssertionError(f"rank {r}: node phases {got} differ from rank {node[0]}'s")
+    # phase by phase, every rank at once: the node phases are collective in the node and the
+    # steps between nodes pair ranks that have the same phases before them
+    pos = [0] * p
+    while any(pos[r] < len(plans[r][0]) for r in range(p)):
+        for r in range(p):               # local phases need no peer
+            while pos[r] < len(plans[r][0]) and isinstance(plans[r][0][pos[r]], LocalPhase):
+                ph = plans[r][0][pos[r]]
+                sl = slice(ph.off, ph.off + ph.cnt)
+                if ph.what == "copy_tmp":
+                    bufs[r]["recv"][sl] = bufs[r]["tmp"][:ph.cnt]
+                elif divide is not None:
+                    bufs[r]["recv"][sl] = divide(bufs[r]["recv"][sl])
+                pos[r] += 1
+        moved = False
+        for node in nodes:               # node phases whose ranks are all there
+            at = [plans[r][0][pos[r]] if pos[r] < len(plans[r][0]) else None for r in node]
+            if any(not isinstance(ph, NodePhase) for ph in at):
+                continue
+            _node_collective(at, [bufs[r] for r in node], reduce)
+            for r in node:
+                pos[r] += 1
+            moved = True
+        if moved:
+            continue
+        # then the ranks at a step phase, together (their peers must all be there too)
+        net = [r for r in range(p) if pos[r] < len(plans[r][0])
+               and isinstance(plans[r][0][pos[r]], NetPhase)]
+        if not net and any(pos[r] < len(plans[r][0]) for r in range(p)):
+            raise AssertionError(f"hierarchical_shm: phases stuck at {pos}")
+        sched = [plans[r][0][pos[r]].steps if r in net else () for r in range(p)]
+        _run_steps("hierarchical_shm", sched, [b["recv"] for b in bufs],
+                   [b["recv"] for b in bufs], reduce)
+        for r in net:
+            pos[r] += 1
+    return [b["recv"] for b in bufs]
+
+
+def _node_collective(phases, bufs, reduce):
+    """One node phase on the node's ranks' buffers (numpy), reading everything before writing."""
+    def acc(parts):
+        out = parts[0].copy()
+        for x in parts[1:]:
+            out = reduce(out, x)
+        return out
+
+    ph0, k = phases[0], len(phases)
+    ins = [b[ph.src][ph.src_off:ph.src_off + (ph.count * k if ph.coll == "reduce_scatter"
+                                               else ph.count)].copy()
+           for ph, b in zip(phases, bufs)]
+    for i, (ph, b) in enumerate(zip(phases, bufs)):
+        n = ph.count
+        if ph.coll == "allreduce":
+            out = acc(ins) if k > 1 else ins[0]
+        elif ph.coll == "reduce_scatter":
+            out = acc([x[i * n:(i + 1) * n] for x in ins]) if k > 1 else ins[0]
+        elif ph.coll == "allgather":
+            out = np.concatenate(ins)
+        elif ph.coll == "bcast":
+            out = ins[ph0.root]
+        else:
+            raise AssertionError(f"unknown node phase {ph.coll}")
+        b[ph.dst][ph.dst_off:ph.dst_off + out.size] = out
+
+
+# "hierarchical_p2p" is the point-to-point form by name; "hierarchical" runs it too where the
+# nodes have no shared-memory segments (else hierarchical_shm's phases, below)
 BUILDERS = {"recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner, "ring": ring,
-            "hierarchical": hierarchical}
-NEEDS_LAYOUT = ("hierarchical",)
+            "hierarchical": hierarchical, "hierarchical_p2p": hierarchical}
+NEEDS_LAYOUT = ("hierarchical", "hierarchical_p2p")
 
 
 @lru_cache(maxsize=512)
@@ -385,6 +572,14 @@ def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = F
     recv = [x.copy() if inplace else np.full_like(x, 0) for x in inputs]
     if inplace:
         send = recv
+    _run_steps(algorithm, sched, send, recv, reduce, owned)
+    return recv
+
+
+def _run_steps(algorithm, sched, send, recv, reduce, owned=None):
+    """Execute every rank's step list `sched[r]` on its arrays send[r] and recv[r] (in place:
+    the same array); raises if the schedules deadlock or mismatch."""
+    p = len(sched)
     pos = [0] * p
     posted: dict[tuple[int, int], list[np.ndarray]] = {}
     phase = [0] * p  # 0: not yet sent this step, 1: sent, waiting for receive
@@ -429,4 +624,3 @@ def simulate(algorithm: str, inputs: list[np.ndarray], reduce, inplace: bool = F
             raise AssertionError(f"{algorithm}: schedules deadlock at steps {pos}")
     if any(posted.values()):
         raise AssertionError(f"{algorithm}: unreceived messages {posted}")
-    return recv

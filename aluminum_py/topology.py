@@ -28,14 +28,19 @@ def node_layout(comm) -> tuple[int, ...]:
     return schedules.node_layout(comm.allgather(leader))
 
 
-def machine_ranks(comm) -> int:
-    """How many ranks of `comm` share this rank's kernel (and so its cores), whatever MPI calls
-    a node: ranks in separate network or UTS namespaces (``bench cluster``'s emulated nodes),
-    or in containers, share the kernel's boot id (collective: one allgather)."""
+def machine_id() -> str:
+    """This kernel's boot id (the hostname where it cannot be read): processes in separate
+    network or UTS namespaces (``bench cluster``'s emulated nodes), or in containers, share it."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            me = f.read().strip()
+            return f.read().strip()
     except OSError:
         import socket
-        me = socket.gethostname()
+        return socket.gethostname()
+
+
+def machine_ranks(comm) -> int:
+    """How many ranks of `comm` share this rank's kernel (and so its cores), whatever MPI calls
+    a node (:func:`machine_id`; collective: one allgather)."""
+    me = machine_id()
     return comm.allgather(me).count(me)

@@ -9,7 +9,8 @@ import cost_reference
 
 def test_names():
     host = al.algorithms("allreduce", "host")
-    assert host == ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm")
+    assert host == ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm",
+                    "hierarchical_p2p")
     assert "nccl" in al.algorithms("allreduce", "cuda")
     assert set(host) <= set(al.algorithms("allreduce"))
     with pytest.raises(ValueError, match="op"):

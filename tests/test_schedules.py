@@ -144,13 +144,20 @@ def test_hierarchical_every_layout(p, inplace):
 
 @pytest.fixture
 def split_from(monkeypatch):
-    """Make the large-message form (reduce-scatter/allgather inside nodes) run at any count."""
+    """Make the large-message forms (reduce-scatter/allgather inside nodes: the point-to-point
+    one and the one over the nodes' segments, schedules.hierarchical_shm) start from `split`
+    elements, and the leaders' ring from `ring_from`."""
+    def clear():
+        build.cache_clear()
+        schedules.hierarchical_shm.cache_clear()
+
     def set_(split, ring_from):
         monkeypatch.setattr(schedules, "HIER_SPLIT_FROM", split)
+        monkeypatch.setattr(schedules, "HIER_SHM_SPLIT_FROM", split)
         monkeypatch.setattr(schedules, "HIER_RING_FROM", ring_from)
-        build.cache_clear()
+        clear()
     yield set_
-    build.cache_clear()
+    clear()
 
 
 @pytest.mark.parametrize("p", range(2, 11))

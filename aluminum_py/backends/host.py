@@ -19,6 +19,7 @@ from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
 from ..request import Request, _check
 from ..topology import machine_ranks, node_layout
+from .hier_shm import NodeSegments
 
 K = _core.KINDS
 
@@ -128,6 +129,10 @@ class HostBackend:
         self._any_tag = any_tag
         set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
         self.layout = node_layout(tuning_comm)
+        # several nodes: a segment per node, for "hierarchical" (None: its point-to-point form,
+        # and why in _no_hier_shm)
+        self._node_segments, self._no_hier_shm = NodeSegments.setup(state, tuning_comm,
+                                                                    self.layout)
         self._node_comm = self._shm_comm(node_comm)
         data = tuning.shared_data(tuning_comm, "host", self.layout)
         if self._node_comm is not None and self.size > 1:
@@ -141,12 +146,16 @@ class HostBackend:
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
         self.launcher.shm_unavailable = self._shm_unavailable
+        if self._node_segments is not None:
+            self.launcher.hierarchical = self._node_segments.allreduce_op
         # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
         # timeout): the Communicator calls it directly for numpy arrays, adding no Python call
         self.fast_allreduce = self.launcher.allreduce
 
     def close(self) -> None:
         _core.shm_detach(self.state)
+        if self._node_segments is not None:
+            self._node_segments.close()
         if self._node_comm is not None:
             self._node_comm.Free()
         self.state.coll_comm.Free()

@@ -32,6 +32,8 @@ cdef class Launcher:
     cdef object builder           # (alg, count, inplace) -> Schedule
     cdef frozenset host_algs
     cdef public object shm_unavailable   # () -> raises why an shm op finds no segment
+    cdef public object hierarchical      # None, or (sp, rp, count, dtype, esize, op, inplace,
+                                         # keep) -> the K_HIER_SHM op of "hierarchical" (hier_shm.pxi)
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
@@ -184,6 +186,8 @@ cdef class Launcher:
             o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
             o.name = "allreduce/shm"
             o.keep = (self.state, None, keep)
+        elif alg == "hierarchical" and self.hierarchical is not None:
+            return self.hierarchical(sp, rp, count, code, esize, opcode, inplace, keep)
         else:
             sched = self.schedule(alg, count, inplace)
             o.op.tag = self.state.next_tag()

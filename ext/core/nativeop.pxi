@@ -187,6 +187,8 @@ cdef class NativeOp:
         phase = ("new", "running", "done")[o.phase]
         if is_shm_kind(o.kind) and o.phase == PH_RUNNING:
             return f"{self.name}: {shm_describe(o)}"
+        if o.kind == K_HIER_SHM and o.phase == PH_RUNNING:
+            return hier_describe(self)
         if o.kind == K_SCHEDULE and o.phase == PH_RUNNING and o.sched.cur < o.sched.nsteps:
             st = &o.sched.steps[o.sched.cur]
             return (f"{self.name}: step {o.sched.cur + 1}/{o.sched.nsteps} waiting "

@@ -58,6 +58,8 @@ cdef int op_start(al_op* op) noexcept nogil:
         return sched_advance(op)
     if is_shm_kind(op.kind):
         return shm_start(op)
+    if op.kind == K_HIER_SHM:
+        return hier_start(op)
     return mpi_start(op)
 
 cdef int op_step(al_op* op) noexcept nogil:
@@ -71,6 +73,8 @@ cdef int op_step(al_op* op) noexcept nogil:
         return ht_step(op)
     if is_shm_kind(op.kind):
         return shm_step(op)
+    if op.kind == K_HIER_SHM:
+        return hier_step(op)
     if op.nreqs > 0:
         rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
         if rc != mpi.MPI_SUCCESS:
@@ -107,6 +111,8 @@ cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
             op_cancel(op.ht.inner, why)
         al_store_release(<int*>&op.ht.flag[FLAG_RELEASE], 1)   # never leave a device stream blocked
         # the pinned buffer is leaked: the device may still copy from it
+    if op.kind == K_HIER_SHM:
+        hier_cancel(op, why)
     op.err = -1
     strncpy(op.errmsg, why, 255)
     op_finish(op)

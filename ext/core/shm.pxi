@@ -69,10 +69,12 @@ cdef int shm_start(al_op* op) noexcept nogil:
     return shm_step(op)
 
 cdef inline int uses_shm(al_op* op) noexcept nogil:
-    """The op (or a host-transfer op's inner host algorithm) runs over the segment."""
+    """The op (or a host-transfer op's inner host algorithm) runs over the segment (the
+    communicator's, or for K_HIER_SHM its node's: used by no other kind of op)."""
     if op.kind == K_HOST_TRANSFER:
-        return op.ht.inner != NULL and op.ht.inner.kind == K_SHM_ALLREDUCE
-    return is_shm_kind(op.kind)
+        return op.ht.inner != NULL and (op.ht.inner.kind == K_SHM_ALLREDUCE
+                                        or op.ht.inner.kind == K_HIER_SHM)
+    return is_shm_kind(op.kind) or op.kind == K_HIER_SHM    # the latter: the node's segment
 
 cdef inline int shm_gate(al_op* active, al_op* op, al_comm** blocked, int n) noexcept nogil:
     """`op` runs over the segment and must not start yet: the segment's rounds are consumed in

@@ -25,7 +25,8 @@ cdef enum:                  # al_kind
     K_SHM_BCAST = 16
     K_SHM_REDUCE_SCATTER = 17
     K_SHM_BARRIER = 18
-    K_NKINDS = 19
+    K_HIER_SHM = 19         # hierarchical over the node's segment: inner ops in turn (hier_shm.pxi)
+    K_NKINDS = 20
 
 # What the engine needs to know about a kind, in one table (KIND_INFO, filled below) instead of
 # tests on the enum's order.
@@ -79,6 +80,9 @@ set_kind_info(K_SHM_ALLGATHER,   "shm_allgather",  0,    0,     0,   0)
 set_kind_info(K_SHM_BCAST,       "shm_bcast",      0,    0,     0,   0)
 set_kind_info(K_SHM_REDUCE_SCATTER, "shm_reduce_scatter", 0, 0,  0,   0)
 set_kind_info(K_SHM_BARRIER,     "shm_barrier",    0,    0,     0,   0)
+# its inner ops: shm ops over the node's segment (ordered by shm_gate, like the others), and
+# schedules between nodes (tagged point-to-point, no MPI collective)
+set_kind_info(K_HIER_SHM,        "hier_shm",       0,    1,     0,   0)
 
 # op phases (al_op.phase)
 cdef enum:                  # al_phase
@@ -139,6 +143,27 @@ ctypedef struct al_comm:
     al_shm_seg* shm      # the shared-memory segment (shm.pxi), made with the communicator or NULL
 
 cdef struct al_op
+
+# ---- K_HIER_SHM (hier_shm.pxi): "hierarchical" over each node's shared-memory segment ----
+# An op of this kind runs a list of phases in turn: inner ops (shm collectives over the node's
+# segment, a schedule between nodes) and local actions between them (a copy out of the op's
+# scratch, AVG's division).
+DEF HIER_MAX_PHASES = 8
+
+ctypedef struct al_hier_phase:
+    al_op* op            # an inner op (owned by a NativeOp the outer one keeps), or NULL:
+    char* dst            # a local action: copy cnt elements src -> dst, or (src NULL) divide
+    char* src            #   dst[:cnt] by the op's result.avg_div (AVG)
+    int64_t cnt
+    int tmp              # 1: this phase's inner op writes (rbuf), or its copy reads (src), the
+                         #   op's scratch (op.sched.tmp, taken when the op starts)
+
+ctypedef struct al_hier_state:
+    al_hier_phase phases[HIER_MAX_PHASES]
+    int nphases
+    int cur              # the phase in progress
+    int started          # its inner op has been started
+# ---- end of K_HIER_SHM ----
 
 # The state of one op is the common part (al_op) plus one group per kind of machine: each group
 # is read and written only by the code that serves it.
@@ -205,3 +230,4 @@ cdef struct al_op:
     al_result result
     al_ht_state ht
     al_shm_op shm        # K_SHM_*: where the protocol stands (al_shm.h)
+    al_hier_state hier   # K_HIER_SHM: its phases (hier_shm.pxi; its scratch is sched.tmp)

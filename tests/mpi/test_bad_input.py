@@ -447,7 +447,8 @@ def test_communicator_bad_arguments():
 
 # ---------------------------------------------------------------------------- names and errors
 def test_algorithm_names():
-    host = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm")
+    host = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm",
+            "hierarchical_p2p")
     gpu = ("auto", "nccl", "ht_mpi", "ht_recursive_doubling", "ht_rabenseifner", "ht_ring")
     names = al.algorithms("allreduce")
     assert len(names) == len(set(names))

@@ -29,7 +29,8 @@ from conftest import WORLD, all_ranks_ok, gather_all, make_input, reference
 pytestmark = pytest.mark.mpi
 
 WAIT = 60.0          # seconds: the bound on every wait that is expected to complete
-HOST_ALGORITHMS = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm")
+HOST_ALGORITHMS = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm",
+                   "hierarchical_p2p")
 
 
 @pytest.fixture(scope="module")
