@@ -137,7 +137,9 @@ class HostBackend:
         # what "auto" chooses from on this communicator (and the crossover benchmark times)
         self.candidates = tuple(a for a in HOST_CANDIDATES
                                 if self._no_shm is None or a not in ONE_NODE)
-        self.chooser = tuning.Chooser.from_data(data, self.candidates)
+        info = _core.shm_info(state) if self._no_shm is None else None
+        self.chooser = tuning.Chooser.from_data(
+            data, self.candidates, shm_limits=info and (info["small"], info["slot"]))
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
         self.launcher.shm_unavailable = self._shm_unavailable
