@@ -188,7 +188,9 @@ class HostBackend:
             self._no_shm = str(e)
 
     def _shm_unavailable(self) -> None:
-        """The launcher found no segment for an "shm" op on more than one rank: say why."""
+        """The launcher found no segment for an "shm" op on more than one rank: say why (a
+        freed communicator's segment is gone: that error, as for every other op)."""
+        self.state.check_usable("allreduce/shm")
         if self._node_comm is None:
             raise UnavailableError(f"algorithm 'shm': {self._no_shm}; shm works among the ranks "
                                    f"of one node only (MPI_Comm_split_type(SHARED)); on "
