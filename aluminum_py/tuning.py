@@ -427,6 +427,12 @@ class Chooser:
                               f"elements{other}; ")
 
     def _from_table(self, entry: dict, nbytes: int) -> Choice:
+        choice = self._measured(entry, nbytes)
+        if self.shm_limits is not None and "shm" not in entry["times"]:
+            choice.detail += " (the entry has no shm times: tune again to let auto choose shm)"
+        return choice
+
+    def _measured(self, entry: dict, nbytes: int) -> Choice:
         sizes = entry["sizes"]
         algs = [a for a in entry["times"] if a in self.usable]
         if not algs:

@@ -420,3 +420,13 @@ def test_table_with_shm_times_decides_by_measurement():
     assert {d.choose(n, 4) for n in e["sizes"]} >= {"shm", "rabenseifner"}
     # the same table for a communicator without a segment: shm is never picked
     assert "shm" not in {shm_chooser([e], usable=USABLE).choose(n, 4) for n in e["sizes"]}
+
+
+def test_table_without_shm_times_says_so():
+    """A table tuned before shm existed still decides (measured), and explain says that shm
+    can only be chosen after tuning again; without a segment nothing is said."""
+    e = synthetic_entry()
+    c = shm_chooser([e]).explain(1024, 4)
+    assert c.source == "table" and c.algorithm != "shm"
+    assert c.detail.endswith("(the entry has no shm times: tune again to let auto choose shm)")
+    assert "shm" not in shm_chooser([e], limits=None).explain(1024, 4).detail
