@@ -83,7 +83,7 @@ def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, mo
             call()
             problems.append("an op over the broken segment ran")
         except al.Error as e:
-            if type(e) is not al.MPIError or UNUSABLE not in str(e) or time.monotonic() - t0 > 2:
+            if type(e) is not al.MPIError or UNUSABLE not in str(e) or time.monotonic() - t0 > 4:
                 problems.append(f"shm op: {e!r}")
     # the MPI-based algorithms are not affected
     y = np.full(1000, comm.rank + 1.0)
