@@ -31,6 +31,8 @@ MPI.COMM_WORLD.Barrier()
 while True:
     if c.rank == 1:
         req = c.Iallreduce(x, algorithm="shm")    # the engine runs it
+        while req._op.describe().endswith(": new"):   # until the engine starts it (a loaded
+            pass                                      # machine can take milliseconds)
         time.sleep(0.002)
         if not req.done:                          # mid-operation
             print(f"rank 1 dies mid-operation ({req._op.describe()})", flush=True)
