@@ -14,6 +14,15 @@ reduced; non-powers of two add the fold: one extra exchange of n bytes in and ou
 * rabenseifner:       2 log2(p') a + 2(p'-1)/p' n b + (p'-1)/p' n g  (+ fold)
 
 with p' = 2^floor(log2 p).  The parameters come from AL_ALPHA / AL_BETA / AL_GAMMA.
+
+"shm" (one node, over the communicator's segment: ext/al_shm.h) has its own formula, with a
+synchronisation latency s (a publish and the wait for every peer's flag) and m, seconds per
+byte of one rank's memory traffic (reads and writes), from AL_SHM_SYNC / AL_SHM_BYTE:
+
+* symmetric (n <= small): s + (p + 3) n m          (copy in: n read + n written; reduce the
+                                                     p slots into recvbuf: p n read + n written)
+* split (n > small):      2 ceil(n / slot) s + (5 - 2/p) n m    (two synchronisations per round
+                                                     of a slot; the traffic of al_shm.h's split)
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ class Algorithm(NamedTuple):
     backend: str                # what runs it: "host", "nccl", "host_transfer" ("auto": chosen)
     host: str | None = None     # ht_*: the host algorithm it runs on the pinned buffer
     candidate: bool = False     # "auto" may choose it (the tuning table times it)
-    modelled: bool = False      # the cost model has a formula for it
+    modelled: bool = False      # the alpha-beta-gamma cost model has a formula for it
     listed: bool = True         # a name users pass; False: internal (what "auto" reports)
     one_node: bool = False      # only for communicators whose ranks all share a node
 
@@ -46,6 +55,7 @@ REGISTRY: dict[str, Algorithm] = {a.name: a for a in (
     # (inside the nodes over each node's shared-memory segment where they can be made)
     Algorithm("hierarchical", ("host",), "host", candidate=True),
     # over a shared-memory segment of the node (docs/algorithms.md, "Shared memory")
+    # (modelled by its own formula, shm_time: not one of MODELLED)
     Algorithm("shm", ("host",), "host", candidate=True, one_node=True),
     # "hierarchical" with point-to-point messages inside the nodes too (its form where the
     # nodes have no segments; a name to compare the two)
@@ -131,6 +141,46 @@ def model_time(algorithm: str, p: int, nbytes: int, params=None) -> float:
     raise ValueError(f"algorithm: no cost model for {algorithm!r}")
 
 
-def model_choice(p: int, nbytes: int, params=None) -> str:
-    """The modelled algorithm with the lowest predicted time (ties: the first in MODELLED)."""
-    return min(MODELLED, key=lambda alg: model_time(alg, p, nbytes, params))
+class ShmCost(NamedTuple):
+    """What the "shm" formula needs: the machine's synchronisation latency and per-byte memory
+    time (AL_SHM_SYNC, AL_SHM_BYTE, or fitted to a tuning entry's shm times) and the segment's
+    protocol limits (the communicator's, as rank 0's AL_SHM_SMALL_BYTES / AL_SHM_SLOT_BYTES
+    made them)."""
+
+    sync: float                 # s per synchronisation (publish, wait for every peer's flag)
+    byte: float                 # s per byte of one rank's memory traffic
+    small: int                  # symmetric protocol up to this many bytes
+    slot: int                   # bytes per rank and round of the split protocol
+
+
+def shm_terms(p: int, nbytes: int, small: int, slot: int) -> tuple[float, float]:
+    """(synchronisations, bytes of memory traffic per rank) of one "shm" allreduce of `nbytes`
+    on `p` ranks of one node (ext/al_shm.h's protocols; 0 for p = 1 or nothing to reduce)."""
+    if p <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    n = float(nbytes)
+    if nbytes <= small:
+        return 1.0, (p + 3) * n
+    return 2.0 * math.ceil(nbytes / slot), (5 - 2 / p) * n
+
+
+def shm_time(p: int, nbytes: int, shm: ShmCost) -> float:
+    """Predicted seconds of one "shm" allreduce (the formula in this module's docstring)."""
+    syncs, traffic = shm_terms(p, nbytes, shm.small, shm.slot)
+    return syncs * shm.sync + traffic * shm.byte
+
+
+def model_times(p: int, nbytes: int, params=None, shm: ShmCost | None = None) -> dict:
+    """Every modelled algorithm's predicted seconds, in the tie order (MODELLED, then "shm"
+    when `shm` is given: the communicator has a segment)."""
+    times = {alg: model_time(alg, p, nbytes, params) for alg in MODELLED}
+    if shm is not None:
+        times["shm"] = shm_time(p, nbytes, shm)
+    return times
+
+
+def model_choice(p: int, nbytes: int, params=None, shm: ShmCost | None = None) -> str:
+    """The modelled algorithm with the lowest predicted time (ties: the first in MODELLED;
+    "shm" only with `shm`, and last)."""
+    times = model_times(p, nbytes, params, shm)
+    return min(times, key=times.get)

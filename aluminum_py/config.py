@@ -158,4 +158,17 @@ def model_params() -> tuple[float, float, float]:
     return (_float("AL_ALPHA", 2.0e-6), _float("AL_BETA", 1.6e-10), _float("AL_GAMMA", 1.0e-10))
 
 
+def shm_model_params() -> tuple[float, float]:
+    """AL_SHM_SYNC (s per synchronisation of the "shm" allreduce: a publish and the wait for
+    every peer's flag), AL_SHM_BYTE (s per byte of one rank's memory traffic): the "shm"
+    formula of the cost model (aluminum_py.algorithms), on the scale of AL_ALPHA... (a per-call
+    cost every algorithm pays is not in either).  Rank 0's values are used.
+
+    Defaults, on the reference 2-core machine (docs/tuning.md, "The shm formula"): AL_SHM_BYTE
+    fitted (tuning.fit_models) to the quiet 2-rank run bench/results/shm_2ranks.json;
+    AL_SHM_SYNC, which that fit puts at 0 (below what it resolves), the round trip of a cache
+    line between two processes (a C ping-pong, issue 18)."""
+    return (_float("AL_SHM_SYNC", 2.0e-7), _float("AL_SHM_BYTE", 2.7e-11))
+
+
 reload()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config
-from .algorithms import MODELLED, model_choice, model_time
+from .algorithms import MODELLED, ShmCost, model_time, model_times, shm_terms
 from .topology import node_layout
 
 FORMAT = "aluminum_py.tuning"
@@ -263,23 +263,75 @@ def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times)
             "ranges": win_ranges(sizes, times), "fit": fit_all(sizes, times)}
 
 
-def fit_machine(entry: dict) -> tuple[float, float, float] | None:
-    """(alpha, beta, gamma) of the cost model fitted to an entry's measured times of the
-    modelled algorithms (least squares on relative error; the model is linear in them)."""
+def shm_limits() -> tuple[int, int] | None:
+    """(small, slot) of the segments this process makes as rank 0 (AL_SHM_SMALL_BYTES,
+    AL_SHM_SLOT_BYTES rounded as shm_attach rounds them), None when it makes none: the "shm"
+    formula's protocol limits for fitting an entry's shm times."""
+    slot = config.shm_slot_bytes()
+    if slot == 0:
+        return None
+    slot = (slot + 4095) // 4096 * 4096
+    return min(config.shm_small_bytes(), slot), slot
+
+
+def _nonnegative_lstsq(rows, rhs) -> np.ndarray:
+    """Least squares with every unknown >= 0 (an active set: the most negative unknown is fixed
+    at 0 and the rest solved again; a handful of unknowns)."""
+    A, b = np.asarray(rows, dtype=float), np.asarray(rhs, dtype=float)
+    free = list(range(A.shape[1]))
+    x = np.zeros(A.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(A[:, free], b, rcond=None)
+        if sol.min() >= 0:
+            x[free] = sol
+            break
+        free.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit_models(entry: dict, limits: tuple[int, int] | None = None):
+    """The cost models fitted to an entry's measured times: ``(abg, shm)``, abg the (alpha,
+    beta, gamma) of the modelled algorithms (None: fewer than 3 of their times, or 1 rank)
+    and shm the (sync, byte) of the "shm" formula (None: no shm times in the entry, no
+    `limits`, the segment's (small, slot), or fewer than 2 of them).
+
+    One least-squares fit on relative error of t = c + formula, every unknown >= 0: c is a
+    per-call cost every algorithm pays alike (the call path, the benchmark's skew), which the
+    choice never depends on; fitted apart, it would be folded into alpha and the
+    synchronisation latency, which multiply by different counts (2(p-1) for ring, 1 for a
+    symmetric shm call), and the formulas would be compared on different scales."""
     p = entry["comm_size"]
+    if p < 2:
+        return None, None
     rows, rhs = [], []
+    units = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+    n_abg = n_shm = 0
     for alg in MODELLED:
         for n, t in zip(entry["sizes"], entry["times"].get(alg, [])):
-            coeffs = [model_time(alg, p, n, unit) for unit in ((1, 0, 0), (0, 1, 0), (0, 0, 1))]
-            rows.append([c / t for c in coeffs])
+            rows.append([1.0 / t] + [model_time(alg, p, n, u) / t for u in units] + [0.0, 0.0])
             rhs.append(1.0)
-    if len(rows) < 3 or p < 2:
-        return None
-    sol, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
-    a, b, g = (float(max(x, 0.0)) for x in sol)
-    if a == b == g == 0.0:
-        return None
-    return a, b, g
+            n_abg += 1
+    if limits is not None:
+        for n, t in zip(entry["sizes"], entry["times"].get("shm", [])):
+            syncs, traffic = shm_terms(p, n, *limits)
+            rows.append([1.0 / t, 0.0, 0.0, 0.0, syncs / t, traffic / t])
+            rhs.append(1.0)
+            n_shm += 1
+    if n_abg + n_shm < 3:
+        return None, None
+    cols = [0] + ([1, 2, 3] if n_abg else []) + ([4, 5] if n_shm >= 2 else [])
+    x = np.zeros(6)
+    keep = [i for i, r in enumerate(rows) if any(r[c] for c in cols[1:])]
+    x[cols] = _nonnegative_lstsq([[rows[i][c] for c in cols] for i in keep], [1.0] * len(keep))
+    abg = tuple(float(v) for v in x[1:4]) if n_abg >= 3 and x[1:4].any() else None
+    shm = tuple(float(v) for v in x[4:6]) if n_shm >= 2 and x[4:6].any() else None
+    return abg, shm
+
+
+def fit_machine(entry: dict) -> tuple[float, float, float] | None:
+    """(alpha, beta, gamma) of the cost model fitted to an entry's measured times of the
+    modelled algorithms (:func:`fit_models`)."""
+    return fit_models(entry)[0]
 
 
 @dataclass
@@ -299,10 +351,10 @@ class Chooser:
     rank 0 found (:func:`shared_data`), so every rank chooses alike."""
 
     def __init__(self, comm_size: int, entries: dict, fitted: dict, default_params, usable,
-                 ranks_per_node=None, others=()):
+                 ranks_per_node=None, others=(), shm_params=None, shm_limits=None):
         self.comm_size = comm_size
         self.entries = entries          # dtype_size -> entry (exact configuration)
-        self.fitted = fitted            # dtype_size -> ((alpha, beta, gamma), source key)
+        self.fitted = fitted            # dtype_size -> (abg, shm (sync, byte) or None, key)
         self.default_params = default_params
         self.usable = tuple(usable)     # algorithms auto may pick
         # this communicator's topology, and those of the table's entries (same buffer and
@@ -310,16 +362,47 @@ class Chooser:
         self.topology = (describe_topology(comm_size, ranks_per_node) if ranks_per_node
                          else f"{comm_size} ranks")
         self.others = tuple(others)
+        # the "shm" formula: (sync, byte) by default (rank 0's AL_SHM_SYNC, AL_SHM_BYTE) and the
+        # segment's (small, slot); shm is modelled only when the communicator has a segment
+        self.shm_params = tuple(shm_params) if shm_params is not None else None
+        self.shm_limits = (tuple(shm_limits) if shm_limits is not None and "shm" in self.usable
+                           else None)
 
     @classmethod
-    def from_data(cls, data: "TuningData", usable, fitted: bool = True) -> "Chooser":
-        """A Chooser from :func:`shared_data`'s answer (`fitted` False: measured entries only)."""
+    def from_data(cls, data: "TuningData", usable, fitted: bool = True,
+                  shm_limits=None) -> "Chooser":
+        """A Chooser from :func:`shared_data`'s answer (`fitted` False: measured entries only;
+        `shm_limits`: the communicator's segment's (small, slot), None without one)."""
         return cls(sum(data.ranks_per_node), data.exact, data.fitted if fitted else {},
-                   data.params, usable, data.ranks_per_node, data.others)
+                   data.params, usable, data.ranks_per_node, data.others, data.shm_params,
+                   shm_limits)
 
     def choose(self, nbytes: int, dtype_size: int) -> str:
         """The algorithm for a message of `nbytes` bytes of `dtype_size`-byte elements."""
         return self.explain(nbytes, dtype_size).algorithm
+
+    def _shm_cost(self, params) -> ShmCost | None:
+        if self.shm_limits is None or params is None:
+            return None
+        return ShmCost(params[0], params[1], *self.shm_limits)
+
+    def _modelled(self, nbytes: int, params, shm: ShmCost | None, source: str,
+                  why: str) -> Choice:
+        """The cost model's choice, `why` it has these parameters, and what it predicts."""
+        times = model_times(self.comm_size, nbytes, params, shm)
+        best = min(times, key=times.get)
+        runner = min((a for a in times if a != best), key=times.get, default=None)
+        a, b, g = params
+        detail = f"{why}cost model with alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B"
+        if shm is not None:
+            detail += (f", shm sync={shm.sync:.3g} s, byte={shm.byte:.3g} s/B (one node, "
+                       f"segment: symmetric up to {shm.small} B, slots of {shm.slot} B)")
+        elif self.shm_limits is not None:
+            detail += ", shm not modelled (the entry has no shm times: tune again)"
+        if runner is not None and self.comm_size > 1:
+            detail += (f": {best} {times[best] * 1e6:.1f} us, next {runner} "
+                       f"{times[runner] * 1e6:.1f} us")
+        return Choice(best, source, detail)
 
     def explain(self, nbytes: int, dtype_size: int) -> Choice:
         """The choice for a message of `nbytes` bytes of `dtype_size`-byte elements, and why."""
@@ -331,28 +414,30 @@ class Chooser:
             # machine parameters are per byte: a fit for another element size carries over
             fitted = self.fitted[min(self.fitted, key=lambda ds: abs(ds - dtype_size))]
         if fitted is not None:
-            params, key = fitted
-            alg = model_choice(self.comm_size, nbytes, params)
-            return Choice(alg, "model-fitted", f"cost model with alpha={params[0]:.3g} s, "
-                          f"beta={params[1]:.3g} s/B, gamma={params[2]:.3g} s/B fitted to "
-                          f"the table entry {key!r}")
-        alg = model_choice(self.comm_size, nbytes, self.default_params)
-        a, b, g = self.default_params
+            params, shm, key = fitted
+            return self._modelled(nbytes, params, self._shm_cost(shm), "model-fitted",
+                                  f"fitted to the table entry {key!r}: ")
         why = ("no usable tuning entry" if self.entries else "no tuning entry")
         other = ""
         if self.others:
             other = (f" (the table's entries for {'; '.join(self.others)} are not used: "
                      f"measured on another topology)")
-        return Choice(alg, "model", f"{why} for {self.topology} and {dtype_size}-byte "
-                      f"elements{other}; cost model with alpha={a:.3g} s, beta={b:.3g} s/B, "
-                      f"gamma={g:.3g} s/B")
+        return self._modelled(nbytes, self.default_params, self._shm_cost(self.shm_params),
+                              "model", f"{why} for {self.topology} and {dtype_size}-byte "
+                              f"elements{other}; ")
 
     def _from_table(self, entry: dict, nbytes: int) -> Choice:
+        choice = self._measured(entry, nbytes)
+        if self.shm_limits is not None and "shm" not in entry["times"]:
+            choice.detail += " (the entry has no shm times: tune again to let auto choose shm)"
+        return choice
+
+    def _measured(self, entry: dict, nbytes: int) -> Choice:
         sizes = entry["sizes"]
         algs = [a for a in entry["times"] if a in self.usable]
         if not algs:
-            alg = model_choice(self.comm_size, nbytes, self.default_params)
-            return Choice(alg, "model", "the table entry has no usable algorithm")
+            return self._modelled(nbytes, self.default_params, self._shm_cost(self.shm_params),
+                                  "model", "the table entry has no usable algorithm; ")
         if nbytes <= sizes[0]:
             i = 0
             best = min(algs, key=lambda a: entry["times"][a][i])
@@ -387,6 +472,7 @@ class TuningData:
     params: tuple           # the cost model's default (alpha, beta, gamma)
     ranks_per_node: tuple   # this communicator's topology
     others: tuple           # topologies of the entries not used (explain's message)
+    shm_params: tuple | None = None     # the "shm" formula's default (sync, byte)
 
 
 def shared_data(mpi_comm, buffer: str, layout=None) -> TuningData:
@@ -402,7 +488,8 @@ def shared_data(mpi_comm, buffer: str, layout=None) -> TuningData:
     if mpi_comm.Get_rank() == 0:
         try:
             exact, fitted, others = find_data(load(), rpn, buffer, mpi_version())
-            data = TuningData(exact, fitted, config.model_params(), rpn, others)
+            data = TuningData(exact, fitted, config.model_params(), rpn, others,
+                              config.shm_model_params())
         except Exception as e:
             data = e
     data = mpi_comm.bcast(data, root=0)
@@ -430,6 +517,7 @@ def find_data(table: dict, ranks_per_node, buffer: str, mpi: str):
     rpn = tuple(ranks_per_node)
     comm_size = sum(rpn)
     exact, fitted = {}, {}
+    limits = shm_limits() if len(rpn) == 1 else None      # "shm": one node only
     candidates = [e for e in table.get("entries", {}).values()
                   if e.get("buffer") == buffer and e.get("mpi") == mpi]
     usable = [e for e in candidates if e.get("ranks_per_node") is not None]
@@ -441,10 +529,10 @@ def find_data(table: dict, ranks_per_node, buffer: str, mpi: str):
         ds = e["dtype_size"]
         if ds in exact or ds in fitted:
             continue
-        params = fit_machine(e)
+        params, shm = fit_models(e, limits)
         if params is not None:
-            fitted[ds] = (params, entry_key(e))
-    fitted_from = {key for _, key in fitted.values()}
+            fitted[ds] = (params, shm, entry_key(e))
+    fitted_from = {key for _, _, key in fitted.values()}
     others = sorted({entry_topology_name(e) for e in candidates
                      if e.get("ranks_per_node") is None or tuple(e["ranks_per_node"]) != rpn
                      if entry_key(e) not in fitted_from})

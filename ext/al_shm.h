@@ -272,6 +272,25 @@ static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
   o->polls = 0;
 }
 
+/* The segment's health word (the header's fourth 64-bit word, 0 when the segment is made): a
+ * rank that gives up an op over the segment in the middle of the sequence of rounds (a
+ * host-transfer allreduce abandoned at the hang timeout: shm.pxi, host_transfer.pxi) stores its
+ * rank + 1 there, as the ranks' rounds and flags are then out of step for good; every rank
+ * checks it before an op starts and while it waits, and fails the op instead of waiting for, or
+ * reading, a round that will never match.  The first rank to store it is kept. */
+static inline uint64_t *al_shm_health(const al_shm_seg *s) { return (uint64_t *)s->base + 3; }
+
+static inline void al_shm_mark_broken(al_shm_seg *s) {
+  uint64_t healthy = 0;
+  __atomic_compare_exchange_n(al_shm_health(s), &healthy, (uint64_t)s->rank + 1, 0,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+/* The rank that broke the segment, or -1 while it is usable. */
+static inline int al_shm_broken_by(const al_shm_seg *s) {
+  return (int)__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) - 1;
+}
+
 /* 1 once every peer's flag has reached o->want (never blocks). */
 static inline int al_shm_arrived(const al_shm_seg *s, al_shm_op *o) {
   while (o->waiting < s->size) {

@@ -63,6 +63,8 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     void al_shm_coll_begin(al_shm_op*, const al_shm_args*)
     int al_shm_coll_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    void al_shm_mark_broken(al_shm_seg*)
+    int al_shm_broken_by(const al_shm_seg*)
     int shm_unlink(const char* name)
     int close(int fd)
     int munmap(void* addr, size_t len)

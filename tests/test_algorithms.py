@@ -76,3 +76,49 @@ def test_selector_without_table_uses_the_model(params):
         for n in SIZES:
             assert s.choose(n, 4) == cost_reference.cheapest(p, n, params), (p, n)
             assert s.explain(n, 4).source == "model"
+
+
+# -- "shm": its own formula (synchronisations and memory traffic of ext/al_shm.h's protocols)
+
+SMALL, SLOT = 64 << 10, 1 << 20
+
+
+def test_shm_formula():
+    from aluminum_py.algorithms import ShmCost, shm_terms, shm_time
+    s, m = 3e-7, 2e-11
+    shm = ShmCost(s, m, SMALL, SLOT)
+    # symmetric: one synchronisation; copy in (n read, n written), reduce p slots (p n, n)
+    assert shm_terms(4, 1000, SMALL, SLOT) == (1.0, 7 * 1000)
+    assert shm_time(4, SMALL, shm) == pytest.approx(s + 7 * SMALL * m)
+    # split, just above the limit: one round of two synchronisations, (5 - 2/p) n of traffic
+    assert shm_terms(4, SMALL + 4, SMALL, SLOT) == (2.0, 4.5 * (SMALL + 4))
+    # rounds of a slot: 64 MiB in 64 rounds, one byte more in 65
+    assert shm_terms(2, 64 << 20, SMALL, SLOT) == (128.0, 4.0 * (64 << 20))
+    assert shm_terms(2, (64 << 20) + 4, SMALL, SLOT)[0] == 130.0
+    assert shm_time(2, 64 << 20, shm) == pytest.approx(128 * s + 4 * (64 << 20) * m)
+    # nothing to exchange
+    assert shm_terms(1, 1 << 20, SMALL, SLOT) == (0.0, 0.0)
+    assert shm_terms(4, 0, SMALL, SLOT) == (0.0, 0.0)
+
+
+def test_model_choice_with_shm():
+    """shm is a candidate of the model only when given (a communicator with a segment), and
+    wins or loses by its predicted time against the alpha-beta-gamma algorithms."""
+    from aluminum_py.algorithms import ShmCost, model_times, shm_time
+    params = (2e-6, 1.6e-10, 1e-10)
+    fast = ShmCost(2e-7, 2.7e-11, SMALL, SLOT)           # the defaults (config.py)
+    slow = ShmCost(5e-5, 1e-9, SMALL, SLOT)              # slower than every other one
+    for p in (2, 3, 4, 8):
+        for n in SIZES:
+            assert model_choice(p, n, params) != "shm"
+            times = model_times(p, n, params, fast)
+            assert times["shm"] == shm_time(p, n, fast)
+            assert model_choice(p, n, params, fast) == min(times, key=times.get)
+            assert model_choice(p, n, params, slow) == cost_reference.cheapest(p, n, params)
+    assert {model_choice(2, n, params, fast) for n in SIZES} == {"shm"}
+    # where the formulas cross: 1 KiB (symmetric) with a large synchronisation latency
+    late = ShmCost(3e-6, 2.7e-11, SMALL, SLOT)
+    assert model_choice(2, 1024, params, late) == "recursive_doubling"
+    assert model_choice(2, 1 << 20, params, late) == "shm"
+    # p = 1: everything costs 0, the tie goes to recursive doubling (shm comes last)
+    assert model_choice(1, 1 << 20, params, fast) == "recursive_doubling"

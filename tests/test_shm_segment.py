@@ -6,6 +6,7 @@ nothing either; the named fallback works, forced (AL_SHM_NAMED=1, where such a d
 name: what the memory file avoids) and taken because the peers may not open rank 0's fd."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -30,6 +31,8 @@ MPI.COMM_WORLD.Barrier()
 while True:
     if c.rank == 1:
         req = c.Iallreduce(x, algorithm="shm")    # the engine runs it
+        while req._op.describe().endswith(": new"):   # until the engine starts it (a loaded
+            pass                                      # machine can take milliseconds)
         time.sleep(0.002)
         if not req.done:                          # mid-operation
             print(f"rank 1 dies mid-operation ({req._op.describe()})", flush=True)
@@ -98,11 +101,18 @@ print(f"rank {c.rank} ok mapped {mapped}", flush=True)
 """
 
 
-def run_setup(tmp_path, n, *args, **env):
+def run_setup(tmp_path, n, *args, rank0=(), **env):
+    """SETUP at `n` ranks; `rank0`: words before rank 0's command only (MPMD: rank 0 is the
+    first block)."""
     script = tmp_path / "setup.py"
     script.write_text(SETUP)
     env = dict(os.environ, AL_HANG_TIMEOUT="30", PYTHONUNBUFFERED="1", **env)
-    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script), *args], env=env,
+    cmd = [sys.executable, str(script), *args]
+    if rank0:
+        cmd = ["-n", "1", *rank0, *cmd, ":", "-n", str(n - 1), *cmd]
+    else:
+        cmd = ["-n", str(n), *cmd]
+    proc = subprocess.run([mpiexec(), *cmd], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     pids = {int(r): int(p) for r, p in re.findall(r"rank (\d) pid (\d+)", proc.stdout)}
     return proc, pids
@@ -151,5 +161,62 @@ def test_named_fallback_when_proc_refuses(tmp_path):
     assert proc.returncode == 0, proc.stdout
     for rank in (0, 1, 2):
         assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_2 \(deleted\)'\]",
+                         proc.stdout), proc.stdout
+    assert left_by(pids, before) == [], proc.stdout
+
+
+# An LD_PRELOAD library that makes libc's syscall(SYS_memfd_create, ...) (how al_shm.h calls
+# memfd_create) fail with ENOSYS, as on a kernel without it; every other syscall goes through.
+NO_MEMFD = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+long syscall(long number, ...) {
+  static long (*real)(long, ...);
+  long a[6];
+  va_list ap;
+  int i;
+  if (number == SYS_memfd_create) {
+    static const char said[] = "no_memfd shim: memfd_create -> ENOSYS\n";
+    (void)!write(2, said, sizeof(said) - 1);
+    errno = ENOSYS;
+    return -1;
+  }
+  if (real == NULL)
+    real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+  va_start(ap, number);
+  for (i = 0; i < 6; i++)
+    a[i] = va_arg(ap, long);
+  va_end(ap);
+  return real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+"""
+
+
+def no_memfd_library(tmp_path) -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler for the LD_PRELOAD library")
+    src, lib = tmp_path / "no_memfd.c", tmp_path / "no_memfd.so"
+    src.write_text(NO_MEMFD)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src), "-ldl"], check=True)
+    return str(lib)
+
+
+def test_named_fallback_without_memfd_create(tmp_path):
+    # rank 0's memfd_create fails with ENOSYS (the library above, preloaded in rank 0 only):
+    # rank 0 makes the named segment at once, every rank maps it, the allreduce is right, the
+    # name is gone
+    lib = no_memfd_library(tmp_path)
+    before = ours()
+    proc, pids = run_setup(tmp_path, 3, rank0=("env", f"LD_PRELOAD={lib}"))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("no_memfd shim: memfd_create -> ENOSYS") == 1, proc.stdout
+    for rank in (0, 1, 2):
+        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_1 \(deleted\)'\]",
                          proc.stdout), proc.stdout
     assert left_by(pids, before) == [], proc.stdout

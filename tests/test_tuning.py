@@ -328,3 +328,105 @@ def test_bad_topology_drops_the_entry(tmp_path, bad):
     path.write_text(json.dumps({"format": tuning.FORMAT, "version": 2, "entries": {"k": entry}}))
     with pytest.warns(TuningWarning):
         assert tuning.load(str(path))["entries"] == {}
+
+
+# -- "shm" in the cost model: only with a segment, from AL_SHM_SYNC/AL_SHM_BYTE or fitted
+
+SHM_LIMITS = (64 << 10, 1 << 20)
+SHM_DEFAULT = (2e-7, 2.7e-11)
+
+
+def shm_chooser(entries=(), p=2, local=2, usable=USABLE + ("shm",), limits=SHM_LIMITS,
+                shm_params=SHM_DEFAULT):
+    table = tuning.empty_table()
+    for e in entries:
+        tuning.merge(table, e)
+    rpn = (local,) * (p // local)
+    exact, fitted, others = tuning.find_data(table, rpn, "host", MPI_NAME)
+    data = tuning.TuningData(exact, fitted, PARAMS, rpn, others, shm_params)
+    return Chooser.from_data(data, usable, shm_limits=limits)
+
+
+def test_model_chooses_shm_only_with_a_segment():
+    from aluminum_py.algorithms import ShmCost, model_choice
+    cost = ShmCost(*SHM_DEFAULT, *SHM_LIMITS)
+    sizes = [4, 4096, 1 << 16, 1 << 20, 1 << 26]
+    for p in (2, 3, 4):
+        with_segment = shm_chooser(p=p, local=p)
+        for n in sizes:
+            c = with_segment.explain(n, 4)
+            assert c.source == "model" and c.algorithm == model_choice(p, n, PARAMS, cost)
+            assert "shm sync=2e-07 s, byte=2.7e-11 s/B" in c.detail
+            assert f"{c.algorithm} " in c.detail.split(": ")[-1]       # its predicted time
+        assert {with_segment.choose(n, 4) for n in sizes} == {"shm"}
+        # no segment (several nodes, AL_SHM_SLOT_BYTES=0, a failed setup): shm not a candidate
+        for chooser in (shm_chooser(p=p, local=p, usable=USABLE),
+                        shm_chooser(p=p, local=p, limits=None)):
+            for n in sizes:
+                c = chooser.explain(n, 4)
+                assert c.algorithm == cheapest(p, n, PARAMS) and "shm" not in c.detail
+    # rank 0's AL_SHM_SYNC/AL_SHM_BYTE decide: a slow machine's shm loses to the others
+    slow = shm_chooser(shm_params=(1e-4, 1e-9))
+    assert [slow.choose(n, 4) for n in sizes] == [cheapest(2, n, PARAMS) for n in sizes]
+
+
+def shm_entry(p, params=(3e-6, 2e-10, 1e-10), shm=(4e-7, 3e-11), call=2e-6):
+    """A one-node entry whose times follow the cost model plus a per-call cost `call` that
+    every algorithm pays, shm included."""
+    from aluminum_py.algorithms import ShmCost, shm_time
+    sizes = [4 << k for k in range(0, 25, 2)]
+    times = {a: [call + model_time(a, p, n, params) for n in sizes] for a in MODELLED}
+    times["shm"] = [call + shm_time(p, n, ShmCost(*shm, *SHM_LIMITS)) for n in sizes]
+    return tuning.make_entry(p, [p], "host", 4, MPI_NAME, sizes, times)
+
+
+def test_fit_recovers_the_shm_formula_and_the_call_cost():
+    entry = shm_entry(4)
+    abg, shm = tuning.fit_models(entry, SHM_LIMITS)
+    assert abg == pytest.approx((3e-6, 2e-10, 1e-10), rel=1e-3)
+    assert shm == pytest.approx((4e-7, 3e-11), rel=1e-3)
+    assert tuning.fit_models(entry, None)[1] is None          # no segment: shm not fitted
+    assert tuning.fit_machine(entry) == pytest.approx((3e-6, 2e-10, 1e-10), rel=1e-3)
+
+
+def test_fitted_shm_decides_for_another_rank_count(monkeypatch):
+    """A 2-rank entry with shm times serves 4 ranks on one node through the fitted formulas;
+    one without shm times leaves shm out of the fitted model, and explain says so."""
+    from aluminum_py.algorithms import ShmCost, model_choice
+    monkeypatch.setenv("AL_SHM_SLOT_BYTES", str(SHM_LIMITS[1]))
+    monkeypatch.setenv("AL_SHM_SMALL_BYTES", str(SHM_LIMITS[0]))
+    slow_shm = (4e-7, 4e-10)             # wins small messages only
+    d = shm_chooser([shm_entry(2, shm=slow_shm)], p=4, local=4)
+    truth = ShmCost(*slow_shm, *SHM_LIMITS)
+    picks = []
+    for n in [4, 1024, 1 << 16, 1 << 20, 1 << 26]:
+        c = d.explain(n, 4)
+        assert c.source == "model-fitted" and "shm sync=" in c.detail
+        assert c.algorithm == model_choice(4, n, (3e-6, 2e-10, 1e-10), truth)
+        picks.append(c.algorithm)
+    assert picks[0] == "shm" and picks[-1] != "shm"
+    without = shm_chooser([synthetic_entry(p=2)], p=4, local=4)
+    c = without.explain(4, 4)
+    assert c.source == "model-fitted" and c.algorithm != "shm"
+    assert "shm not modelled (the entry has no shm times" in c.detail
+
+
+def test_table_with_shm_times_decides_by_measurement():
+    e = shm_entry(2, shm=(4e-7, 4e-10))
+    d = shm_chooser([e])
+    for i, n in enumerate(e["sizes"]):
+        best = min(e["times"], key=lambda a: e["times"][a][i])
+        assert d.explain(n, 4).algorithm == best and d.explain(n, 4).source == "table"
+    assert {d.choose(n, 4) for n in e["sizes"]} >= {"shm", "rabenseifner"}
+    # the same table for a communicator without a segment: shm is never picked
+    assert "shm" not in {shm_chooser([e], usable=USABLE).choose(n, 4) for n in e["sizes"]}
+
+
+def test_table_without_shm_times_says_so():
+    """A table tuned before shm existed still decides (measured), and explain says that shm
+    can only be chosen after tuning again; without a segment nothing is said."""
+    e = synthetic_entry()
+    c = shm_chooser([e]).explain(1024, 4)
+    assert c.source == "table" and c.algorithm != "shm"
+    assert c.detail.endswith("(the entry has no shm times: tune again to let auto choose shm)")
+    assert "shm" not in shm_chooser([e], limits=None).explain(1024, 4).detail

@@ -142,7 +142,9 @@ class HostBackend:
         # what "auto" chooses from on this communicator (and the crossover benchmark times)
         self.candidates = tuple(a for a in HOST_CANDIDATES
                                 if self._no_shm is None or a not in ONE_NODE)
-        self.chooser = tuning.Chooser.from_data(data, self.candidates)
+        info = _core.shm_info(state) if self._no_shm is None else None
+        self.chooser = tuning.Chooser.from_data(
+            data, self.candidates, shm_limits=info and (info["small"], info["slot"]))
         self.launcher = _core.Launcher(state, self.chooser.choose, self._build_schedule,
                                        HOST_ALLREDUCE)
         self.launcher.shm_unavailable = self._shm_unavailable
@@ -195,7 +197,9 @@ class HostBackend:
             self._no_shm = str(e)
 
     def _shm_unavailable(self) -> None:
-        """The launcher found no segment for an "shm" op on more than one rank: say why."""
+        """The launcher found no segment for an "shm" op on more than one rank: say why (a
+        freed communicator's segment is gone: that error, as for every other op)."""
+        self.state.check_usable("allreduce/shm")
         if self._node_comm is None:
             raise UnavailableError(f"algorithm 'shm': {self._no_shm}; shm works among the ranks "
                                    f"of one node only (MPI_Comm_split_type(SHARED)); on "

@@ -37,7 +37,12 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
 
     The inner algorithm's point-to-point requests are cancelled; an MPI collective request is
     left to MPI (freeing or cancelling one is erroneous).  The pinned buffer and the inner
-    op's scratch are leaked: the device or MPI may still write into them."""
+    op's scratch are leaked: the device or MPI may still write into them.  An inner "shm"
+    allreduce (started or not) leaves this rank's rounds of the segment out of step with its
+    peers' for good (they may have published for it, or be waiting for it): the segment is
+    marked unusable, so that every later op over it, here and on the peers (who see the mark
+    while they wait), fails at once instead of waiting for, or reading, a round that will
+    never match."""
     cdef al_op* inner = op.ht.inner
     cdef al_sched_state* s = &inner.sched
     cdef int i
@@ -47,8 +52,14 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
     elif inner.kind == K_SCHEDULE and inner.phase == PH_RUNNING and s.cur < s.nsteps:
         snprintf(where, 160, "host algorithm at step %d/%d (recv from rank %d, send to rank %d, tag %d)",
                  s.cur + 1, s.nsteps, s.steps[s.cur].recv_peer, s.steps[s.cur].send_peer, inner.tag)
+    elif inner.kind == K_SHM_ALLREDUCE and inner.phase == PH_RUNNING:
+        snprintf(where, 160, "shm at elements %lld..%lld of %lld (rank %d has not published %llu)", <long long>inner.shm.off,
+                 <long long>(inner.shm.off + inner.shm.chunk), <long long>inner.count,
+                 inner.shm.waiting, <unsigned long long>inner.shm.want)
     else:
         snprintf(where, 160, "host algorithm (MPI call) not complete")
+    if inner.kind == K_SHM_ALLREDUCE and op.comm.shm != NULL:
+        al_shm_mark_broken(op.comm.shm)
     if inner.phase == PH_RUNNING:
         if inner.kind == K_SCHEDULE:
             for i in range(inner.nreqs):
@@ -59,7 +70,9 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
         inner.phase = PH_DONE
     op.err = AL_ERR_TIMEOUT
     snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT): %s; the stream "
-             "was released and the result is undefined", op.ht.hang, where)
+             "was released and the result is undefined%s", op.ht.hang, where,
+             "; the communicator's shared-memory segment is now unusable"
+             if inner.kind == K_SHM_ALLREDUCE else "")
     al_store_release(<int*>&op.ht.flag[FLAG_RELEASE], 1)
     op.ht.pinned = NULL
     return op_finish(op)

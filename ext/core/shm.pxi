@@ -20,6 +20,18 @@ def set_shm_stream_bytes(size_t nbytes):
     global al_shm_stream_bytes
     al_shm_stream_bytes = nbytes
 
+cdef int shm_broken(al_op* op) noexcept nogil:
+    """Fail `op` (1) if a rank gave up an op over the segment (al_shm_mark_broken: the rounds
+    are out of step for good), else 0."""
+    cdef int who = al_shm_broken_by(op.comm.shm)
+    if who < 0:
+        return 0
+    op.err = -1
+    snprintf(op.errmsg, 256, "the communicator's shared-memory segment is unusable: rank %d "
+             "abandoned an op over it at its hang timeout (a host-transfer allreduce), which "
+             "left the ranks' rounds out of step; use a new Communicator", who)
+    return 1
+
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
@@ -32,6 +44,8 @@ cdef int shm_step(al_op* op) noexcept nogil:
         rc = al_shm_allreduce_advance(op.comm.shm, &op.shm, &a)
     else:
         rc = al_shm_coll_advance(op.comm.shm, &op.shm, &a)
+    if rc == 0 and shm_broken(op):
+        return op_finish(op)
     if rc == 0:
         return 0
     if rc < 0:
@@ -61,6 +75,8 @@ cdef int shm_start(al_op* op) noexcept nogil:
         return shm_alone(op)
     if op.kind == K_SHM_REDUCE_SCATTER:
         op.result.avg_in_steps = 1        # AVG divided in the last reduction pass
+    if shm_broken(op):
+        return op_finish(op)
     shm_args(op, &a)
     if a.coll == 0:
         al_shm_allreduce_begin(op.comm.shm, &op.shm, &a)
@@ -271,8 +287,11 @@ def shm_detach(CommState cs):
 
 def shm_info(CommState cs):
     """The segment as this rank sees it (None without one: one rank, or none could be made): its
-    length, slot and symmetric-protocol limit in bytes, and the rounds and flag value so far."""
+    length, slot and symmetric-protocol limit in bytes, the rounds and flag value so far, and
+    the rank that made it unusable (None while it is usable: shm_broken)."""
     cdef al_shm_seg* s = cs.c.shm
     if s == NULL:
         return None
-    return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq}
+    who = al_shm_broken_by(s)
+    return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
+            "broken_by": who if who >= 0 else None}
