@@ -39,6 +39,17 @@ cdef inline void check_error(NativeOp o) except *:
 
 DEF SHM_GIL_POLLS = 256     # polls of a blocking shm op before the caller releases the GIL
 
+cdef int g_thread_multiple = -1     # MPI_THREAD_MULTIPLE provided (-1: not asked yet)
+
+cdef inline bint mpi_thread_multiple() noexcept:
+    """thread_multiple(), asked of MPI once (the level does not change after MPI_Init)."""
+    global g_thread_multiple
+    cdef int provided = 0
+    if g_thread_multiple < 0:
+        mpi.MPI_Query_thread(&provided)
+        g_thread_multiple = provided == mpi.MPI_THREAD_MULTIPLE
+    return g_thread_multiple
+
 cdef inline int shm_poll(al_op* op, int polls) noexcept nogil:
     """Step the started shm op `op` at most `polls` times; 1 once it is complete."""
     cdef int i
@@ -374,30 +385,43 @@ cdef class Launcher:
 
     cdef object run_shm(self, NativeOp o, bint blocking, double timeout, a, b):
         """Launch the shm op `o` (from shm_op) on the buffers a and b (None: none).
-        A blocking op with nothing pending on the communicator and the timeline off runs here
-        at once, polled with the GIL held: among ranks that are all in the call a round takes
-        a fraction of a microsecond, less than releasing the GIL and taking it back.  After
-        SHM_GIL_POLLS unsuccessful polls (microseconds: a peer is late), or from the first one
-        where ranks outnumber cores (the yield rule), it goes on as any blocking op
-        (run_here: GIL released, signals, the hang timeout counted from there).  An op that
-        completed at once is kept for the next call (no allocation, no clock read); one that
-        may leave the caller (queued, nonblocking, timed out, interrupted) keeps its buffers
-        and is never reused."""
+        With nothing pending on the communicator and the timeline off, the op starts here:
+        * blocking: polled with the GIL held: among ranks that are all in the call a round
+          takes a fraction of a microsecond, less than releasing the GIL and taking it back.
+          After SHM_GIL_POLLS unsuccessful polls (microseconds: a peer is late), or from the
+          first one where ranks outnumber cores (the yield rule), it goes on as any blocking
+          op (run_here: GIL released, signals, the hang timeout counted from there).  An op
+          that completed at once is kept for the next call (no allocation, no clock read);
+        * nonblocking: started (op_start: what needs no peer is done, e.g. a bcast's root
+          completes) and, unless complete, handed to the engine as it stands (a running op
+          passes no gate: it is the communicator's only one), so that the engine's wake-up is
+          paid only by an op that must wait.
+        Otherwise it goes through launch (queued behind the pending ops, or traced).  An op
+        that may leave the caller keeps its buffers and is never reused."""
         cdef al_op* op = o.op
-        if blocking and g_trace is None and al_load_acquire(&self.state.c.pending) == 0:
-            op.phase = PH_RUNNING              # op_start, without its clock read
-            if shm_start(op) or (g_yield_every == 0 and shm_poll(op, SHM_GIL_POLLS)):
-                al_store_release(&op.done, 1)
-                check_error(o)
-                self.spare = o
-                return None
-            o.keep = (self.state, None, (a, b))
-            op.t_start = al_now()
-            self.state.busy = True             # the GIL is released from here on
-            try:
-                return self.run_here(o, deadline_of(timeout), timeout)
-            finally:
-                self.state.busy = False
+        if g_trace is None and al_load_acquire(&self.state.c.pending) == 0:
+            if not blocking and mpi_thread_multiple():
+                o.keep = (self.state, None, (a, b))
+                if op_start(op):
+                    op.t_done = al_now()
+                    al_store_release(&op.done, 1)
+                else:
+                    o.submit(adopt=True)
+                return _hooks.request(o, "shm")
+            if blocking:
+                op.phase = PH_RUNNING              # op_start, without its clock read
+                if shm_start(op) or (g_yield_every == 0 and shm_poll(op, SHM_GIL_POLLS)):
+                    al_store_release(&op.done, 1)
+                    check_error(o)
+                    self.spare = o
+                    return None
+                o.keep = (self.state, None, (a, b))
+                op.t_start = al_now()
+                self.state.busy = True             # the GIL is released from here on
+                try:
+                    return self.run_here(o, deadline_of(timeout), timeout)
+                finally:
+                    self.state.busy = False
         o.keep = (self.state, None, (a, b))
         return self.launch(o, blocking, timeout, "shm")
 
