@@ -50,14 +50,16 @@
  * second publish of round m.  So the two buffers alternate with no extra synchronisation, and
  * a rank can run at most one round ahead of the slowest peer.
  *
- * Lazy arrive.  A rank that reads nothing a peer wrote in round m + 1 (a bcast's root) skips
- * that round's arrive and completes the round right after its publish; it records in `owed`
- * the value v(m + 1) it did not wait for, and before its next write into a buffer it waits
- * until every peer's flag has reached `owed` (al_shm_settled).  That is the rule above for the
- * write of round m + 2, and enough for any later write: the flags only grow.  A rank that
- * reads only one peer (a bcast's non-root reads the root) waits for that peer's flag alone
- * and owes the others the same way.  A rank that writes nothing (a bcast's non-root, a
- * barrier) owes what it owed before.
+ * Lazy arrive.  A rank that reads nothing a peer wrote in round k (a bcast's root) skips
+ * that round's arrive and completes the round right after its publish, recording in `owed`
+ * the value v(k) it did not wait for; a rank that reads one peer only (a bcast's non-root
+ * reads the root) waits for that peer's flag alone and records v(k) the same way; a round
+ * with a full arrive sets `owed` to 0.  So at the start of any round k every peer's flag is
+ * known to have reached v(k - 1), or `owed` is v(k - 1).  Before it writes into a buffer in
+ * round k a rank waits until every peer's flag has reached `owed` (al_shm_settled, then
+ * `owed` is 0): that is the rule above.  A round that writes nothing (a bcast's non-root, a
+ * barrier) needs no settling.  Nothing waits in a cycle: a rank settling in round k waits for
+ * publishes of round k - 1, which need nothing of round k.
  *
  * The memory traffic of the split protocol per rank and per element of the message is the
  * minimum for any algorithm that cannot read a peer's private memory (docs/performance.md):
