@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core, config, timeline
 from .backends.gpu import GpuBackend
-from .backends.host import HostBackend
+from .backends.host import HostBackend, rank_arg
 from .backends.host_transfer import HostTransfer
 from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
@@ -84,6 +84,10 @@ class Communicator:
         self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG,
                                  node)          # kept for "shm" on one node, else freed
         self._allreduce = self._host.fast_allreduce
+        self._shm_allgather = self._host.shm_allgather          # numpy arrays, "shm": native
+        self._shm_bcast = self._host.shm_bcast
+        self._shm_reduce_scatter = self._host.shm_reduce_scatter
+        self._shm_barrier = self._host.shm_barrier
         self._gpu = None if stream is None else self._make_gpu(stream)
         timeline.on_communicator(self)      # recording: the clock sync (collective)
 
@@ -147,13 +151,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ helpers
     def _rank_arg(self, value, name: str) -> int:
-        try:
-            v = operator.index(value)
-        except TypeError:
-            raise TypeError(f"{name}: expected an int rank, got {type(value).__name__}") from None
-        if not 0 <= v < self.size:
-            raise ValueError(f"{name}: rank {v} is out of range for a communicator of size {self.size}")
-        return v
+        return rank_arg(value, name, self.size)
 
     def explain(self, nbytes: int, dtype="float32") -> "Choice":
         """Which algorithm ``algorithm="auto"`` picks for an Allreduce of `nbytes` bytes of
@@ -232,9 +230,17 @@ class Communicator:
         algorithm: "mpi" (the MPI library's) or "shm" (the shared-memory transport: host
         buffers, ranks of one node; aluminum_py.UnavailableError otherwise); the same on every
         rank. So for every collective below that takes it."""
+        if algorithm == "shm" and type(sendbuf) is _ndarray:
+            self._shm_reduce_scatter(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
+                                     True, config.hang_timeout_native())
+            return
         self._reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
     def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> Request:
+        if algorithm == "shm" and type(sendbuf) is _ndarray:
+            return self._shm_reduce_scatter(sendbuf, recvbuf,
+                                            op.code if type(op) is Op else as_op(op).code, False,
+                                            config.hang_timeout_native())
         return self._reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
 
     # ------------------------------------------------------------------ data movement
@@ -248,9 +254,14 @@ class Communicator:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
         recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`.
         algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
+        if algorithm == "shm" and type(sendbuf) is _ndarray:
+            self._shm_allgather(sendbuf, recvbuf, True, config.hang_timeout_native())
+            return
         self._allgather(sendbuf, recvbuf, True, algorithm)
 
     def Iallgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
+        if algorithm == "shm" and type(sendbuf) is _ndarray:
+            return self._shm_allgather(sendbuf, recvbuf, False, config.hang_timeout_native())
         return self._allgather(sendbuf, recvbuf, False, algorithm)
 
     def _bcast(self, buf, root, blocking, algorithm):
@@ -262,9 +273,14 @@ class Communicator:
     def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
         """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as
         Reduce_scatter's)."""
+        if algorithm == "shm" and type(buf) is _ndarray:
+            self._shm_bcast(buf, root, True, config.hang_timeout_native())
+            return
         self._bcast(buf, root, True, algorithm)
 
     def Ibcast(self, buf, root: int = 0, algorithm: str = "mpi") -> Request:
+        if algorithm == "shm" and type(buf) is _ndarray:
+            return self._shm_bcast(buf, root, False, config.hang_timeout_native())
         return self._bcast(buf, root, False, algorithm)
 
     def _alltoall(self, sendbuf, recvbuf, blocking):
@@ -306,9 +322,14 @@ class Communicator:
 
     def Barrier(self, algorithm: str = "mpi") -> None:
         """Wait until every rank called it. algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
+        if algorithm == "shm":
+            self._shm_barrier(True, config.hang_timeout_native())
+            return
         self._barrier(True, algorithm)
 
     def Ibarrier(self, algorithm: str = "mpi") -> Request:
+        if algorithm == "shm":
+            return self._shm_barrier(False, config.hang_timeout_native())
         return self._barrier(False, algorithm)
 
     # ------------------------------------------------------------------ point to point

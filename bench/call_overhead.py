@@ -12,7 +12,10 @@ exchange, and each batch starts after a barrier.
 
 Contenders: ``mpi4py`` (in place), ``mpi4py_out_of_place`` (``comm.Allreduce(x, y)``), ``auto`` (in place, the default call ``comm.Allreduce(x)``),
 ``recursive_doubling`` (named algorithm), ``out_of_place`` (``comm.Allreduce(x, y)``),
-``nonblocking`` (``comm.Iallreduce(x).Wait()``).
+``nonblocking`` (``comm.Iallreduce(x).Wait()``), ``shm`` and ``shm_out_of_place``
+(``algorithm="shm"``, in place and not; left out where the communicator has no segment).
+With a tuning table (AL_TUNING_FILE from ``bench crossover --tune``) ``auto`` runs what it
+picks, e.g. ``shm``.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ def contenders(comm: "al.Communicator", native, x: np.ndarray, y: np.ndarray) ->
         "recursive_doubling": lambda: comm.Allreduce(x, algorithm="recursive_doubling"),
         "out_of_place": lambda: comm.Allreduce(x, y),
         "nonblocking": lambda: comm.Iallreduce(x).Wait(),
+        "shm": lambda: comm.Allreduce(x, algorithm="shm"),
+        "shm_out_of_place": lambda: comm.Allreduce(x, y, algorithm="shm"),
     }
 
 
@@ -59,6 +64,10 @@ def main(argv=None) -> int:
     x = np.ones(count, dtype=np.float32)
     y = np.empty_like(x)
     fns = contenders(comm, native, x, y)
+    try:
+        comm.Allreduce(x.copy(), algorithm="shm")
+    except al.UnavailableError:                  # ranks of several nodes, or no segment
+        del fns["shm"], fns["shm_out_of_place"]
     names = list(fns)
     for fn in fns.values():                      # warm-up: engine start, schedule caches
         per_call_us(fn, 200)
@@ -72,7 +81,8 @@ def main(argv=None) -> int:
     med = {n: statistics.median(s) for n, s in samples.items()}
     if comm.rank == 0:
         print(f"# per-call time, {args.bytes} B float32 SUM allreduce, {comm.size} rank(s), "
-              f"{args.calls} calls x {args.batches} batches; median over batches, microseconds")
+              f"{args.calls} calls x {args.batches} batches; median over batches, microseconds; "
+              f"auto picks {comm.explain(args.bytes).algorithm}")
         print(f"{'contender':>20} {'us/call':>9} {'vs mpi4py':>10}")
         for n in names:
             print(f"{n:>20} {med[n]:9.3f} {med[n] / med['mpi4py']:9.2f}x")

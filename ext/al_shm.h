@@ -8,19 +8,29 @@
  *
  *     [header][flag 0][flag 1]...[flag p-1][buf 0: slot 0 ... slot p-1][buf 1: slot 0 ... slot p-1]
  *
- * A rank writes only its own flag and its own slots; it reads everybody's.
+ * A rank's flag line also holds, after the 8-byte flag, two "inline" areas of AL_SHM_INLINE
+ * bytes, one per buffer: a round whose data is at most that many bytes per rank puts it there
+ * instead of in the slot (al_shm_data), so that a reader takes one cache-line transfer (flag
+ * and data together) instead of two.  Everything said of a slot of buffer b below holds for
+ * inline area b.
+ *
+ * A rank writes only its own flag line and its own slots; it reads everybody's.
  *
  * The protocol.  Every rank makes the same sequence of "rounds" (one chunk of one op per round;
  * ops on a communicator run one at a time in call order, see shm_gate in shm.pxi), and round m
  * uses buffer m % 2.  A rank's flag is a 64-bit counter: each time it has written what its
  * peers may read next, it stores the counter + 1 with release ordering ("publish"); it then
  * waits until every peer's flag, loaded with acquire ordering, has reached the same value
- * ("arrive").  Release/acquire pairs make everything the peer wrote before its publish visible
- * to the reader after its arrive; no other ordering is needed, as every byte has one writer.
+ * ("arrive").  Every rank publishes the same number of times in every round (one, or two in
+ * the split protocol), so the value a rank publishes first in round m is the same on every
+ * rank; call it v(m).  Release/acquire pairs make everything the peer wrote before its publish
+ * visible to the reader after its arrive; no other ordering is needed, as every byte has one
+ * writer.
  *
  *   symmetric (small messages, one publish per round; DeepSpeed's "symmetric" allreduce):
- *     copy the whole chunk into my slot; publish; arrive; reduce all p slots, in rank order,
- *     into recvbuf (every rank computes the same bits from the same data in the same order).
+ *     copy the whole chunk into my slot (inline area up to AL_SHM_INLINE bytes); publish;
+ *     arrive; reduce all p slots, in rank order, into recvbuf (every rank computes the same
+ *     bits from the same data in the same order).
  *   split (large messages, two publishes per round; reduce-scatter then allgather):
  *     copy the blocks j != me of the chunk into my slot (block j is what rank j reduces);
  *     publish; arrive; reduce my block from my own sendbuf and every peer's slot into recvbuf
@@ -29,12 +39,28 @@
  *     reduced block from its slot into recvbuf.  Large messages write recvbuf with streaming
  *     stores (below: each tile is reduced into the slot, then streamed to recvbuf).
  *
- * Why no closing barrier: a rank overwrites its slot in buffer b at round m + 2, i.e. after its
- * first arrive of round m + 1, i.e. after every peer's first publish of round m + 1, which each
- * peer makes only after it finished reading round m (its last reads of buffer b).  In the split
- * protocol a rank writes its slot's own block during round m's reduction, a block no peer reads
- * before the second publish of round m.  So the two buffers alternate safely with no extra
- * synchronisation, and a rank can run at most one round ahead of the slowest peer.
+ * Why no closing barrier.  The rule: a rank writes into buffer b in round m + 2 only once
+ * every peer's flag has reached v(m + 1).  A peer publishes v(m + 1) only after it finished
+ * round m, whose reads of buffer b are the last ones before round m + 2 (round m + 1 uses the
+ * other buffer); so the writes cannot reach a reader still in round m.  In the memory model:
+ * the peer's reads of round m are sequenced before its release store of v(m + 1), which the
+ * writer's acquire load reads, and that load is sequenced before the writes: the reads happen
+ * before the writes and cannot see them.  A rank that arrived in round m + 1 has met the rule
+ * (its first arrive of round m + 1 waited for v(m + 1)).  In the split protocol a rank also
+ * writes its slot's own block during round m's reduction, a block no peer reads before the
+ * second publish of round m.  So the two buffers alternate with no extra synchronisation, and
+ * a rank can run at most one round ahead of the slowest peer.
+ *
+ * Lazy arrive.  A rank that reads nothing a peer wrote in round k (a bcast's root) skips
+ * that round's arrive and completes the round right after its publish, recording in `owed`
+ * the value v(k) it did not wait for; a rank that reads one peer only (a bcast's non-root
+ * reads the root) waits for that peer's flag alone and records v(k) the same way; a round
+ * with a full arrive sets `owed` to 0.  So at the start of any round k every peer's flag is
+ * known to have reached v(k - 1), or `owed` is v(k - 1).  Before it writes into a buffer in
+ * round k a rank waits until every peer's flag has reached `owed` (al_shm_settled, then
+ * `owed` is 0): that is the rule above.  A round that writes nothing (a bcast's non-root, a
+ * barrier) needs no settling.  Nothing waits in a cycle: a rank settling in round k waits for
+ * publishes of round k - 1, which need nothing of round k.
  *
  * The memory traffic of the split protocol per rank and per element of the message is the
  * minimum for any algorithm that cannot read a peer's private memory (docs/performance.md):
@@ -64,6 +90,7 @@
 #define AL_SHM_TILE 8192             /* bytes reduced at a time: the output tile stays in L1 */
 #define AL_SHM_MAGIC 0x6d68735f6c61ULL /* "al_shm" */
 #define AL_SHM_MAX_RANKS 256         /* ranks per segment (a reduction's inputs are on the stack) */
+#define AL_SHM_INLINE 24             /* bytes per rank of a round carried in the flag's line */
 
 typedef struct al_shm_seg {
   char *base;                        /* the mapping */
@@ -73,6 +100,8 @@ typedef struct al_shm_seg {
   size_t small;                      /* messages of at most this many bytes: symmetric protocol */
   uint64_t seq;                      /* the last value this rank published */
   uint64_t round;                    /* rounds so far (buffer = round % 2) */
+  uint64_t owed;                     /* 0, or the value every peer's flag must reach before this
+                                        rank writes again (a lazy arrive: al_shm_settled) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
@@ -106,6 +135,15 @@ static inline uint64_t *al_shm_flag(const al_shm_seg *s, int r) {
 
 static inline char *al_shm_slot(const al_shm_seg *s, int buf, int r) {
   return s->base + al_shm_data_offset(s->size) + ((size_t)buf * s->size + r) * s->slot;
+}
+
+/* Where rank r puts its data of a round of buffer `buf` that has `bytes` bytes per rank: the
+ * inline area `buf` of its flag line (bytes 8 + 24 buf .. 32 + 24 buf, 8-byte aligned) when
+ * they fit, else its slot.  The same on every rank: `bytes` is. */
+static inline char *al_shm_data(const al_shm_seg *s, int buf, int r, size_t bytes) {
+  if (bytes <= AL_SHM_INLINE)
+    return (char *)al_shm_flag(s, r) + sizeof(uint64_t) + (size_t)buf * AL_SHM_INLINE;
+  return al_shm_slot(s, buf, r);
 }
 
 /* ---- the segment: create (one rank), open (the others), unmap ----
@@ -289,6 +327,23 @@ static inline void al_shm_mark_broken(al_shm_seg *s) {
 /* The rank that broke the segment, or -1 while it is usable. */
 static inline int al_shm_broken_by(const al_shm_seg *s) {
   return (int)__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) - 1;
+}
+
+/* The lazy arrive (see the protocol): 1 once every peer's flag has reached s->owed, after
+ * which nothing is owed; else 0 with the first peer short of it in o->waiting and the value in
+ * o->want (the timeout message).  Never blocks; rescans every peer (a poll is p loads). */
+static inline int al_shm_settled(al_shm_seg *s, al_shm_op *o) {
+  int r;
+  if (s->owed == 0)
+    return 1;
+  for (r = 0; r < s->size; r++)
+    if (r != s->rank && __atomic_load_n(al_shm_flag(s, r), __ATOMIC_ACQUIRE) < s->owed) {
+      o->want = s->owed;
+      o->waiting = r;
+      return 0;
+    }
+  s->owed = 0;
+  return 1;
 }
 
 /* 1 once every peer's flag has reached o->want (never blocks). */
@@ -501,11 +556,13 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {
+      if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* a lazy arrive owed (above) */
       o->chunk = al_shm_chunk(s, a, o->off);
       if (o->split)
         al_shm_split_in(s, a, b, o->off, o->chunk);
       else
-        memcpy(al_shm_slot(s, b, me), a->sbuf + o->off * es, (size_t)o->chunk * es);
+        memcpy(al_shm_data(s, b, me, (size_t)(o->chunk * es)), a->sbuf + o->off * es,
+               (size_t)o->chunk * es);
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
@@ -528,7 +585,7 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
         al_shm_publish(s, o);
         o->phase = AL_SHM_WAIT_OUT;
       } else {
-        for (j = 0; j < p; j++) src[j] = al_shm_slot(s, b, j);
+        for (j = 0; j < p; j++) src[j] = al_shm_data(s, b, j, (size_t)(o->chunk * es));
         if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + o->off * es, src, p, o->chunk,
                           a->avg_div, NULL) != 0)
           return -1;
@@ -551,22 +608,27 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
 /* ---- allgather, bcast, reduce_scatter, barrier ----
  *
  * One publish per round, as the symmetric allreduce: write what the peers read from my slot
- * (possibly nothing); publish; arrive; read the peers' slots.  Every rank publishes in every
- * round, even one that writes nothing (bcast's non-roots, barrier), so the flags stay in step
- * and the argument above (no closing barrier) holds as it is: a rank's reads of round m end
- * before its publish of round m + 1.  These ops share the rounds with the allreduce.
+ * (possibly nothing; inline areas when a round's data is at most AL_SHM_INLINE bytes per
+ * rank); publish; arrive; read the peers' slots.  Every rank publishes in every round, even
+ * one that writes nothing (bcast's non-roots, barrier), so the flags stay in step and the rule
+ * of the protocol holds as it is.  These ops share the rounds with the allreduce.
  *
  *   allgather (count: elements per rank): copy my chunk of sendbuf into my slot; copy every
  *     peer's chunk out into its block of recvbuf (my own block straight from sendbuf).
- *   bcast (count: elements of the buffer): the root copies the chunk into its slot; the others
- *     copy it out.
+ *   bcast (count: elements of the buffer): the root, once settled, copies the chunk into its
+ *     slot and publishes, and is done with the round: it reads nothing, so its arrive is lazy
+ *     (owed until its next write).  The others publish, wait for the root's flag alone, copy
+ *     the chunk out, and owe the arrive of the other peers.  So a root returns without waiting
+ *     for its peers, and runs at most one round ahead of the slowest one (its next write waits
+ *     for their publish of this round).
  *   reduce_scatter (count: elements of each rank's result): a round takes `chunk` elements of
  *     each of the p blocks (p * chunk fit one slot); I copy the blocks j != me into my slot
  *     (block j at j * chunk); I reduce my block, in rank order, from my sendbuf and the peers'
  *     slots into recvbuf (AVG: divided in the last pass).  In place (recvbuf == sendbuf, the
  *     result in its first `count` elements) works: round k writes recvbuf[off, off + chunk)
  *     after copying those elements of block 0 in, and reads nothing there afterwards.
- *   barrier (count 0): one round that writes nothing.
+ *   barrier (count 0): one round that writes nothing, with a full arrive (it settles whatever
+ *     was owed: every flag has reached this round's value).
  */
 enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
 
@@ -582,23 +644,36 @@ static inline void al_shm_coll_begin(al_shm_op *o, const al_shm_args *a) {
   o->phase = a->count > 0 || a->coll == AL_SHM_BARRIER ? AL_SHM_PUT : AL_SHM_END;
 }
 
+/* 1 once peer r's flag has reached o->want (never blocks; a bcast's non-root waits for the
+ * root alone). */
+static inline int al_shm_arrived_from(const al_shm_seg *s, al_shm_op *o, int r) {
+  o->waiting = r;
+  return __atomic_load_n(al_shm_flag(s, r), __ATOMIC_ACQUIRE) >= o->want;
+}
+
 /* As al_shm_allreduce_advance, for a->coll (never blocks; -1: unsupported (dtype, op)). */
 static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   const char *src[AL_SHM_MAX_RANKS];
   int p = s->size, me = s->rank, j, b;
+  int bcast = a->coll == AL_SHM_BCAST, root = bcast && me == a->root;
+  int writes = a->coll != AL_SHM_BARRIER && (!bcast || root);
   int64_t es = a->esize, n = a->count, off, c;
+  size_t span;                       /* bytes of a round per rank: where they go (al_shm_data) */
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
     off = o->off;
     if (o->phase == AL_SHM_PUT) {
-      char *mine = al_shm_slot(s, b, me);
       int64_t cap = al_shm_coll_cap(s, a);
+      char *mine;
+      if (writes && !al_shm_settled(s, o)) { o->polls++; return 0; }
       c = o->chunk = n - off < cap ? n - off : cap;
+      span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
+      mine = al_shm_data(s, b, me, span);
       if (a->coll == AL_SHM_ALLGATHER) {
         memcpy(mine, a->sbuf + off * es, (size_t)(c * es));
         if (a->rbuf + (me * n + off) * es != a->sbuf + off * es)
           memcpy(a->rbuf + (me * n + off) * es, a->sbuf + off * es, (size_t)(c * es));
-      } else if (a->coll == AL_SHM_BCAST && me == a->root) {
+      } else if (root) {
         memcpy(mine, a->sbuf + off * es, (size_t)(c * es));
       } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
         for (j = 0; j < p; j++)
@@ -608,20 +683,28 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
-    if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
     c = o->chunk;
-    if (a->coll == AL_SHM_ALLGATHER) {
-      for (j = 0; j < p; j++)
-        if (j != me)
-          memcpy(a->rbuf + (j * n + off) * es, al_shm_slot(s, b, j), (size_t)(c * es));
-    } else if (a->coll == AL_SHM_BCAST && me != a->root) {
-      memcpy(a->rbuf + off * es, al_shm_slot(s, b, a->root), (size_t)(c * es));
-    } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
-      for (j = 0; j < p; j++)
-        src[j] = j == me ? a->sbuf + (me * n + off) * es : al_shm_slot(s, b, j) + me * c * es;
-      if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + off * es, src, p, c, a->avg_div,
-                        NULL) != 0)
-        return -1;
+    span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
+    if (root) {
+      s->owed = s->seq;                /* the lazy arrive: nothing to read */
+    } else if (bcast) {
+      if (!al_shm_arrived_from(s, o, a->root)) { o->polls++; return 0; }
+      s->owed = s->seq;                /* the other peers' flags are not known to be there */
+      memcpy(a->rbuf + off * es, al_shm_data(s, b, a->root, span), (size_t)(c * es));
+    } else {
+      if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+      s->owed = 0;                     /* every flag has reached this round's value */
+      if (a->coll == AL_SHM_ALLGATHER) {
+        for (j = 0; j < p; j++)
+          if (j != me)
+            memcpy(a->rbuf + (j * n + off) * es, al_shm_data(s, b, j, span), (size_t)(c * es));
+      } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
+        for (j = 0; j < p; j++)
+          src[j] = j == me ? a->sbuf + (me * n + off) * es : al_shm_data(s, b, j, span) + me * c * es;
+        if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + off * es, src, p, c, a->avg_div,
+                          NULL) != 0)
+          return -1;
+      }
     }
     s->round++;
     o->off += c;

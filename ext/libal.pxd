@@ -36,7 +36,7 @@ cdef extern from "al_shm.h" nogil:
         size_t len
         int rank, size
         size_t slot, small
-        uint64_t seq, round
+        uint64_t seq, round, owed
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk

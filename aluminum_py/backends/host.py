@@ -24,6 +24,25 @@ from .hier_shm import NodeSegments
 K = _core.KINDS
 
 
+def rank_arg(value, name: str, size: int) -> int:
+    """`value` as a rank of a communicator of `size` ranks, else TypeError/ValueError naming
+    `name`."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int rank, got {type(value).__name__}") from None
+    if not 0 <= v < size:
+        raise ValueError(f"{name}: rank {v} is out of range for a communicator of size {size}")
+    return v
+
+
+def divisible(arr, name: str, size: int) -> None:
+    """Raise unless `arr` holds a whole number of blocks, one per rank of `size`."""
+    if arr.size % size:
+        raise ValueError(f"{name}: {arr.size} elements is not divisible by the communicator "
+                         f"size {size}")
+
+
 class _Hooks:
     """What the native call path calls back for: unusual buffers, and every error message."""
 
@@ -31,6 +50,9 @@ class _Hooks:
     same_dtype = staticmethod(same_dtype)
     at_least = staticmethod(at_least)
     no_partial_overlap = staticmethod(no_partial_overlap)
+    no_overlap = staticmethod(no_overlap)
+    rank_arg = staticmethod(rank_arg)
+    divisible = staticmethod(divisible)
 
     @staticmethod
     def fail(message):
@@ -137,8 +159,6 @@ class HostBackend:
         data = tuning.shared_data(tuning_comm, "host", self.layout)
         if self._node_comm is not None and self.size > 1:
             self._make_shm_segment()
-        # "shm" runs (one rank needs no segment: its ops copy locally)
-        self._has_shm = self.size == 1 or _core.shm_info(state) is not None
         # what "auto" chooses from on this communicator (and the crossover benchmark times)
         self.candidates = tuple(a for a in HOST_CANDIDATES
                                 if self._no_shm is None or a not in ONE_NODE)
@@ -151,8 +171,13 @@ class HostBackend:
         if self._node_segments is not None:
             self.launcher.hierarchical = self._node_segments.allreduce_op
         # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
-        # timeout): the Communicator calls it directly for numpy arrays, adding no Python call
+        # timeout), and the native "shm" collectives (their arguments, then blocking,
+        # timeout): the Communicator calls them directly for numpy arrays, adding no Python call
         self.fast_allreduce = self.launcher.allreduce
+        self.shm_allgather = self.launcher.allgather_shm
+        self.shm_bcast = self.launcher.bcast_shm
+        self.shm_reduce_scatter = self.launcher.reduce_scatter_shm
+        self.shm_barrier = self.launcher.barrier_shm
 
     def close(self) -> None:
         _core.shm_detach(self.state)
@@ -208,12 +233,11 @@ class HostBackend:
 
     def collective_shm(self, what: str, algorithm) -> bool:
         """Whether `what` (a collective other than allreduce) runs over the segment: True for
-        "shm" (UnavailableError, as the allreduce's, without a segment), False for "mpi"."""
+        "shm" (the native entry point raises the allreduce's UnavailableError without a
+        segment), False for "mpi"; the errors of other names."""
         if algorithm == "mpi":
             return False
         if algorithm == "shm":
-            if not self._has_shm:
-                self._shm_unavailable()
             return True
         if not isinstance(algorithm, str):
             raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
@@ -276,9 +300,7 @@ class HostBackend:
         return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else addr(s))
 
     def _divisible(self, arr, name: str) -> None:
-        if arr.size % self.size:
-            raise ValueError(f"{name}: {arr.size} elements is not divisible by the communicator "
-                             f"size {self.size}")
+        divisible(arr, name, self.size)
 
     def _separate(self, sendbuf, recvbuf, blocks: int, what: str):
         """sendbuf and a recvbuf of `blocks` times its length that shares no memory with it
@@ -300,15 +322,6 @@ class HostBackend:
                             0 if r is None else addr(r), check_count(n, "count"), code,
                             arr.itemsize, 0, root=root, keep=(s, r))
         return self._launch(nop, blocking, "mpi")
-
-    def _shm(self, name, sp, r, n, blocking, rop=0, root=0, avg_div=0.0, keep=()):
-        """Launch `name` over the segment (kind shm_<name>): send address sp (never 0: in place
-        is sp == addr(r)), result in r, n elements per block."""
-        code, _ = DTYPE_CODES[r.dtype]
-        nop = _core.make_op(self.state, K["shm_" + name], name + "/shm", sp, addr(r),
-                            check_count(n, "count"), code, r.itemsize, rop, root=root,
-                            avg_div=avg_div, avg_buf=addr(r), avg_cnt=n, keep=keep)
-        return self._launch(nop, blocking, "shm")
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
@@ -334,7 +347,9 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     def reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm="mpi"):
-        shm = algorithm != "mpi" and self.collective_shm("reduce_scatter", algorithm)
+        if algorithm != "mpi" and self.collective_shm("reduce_scatter", algorithm):
+            return self.shm_reduce_scatter(sendbuf, recvbuf, as_op(op).code, blocking,
+                                           config.hang_timeout_native())
         s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
         self._divisible(s, "sendbuf")
         op, code = self._reduction(op, s)
@@ -342,31 +357,23 @@ class HostBackend:
         r, sp = self._result(s, recvbuf, n, "len(sendbuf) // size")
         rp = addr(r)
         avg = float(self.size) if op is AVG else 0.0
-        if shm:
-            return self._shm("reduce_scatter", sp or rp, r, n, blocking, rop=op.code,
-                             avg_div=avg, keep=(s, r))
         nop = _core.make_op(self.state, K["reduce_scatter"], "reduce_scatter", sp, rp, n, code,
                             s.itemsize, op.code, avg_div=avg, avg_buf=rp, avg_cnt=n, keep=(s, r))
         return self._launch(nop, blocking, "mpi")
 
     def allgather(self, sendbuf, recvbuf, blocking, algorithm="mpi"):
-        shm = algorithm != "mpi" and self.collective_shm("allgather", algorithm)
+        if algorithm != "mpi" and self.collective_shm("allgather", algorithm):
+            return self.shm_allgather(sendbuf, recvbuf, blocking, config.hang_timeout_native())
         if recvbuf is None:
             r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            if shm:
-                return self._shm("allgather", addr(r) + self.rank * n * r.itemsize, r, n,
-                                 blocking, keep=(r,))
             return self._move("allgather", "allgather", None, r, n, blocking)
         s, r = self._separate(sendbuf, recvbuf, self.size, "size * len(sendbuf)")
-        if shm:
-            return self._shm("allgather", addr(s), r, s.size, blocking, keep=(s, r))
         return self._move("allgather", "allgather", s, r, s.size, blocking)
 
     def bcast(self, buf, root, blocking, algorithm="mpi"):
-        shm = algorithm != "mpi" and self.collective_shm("bcast", algorithm)
+        if algorithm != "mpi" and self.collective_shm("bcast", algorithm):
+            return self.shm_bcast(buf, root, blocking, config.hang_timeout_native())
         b = as_array(buf, "buf", writable=self.rank != root)
-        if shm:
-            return self._shm("bcast", addr(b), b, b.size, blocking, root=root, keep=(b,))
         nop = _core.make_op(self.state, K["bcast"], "bcast", 0, addr(b), check_count(b.size, "buf"),
                             DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
         return self._launch(nop, blocking, "mpi")
@@ -407,8 +414,7 @@ class HostBackend:
 
     def barrier(self, blocking, algorithm="mpi"):
         if algorithm != "mpi" and self.collective_shm("barrier", algorithm):
-            nop = _core.make_op(self.state, K["shm_barrier"], "barrier/shm", 0, 0, 0, 0, 1, 0)
-            return self._launch(nop, blocking, "shm")
+            return self.shm_barrier(blocking, config.hang_timeout_native())
         nop = _core.make_op(self.state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)
         return self._launch(nop, blocking, "mpi")
 

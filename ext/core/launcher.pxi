@@ -1,7 +1,9 @@
-# The allreduce call path, in Cython because it is latency-critical: buffer checks, op/dtype
-# check, algorithm choice (cached per communicator), schedule lookup (cached), op creation and
-# launch.  Anything unusual (non-ndarray buffers, errors) defers to the Python helpers in
-# `_hooks`, so each error message is written once, in Python.
+# The latency-critical call paths, in Cython: the allreduce (buffer checks, op/dtype check,
+# algorithm choice cached per communicator, schedule lookup cached, op creation and launch) and
+# the "shm" collectives (allgather, bcast, reduce_scatter, barrier: the same checks as the
+# host backend's Python path).  A blocking "shm" op runs at once in the caller on an op object
+# reused from call to call (Launcher.run_shm).  Anything unusual (non-ndarray buffers, errors)
+# defers to the Python helpers in `_hooks`, so each error message is written once, in Python.
 
 cdef inline cnp.ndarray as_array(obj, str name, bint writable):
     cdef cnp.ndarray a
@@ -11,16 +13,50 @@ cdef inline cnp.ndarray as_array(obj, str name, bint writable):
             return a
     return _hooks.as_array(obj, name, writable)
 
-cdef inline int dtype_code_of(cnp.ndarray a) except -1:
+cdef inline int dtype_code_of(cnp.ndarray a, str name) except -1:
     code = _dtype_codes.get(<object>cnp.PyArray_DESCR(a))
     if code is None:
-        _hooks.as_array(a, "sendbuf", False)      # raises the unsupported-dtype error
+        _hooks.as_array(a, name, False)           # raises the unsupported-dtype error
         return -1
     return code
+
+cdef inline void same_dtype_of(cnp.ndarray s, cnp.ndarray r, str sname, str rname) except *:
+    """Raise unless r has s's dtype (r's own unsupported dtype first, as buffers.as_array)."""
+    if cnp.PyArray_DESCR(r) != cnp.PyArray_DESCR(s) and r.dtype != s.dtype:
+        _hooks.as_array(r, rname, False)
+        _hooks.same_dtype(s, r, sname, rname)
+
+cdef inline bint overlap(cnp.ndarray s, cnp.ndarray r) noexcept:
+    """s and r share memory (C-contiguous: their byte ranges intersect; np.may_share_memory)."""
+    cdef char* slo = <char*>cnp.PyArray_DATA(s)
+    cdef char* rlo = <char*>cnp.PyArray_DATA(r)
+    return (cnp.PyArray_NBYTES(s) > 0 and cnp.PyArray_NBYTES(r) > 0
+            and slo < rlo + cnp.PyArray_NBYTES(r) and rlo < slo + cnp.PyArray_NBYTES(s))
 
 cdef inline void check_error(NativeOp o) except *:
     if o.op.err != 0:
         _hooks.raise_error(o)
+
+DEF SHM_GIL_POLLS = 256     # polls of a blocking shm op before the caller releases the GIL
+
+cdef int g_thread_multiple = -1     # MPI_THREAD_MULTIPLE provided (-1: not asked yet)
+
+cdef inline bint mpi_thread_multiple() noexcept:
+    """thread_multiple(), asked of MPI once (the level does not change after MPI_Init)."""
+    global g_thread_multiple
+    cdef int provided = 0
+    if g_thread_multiple < 0:
+        mpi.MPI_Query_thread(&provided)
+        g_thread_multiple = provided == mpi.MPI_THREAD_MULTIPLE
+    return g_thread_multiple
+
+cdef inline int shm_poll(al_op* op, int polls) noexcept nogil:
+    """Step the started shm op `op` at most `polls` times; 1 once it is complete."""
+    cdef int i
+    for i in range(polls):
+        if shm_step(op):
+            return 1
+    return 0
 
 
 cdef class Launcher:
@@ -34,6 +70,7 @@ cdef class Launcher:
     cdef public object shm_unavailable   # () -> raises why an shm op finds no segment
     cdef public object hierarchical      # None, or (sp, rp, count, dtype, esize, op, inplace,
                                          # keep) -> the K_HIER_SHM op of "hierarchical" (hier_shm.pxi)
+    cdef NativeOp spare           # a completed op of a blocking shm call, for the next one
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
@@ -89,27 +126,8 @@ cdef class Launcher:
     cdef object run_blocking(self, NativeOp o, double timeout):
         """Run `o` to completion in the caller, or behind the pending ops in the engine."""
         cdef int ok
-        cdef double deadline
         if al_load_acquire(&self.state.c.pending) == 0:
-            deadline = deadline_of(timeout)
-            with nogil:
-                ok = run_inline(o.op, deadline)
-            while ok != 1:
-                if ok == 0:
-                    # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
-                    # where submit raises) it stays posted and MPI may still write its buffers
-                    o.orphan()
-                    o.submit(adopt=True)
-                    _hooks.raise_timeout(o, timeout)
-                try:
-                    PyErr_CheckSignals()
-                except BaseException:
-                    self.interrupted(o, True)
-                    raise
-                with nogil:
-                    ok = run_inline(o.op, deadline)
-            check_error(o)
-            return None
+            return self.run_here(o, deadline_of(timeout), timeout)
         o.submit()                      # keep call order behind this communicator's pending ops
         try:
             ok = o.wait(timeout)
@@ -119,6 +137,29 @@ cdef class Launcher:
         if not ok:
             o.orphan()
             _hooks.raise_timeout(o, timeout)
+        check_error(o)
+        return None
+
+    cdef object run_here(self, NativeOp o, double deadline, double timeout):
+        """Run `o` (new, or started in this thread) to completion in the caller with the GIL
+        released, checking for signals; hand it to the engine and raise at the deadline."""
+        cdef int ok
+        with nogil:
+            ok = run_inline(o.op, deadline)
+        while ok != 1:
+            if ok == 0:
+                # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
+                # where submit raises) it stays posted and MPI may still write its buffers
+                o.orphan()
+                o.submit(adopt=True)
+                _hooks.raise_timeout(o, timeout)
+            try:
+                PyErr_CheckSignals()
+            except BaseException:
+                self.interrupted(o, True)
+                raise
+            with nogil:
+                ok = run_inline(o.op, deadline)
         check_error(o)
         return None
 
@@ -164,9 +205,21 @@ cdef class Launcher:
 
     cdef NativeOp build_allreduce(self, intptr_t sp, intptr_t rp, Py_ssize_t count, int code,
                                   int esize, int opcode, str alg, bint inplace, keep):
-        """One allreduce op on checked buffers (addresses; sp == rp in place)."""
-        cdef NativeOp o = NativeOp.__new__(NativeOp)
+        """One allreduce op on checked buffers (addresses; sp == rp in place).  Its `keep` is
+        set, except for "shm" (run_shm sets it when the op leaves the caller)."""
+        cdef NativeOp o
         cdef Schedule sched
+        if alg == "shm":
+            self.shm_ready("allreduce/shm")
+            o = self.shm_op(K_SHM_ALLREDUCE, "allreduce/shm", <char*>sp, <char*>rp, count, code,
+                            esize, opcode, 0)
+            o.op.result.buf = <char*>rp
+            o.op.result.count = count
+            if opcode == AL_AVG:
+                o.op.result.avg_div = <double>self.state.c.size
+            o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
+            return o
+        o = NativeOp.__new__(NativeOp)
         if g_forked or self.state.busy or self.state.interrupted is not None:   # before next_tag
             self.state.check_usable("allreduce/" + alg)
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
@@ -178,13 +231,6 @@ cdef class Launcher:
             o.op.kind = K_ALLREDUCE
             o.op.sbuf = NULL if inplace else <char*>sp
             o.name = "allreduce/mpi"
-            o.keep = (self.state, None, keep)
-        elif alg == "shm":
-            if self.state.c.shm == NULL and self.state.c.size > 1:
-                self.shm_unavailable()
-            o.op.kind = K_SHM_ALLREDUCE
-            o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
-            o.name = "allreduce/shm"
             o.keep = (self.state, None, keep)
         elif alg == "hierarchical" and self.hierarchical is not None:
             return self.hierarchical(sp, rp, count, code, esize, opcode, inplace, keep)
@@ -229,6 +275,8 @@ cdef class Launcher:
         try:
             inner = self.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
                                          opcode, alg, True, None)
+            if inner.keep is None:                # "shm": the outer op keeps the state
+                inner.keep = (self.state, None, None)
         except BaseException:
             al_pinned_put(d, pinned)              # nothing was enqueued: the buffer is free
             raise
@@ -287,7 +335,7 @@ cdef class Launcher:
         cdef NativeOp o
         cdef str alg
         s = as_array(sendbuf, "sendbuf", recvbuf is None)
-        code = dtype_code_of(s)
+        code = dtype_code_of(s, "sendbuf")
         count = cnp.PyArray_SIZE(s)
         if recvbuf is None:
             r = s
@@ -314,6 +362,186 @@ cdef class Launcher:
         alg = self.choose_for(algorithm, cnp.PyArray_NBYTES(s), <int>cnp.PyArray_ITEMSIZE(s))
         rp = <intptr_t>cnp.PyArray_DATA(r)
         sp = rp if inplace else <intptr_t>cnp.PyArray_DATA(s)
+        if alg == "shm":
+            o = self.build_allreduce(sp, rp, count, code, <int>cnp.PyArray_ITEMSIZE(s), opcode,
+                                     alg, inplace, None)
+            return self.run_shm(o, blocking, timeout, s, r)
         o = self.build_allreduce(sp, rp, count, code, <int>cnp.PyArray_ITEMSIZE(s), opcode, alg,
                                  inplace, (s, r))
         return self.launch(o, blocking, timeout, alg)
+
+    # ---- "shm": the op of a call, its run, the collectives' entry points ----
+
+    cdef NativeOp shm_op(self, int kind, str name, char* sp, char* rp, int64_t count, int code,
+                         int esize, int rop, int root):
+        """An op of `kind` (K_SHM_*) on checked buffers (after shm_ready): the spare op when
+        there is one (cleared), else a new one; its `keep` is unset (run_shm)."""
+        cdef NativeOp o = self.spare
+        if o is None:
+            o = NativeOp.__new__(NativeOp)
+        else:
+            self.spare = None
+            memset(o.op, 0, sizeof(al_op))
+        init_op(o.op, self.state.c, kind, sp, rp, count, code, esize, rop)
+        o.op.mpi.root = root
+        o.name = name
+        return o
+
+    cdef object run_shm(self, NativeOp o, bint blocking, double timeout, a, b):
+        """Launch the shm op `o` (from shm_op) on the buffers a and b (None: none).
+        With nothing pending on the communicator and the timeline off, the op starts here:
+        * blocking: polled with the GIL held: among ranks that are all in the call a round
+          takes a fraction of a microsecond, less than releasing the GIL and taking it back.
+          After SHM_GIL_POLLS unsuccessful polls (microseconds: a peer is late), or from the
+          first one where ranks outnumber cores (the yield rule), it goes on as any blocking
+          op (run_here: GIL released, signals, the hang timeout counted from there).  An op
+          that completed at once is kept for the next call (no allocation, no clock read);
+        * nonblocking: started (op_start: what needs no peer is done, e.g. a bcast's root
+          completes) and, unless complete, handed to the engine as it stands (a running op
+          passes no gate: it is the communicator's only one), so that the engine's wake-up is
+          paid only by an op that must wait.
+        Otherwise it goes through launch (queued behind the pending ops, or traced).  An op
+        that may leave the caller keeps its buffers and is never reused."""
+        cdef al_op* op = o.op
+        if g_trace is None and al_load_acquire(&self.state.c.pending) == 0:
+            if not blocking and mpi_thread_multiple():
+                o.keep = (self.state, None, (a, b))
+                if op_start(op):
+                    op.t_done = al_now()
+                    al_store_release(&op.done, 1)
+                else:
+                    o.submit(adopt=True)
+                return _hooks.request(o, "shm")
+            if blocking:
+                op.phase = PH_RUNNING              # op_start, without its clock read
+                if shm_start(op) or (g_yield_every == 0 and shm_poll(op, SHM_GIL_POLLS)):
+                    al_store_release(&op.done, 1)
+                    check_error(o)
+                    self.spare = o
+                    return None
+                o.keep = (self.state, None, (a, b))
+                op.t_start = al_now()
+                self.state.busy = True             # the GIL is released from here on
+                try:
+                    return self.run_here(o, deadline_of(timeout), timeout)
+                finally:
+                    self.state.busy = False
+        o.keep = (self.state, None, (a, b))
+        return self.launch(o, blocking, timeout, "shm")
+
+    cdef int rank_of(self, root) except -1:
+        """`root` checked as a rank of this communicator (Communicator._rank_arg's errors)."""
+        cdef Py_ssize_t v = -1
+        if type(root) is int:
+            try:
+                v = root
+            except OverflowError:
+                v = -1
+            if 0 <= v < self.state.c.size:
+                return <int>v
+        return _hooks.rank_arg(root, "root", self.state.c.size)
+
+    def bcast_shm(self, buf, root, bint blocking, double timeout):
+        """Bcast/Ibcast(algorithm="shm") of a numpy array: HostBackend.bcast's checks."""
+        cdef cnp.ndarray b
+        cdef int r = self.rank_of(root), code
+        cdef Py_ssize_t n
+        cdef NativeOp o
+        self.shm_ready("bcast/shm")
+        b = as_array(buf, "buf", self.state.c.rank != r)
+        code = dtype_code_of(b, "buf")
+        n = cnp.PyArray_SIZE(b)
+        if n > 2147483647:
+            _hooks.too_many(n, "count")
+        o = self.shm_op(K_SHM_BCAST, "bcast/shm", <char*>cnp.PyArray_DATA(b),
+                        <char*>cnp.PyArray_DATA(b), n, code, <int>cnp.PyArray_ITEMSIZE(b), 0, r)
+        return self.run_shm(o, blocking, timeout, b, None)
+
+    def allgather_shm(self, sendbuf, recvbuf, bint blocking, double timeout):
+        """Allgather/Iallgather(algorithm="shm") of numpy arrays (recvbuf None: in place, the
+        rank's block at its place in sendbuf): HostBackend.allgather's checks."""
+        cdef cnp.ndarray s, r
+        cdef int p = self.state.c.size, code
+        cdef Py_ssize_t n
+        cdef char* sp
+        cdef NativeOp o
+        self.shm_ready("allgather/shm")
+        if recvbuf is None:
+            r = as_array(sendbuf, "sendbuf", True)
+            code = dtype_code_of(r, "sendbuf")
+            n = cnp.PyArray_SIZE(r)
+            if n % p:
+                _hooks.divisible(r, "sendbuf", p)
+            n //= p
+            s = None
+            sp = <char*>cnp.PyArray_DATA(r) + self.state.c.rank * n * cnp.PyArray_ITEMSIZE(r)
+        else:
+            s = as_array(sendbuf, "sendbuf", False)
+            code = dtype_code_of(s, "sendbuf")
+            r = as_array(recvbuf, "recvbuf", True)
+            same_dtype_of(s, r, "sendbuf", "recvbuf")
+            n = cnp.PyArray_SIZE(s)
+            if cnp.PyArray_SIZE(r) < p * n:
+                _hooks.at_least(r, p * n, "recvbuf", "size * len(sendbuf)")
+            if overlap(s, r):
+                _hooks.no_overlap(s, r, "sendbuf", "recvbuf")
+            sp = <char*>cnp.PyArray_DATA(s)
+        if n > 2147483647:
+            _hooks.too_many(n, "count")
+        o = self.shm_op(K_SHM_ALLGATHER, "allgather/shm", sp, <char*>cnp.PyArray_DATA(r), n, code,
+                        <int>cnp.PyArray_ITEMSIZE(r), 0, 0)
+        return self.run_shm(o, blocking, timeout, s, r)
+
+    def reduce_scatter_shm(self, sendbuf, recvbuf, int opcode, bint blocking, double timeout):
+        """Reduce_scatter/Ireduce_scatter(algorithm="shm") of numpy arrays with op code
+        `opcode` (recvbuf None: in place, the result in sendbuf[:len // size]):
+        HostBackend.reduce_scatter's checks."""
+        cdef cnp.ndarray s, r
+        cdef int p = self.state.c.size, code
+        cdef Py_ssize_t n
+        cdef char* sp
+        cdef NativeOp o
+        self.shm_ready("reduce_scatter/shm")
+        s = as_array(sendbuf, "sendbuf", recvbuf is None)
+        code = dtype_code_of(s, "sendbuf")
+        n = cnp.PyArray_SIZE(s)
+        if n % p:
+            _hooks.divisible(s, "sendbuf", p)
+        if opcode < 0 or opcode >= 16 or not _valid[code][opcode]:
+            _hooks.check_op(opcode, code, s.dtype)                        # raises
+        n //= p
+        if n > 2147483647:
+            _hooks.too_many(n, "recvbuf")
+        sp = <char*>cnp.PyArray_DATA(s)
+        if recvbuf is None:
+            r = s
+        else:
+            r = as_array(recvbuf, "recvbuf", True)
+            same_dtype_of(s, r, "sendbuf", "recvbuf")
+            if cnp.PyArray_SIZE(r) < n:
+                _hooks.at_least(r, n, "recvbuf", "len(sendbuf) // size")
+            if (cnp.PyArray_DATA(r) != cnp.PyArray_DATA(s) or cnp.PyArray_SIZE(s) == 0
+                    or cnp.PyArray_SIZE(r) == 0) and overlap(s, r):
+                _hooks.no_partial_overlap(s, r, "sendbuf", "recvbuf")    # raises
+        o = self.shm_op(K_SHM_REDUCE_SCATTER, "reduce_scatter/shm", sp,
+                        <char*>cnp.PyArray_DATA(r), n, code, <int>cnp.PyArray_ITEMSIZE(s),
+                        opcode, 0)
+        o.op.result.buf = <char*>cnp.PyArray_DATA(r)
+        o.op.result.count = n
+        if opcode == AL_AVG:
+            o.op.result.avg_div = <double>p
+        return self.run_shm(o, blocking, timeout, s, r)
+
+    def barrier_shm(self, bint blocking, double timeout):
+        """Barrier/Ibarrier(algorithm="shm")."""
+        self.shm_ready("barrier/shm")
+        return self.run_shm(self.shm_op(K_SHM_BARRIER, "barrier/shm", NULL, NULL, 0, 0, 1, 0, 0),
+                            blocking, timeout, None, None)
+
+    cdef void shm_ready(self, str name) except *:
+        """Raise unless an shm op may start here (checked before the buffers, as the host
+        backend's collective_shm): the communicator usable, a segment (or one rank)."""
+        if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
+            self.state.check_usable(name)
+        if self.state.c.shm == NULL and self.state.c.size > 1:
+            self.shm_unavailable()

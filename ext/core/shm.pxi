@@ -111,11 +111,13 @@ cdef inline int shm_gate(al_op* active, al_op* op, al_comm** blocked, int n) noe
 cdef str shm_describe(al_op* op):
     """Where a running shm op waits (NativeOp.describe, the timeout message)."""
     cdef al_shm_op* s = &op.shm
-    what = ("copying in", "waiting for the peers' inputs", "waiting for the peers' reduced blocks",
-            "done")[s.phase]
     # (read while the engine may be running it: a snapshot)
+    settling = s.phase == 0 and op.comm.shm != NULL and op.comm.shm.owed != 0   # al_shm_settled
+    what = ("waiting for the peers to finish the round before" if settling else
+            ("copying in", "waiting for the peers' inputs",
+             "waiting for the peers' reduced blocks", "done")[s.phase])
     who = (f" (rank {s.waiting} has not published {s.want} yet)"
-           if s.phase in (1, 2) and s.waiting < op.comm.size else "")
+           if (s.phase in (1, 2) or settling) and s.waiting < op.comm.size else "")
     how = (f"{'split' if s.split else 'symmetric'} protocol, " if op.kind == K_SHM_ALLREDUCE
            else "")
     return f"{how}elements {s.off}..{s.off + s.chunk} of {op.count}: {what}{who}"

@@ -3,8 +3,12 @@
 op of several dtypes, counts 0, 1, odd and larger than a slot (the 4 KiB slots of test_shm's
 `tiny` communicator), in place and not, blocking and nonblocking, interleaved with allreduce
 ops; results against numpy from every rank's inputs and identical on every rank; the hang
-timeout; the errors (bad name, no segment, GPU buffers)."""
+timeout; the errors (bad name, no segment, GPU buffers; every bad argument of
+test_bad_input.py raises what the "mpi" path raises); data at the edge of the flag line's
+inline area; bcast's lazy arrive (a root that runs ahead of late peers, back to back, with
+roots and counts that change); the GIL released by a blocking call that waits."""
 import os
+import threading
 import time
 
 import numpy as np
@@ -13,6 +17,7 @@ import pytest
 import aluminum_py as al
 from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gather_all,
                       make_input, ops_for, ramp, ramp_reference, reference)
+from test_bad_input import CASES, FakeGPUArray
 from test_shm import late_peers, tiny, with_env  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
 
 pytestmark = pytest.mark.mpi
@@ -236,3 +241,190 @@ def test_no_segment_is_the_allreduce_error():
             c.Barrier()                                   # still usable with "mpi"
         finally:
             c.Free()
+
+
+# ---------------------------------------------------------------------------- the native path
+def outcome(call):
+    """(exception type, message) of `call()`, or None if it returned."""
+    try:
+        call()
+    except Exception as e:
+        return type(e), str(e)
+    return None
+
+
+def gpu_case(case) -> bool:
+    """The case passes a GPU buffer ("shm" has its own error for those)."""
+    args, kwargs = case.values[3](2, 0)
+    return any(isinstance(a, FakeGPUArray) for a in list(args) + list(kwargs.values()))
+
+
+SHM_CASES = [c for c in CASES
+             if c.values[2] in ("Allgather", "Bcast", "Reduce_scatter") and not gpu_case(c)]
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
+def test_errors_are_those_of_the_mpi_path(comm, blocking):
+    """Every bad argument of test_bad_input.py's allgather, bcast and reduce_scatter cases
+    raises, with algorithm="shm" (checked in Cython, launcher.pxi), the exception and the very
+    message it raises with algorithm="mpi" (the host backend's Python checks), and writes
+    nothing; the communicator's shm ops work afterwards."""
+    p, r = comm.size, comm.rank
+    failures = []
+
+    def run_cases():             # a missing check: a TimeoutError, not a hung run
+        for case in SHM_CASES:
+            exc, match, method, build, min_size = case.values
+            if p < min_size:
+                continue
+            name = method if blocking else "I" + method[0].lower() + method[1:]
+            got = {}
+            for alg in ("mpi", "shm"):
+                args, kwargs = build(p, r)
+                before = [a.tobytes() for a in args if isinstance(a, np.ndarray)]
+                got[alg] = outcome(lambda: getattr(comm, name)(*args, algorithm=alg, **kwargs))
+                if [a.tobytes() for a in args if isinstance(a, np.ndarray)] != before:
+                    failures.append(f"{case.id} {alg}: wrote into its arguments")
+            if got["mpi"] is None or got["mpi"][0] is not exc:
+                failures.append(f"{case.id}: the mpi path gave {got['mpi']}")
+            if got["shm"] != got["mpi"]:
+                failures.append(f"{case.id}: shm {got['shm']} != mpi {got['mpi']}")
+
+    with_env({"AL_HANG_TIMEOUT": "20"}, run_cases)
+    x = ramp(10, 1, r)
+    out = np.zeros(10 * p, np.float32)
+    comm.Allgather(x, out, algorithm="shm")
+    failures += differences("allgather after the errors", out,
+                            np.concatenate([ramp(10, 1, q) for q in range(p)]))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_root_and_op_errors(comm):
+    """Bcast's root and Reduce_scatter's op through the native path: the Communicator's
+    messages; a numpy integer root works."""
+    p = comm.size
+    x = np.ones(2 * p, np.float32)
+    failures = []
+    for root, exc, pattern in ((p, ValueError, rf"^root: rank {p} is out of range"),
+                               (-1, ValueError, "^root: rank -1 is out of range"),
+                               (2**70, ValueError, "^root: rank 1180591620717411303424 is out"),
+                               ("0", TypeError, "^root: expected an int rank, got str")):
+        for call in (comm.Bcast, comm.Ibcast):
+            try:
+                with pytest.raises(exc, match=pattern):
+                    call(x, root, algorithm="shm")
+            except (Exception, pytest.fail.Exception) as e:
+                failures.append(f"root {root!r}: {e}")
+    for op, pattern in ((al.BAND, "^op: BAND is not defined"), ("bogus", "^op: ")):
+        try:
+            with pytest.raises(TypeError, match=pattern):
+                comm.Reduce_scatter(x, algorithm="shm", op=op)
+        except (Exception, pytest.fail.Exception) as e:
+            failures.append(f"op {op!r}: {e}")
+    y = ramp(5, 2, comm.rank)
+    comm.Bcast(y, np.int64(p - 1), algorithm="shm")
+    failures += differences("numpy root", y, ramp(5, 2, p - 1))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+INLINE_BYTES = 24          # al_shm.h's AL_SHM_INLINE: a round's data per rank in the flag's line
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float16", "float32", "float64", "complex128"])
+def test_at_the_edge_of_the_inline_area(comm, dtype):
+    """Counts whose bytes per rank are just inside and just outside the flag line's inline
+    area, for the allreduce and the three collectives, ten back-to-back calls each with data
+    that changes every call (a reader of the other buffer's area, or of last round's, sees the
+    wrong values)."""
+    p, r = comm.size, comm.rank
+    isz = np.dtype(dtype).itemsize
+    edge = INLINE_BYTES // isz
+    failures = []
+    for n in sorted({1, max(edge - 1, 1), edge, edge + 1}):
+        for k in range(10):
+            what = f"n={n} call {k}"
+            x = ramp(n, k, r, dtype)
+            comm.Allreduce(x, algorithm="shm")
+            failures += differences(f"allreduce {what}", x, ramp_reference(n, k, p, dtype))
+            out = np.zeros(n * p, dtype)
+            comm.Allgather(ramp(n, k, r, dtype), out, algorithm="shm")
+            failures += differences(f"allgather {what}", out,
+                                    np.concatenate([ramp(n, k, q, dtype) for q in range(p)]))
+            b = ramp(n, k, r, dtype)
+            comm.Bcast(b, k % p, algorithm="shm")
+            failures += differences(f"bcast {what}", b, ramp(n, k, k % p, dtype))
+            m = max(n // p, 1)      # reduce_scatter: p * m elements per rank in a round
+            out = np.zeros(m, dtype)
+            comm.Reduce_scatter(ramp(m * p, k, r, dtype), out, algorithm="shm")
+            failures += differences(f"reduce_scatter m={m} call {k}", out,
+                                    ramp_reference(m * p, k, p, dtype)[r * m:(r + 1) * m])
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_bcast_root_runs_ahead(comm, tiny):
+    """Back-to-back bcasts whose root returns without waiting for its peers (the lazy arrive):
+    roots that change every few calls, counts inside the flag line, in one slot and over
+    several slots of the tiny communicator, and peers that arrive late (a 2 ms sleep before
+    some calls, on ranks that change), so that a root runs ahead; every 7th call is an
+    allgather or an allreduce (ops that write after a lazy round).  A root that overwrote a
+    buffer before its peers had read it (no settle before its write) makes the late peers
+    read a later round's data."""
+    failures = []
+    for label, c in (("default", comm), ("tiny", tiny)):
+        p, r = c.size, c.rank
+        counts = [1, 6, 7, 300, 1025, 3000]            # float32: inline, inline, 1-3 slots
+        for i in range(90):
+            n = counts[i % len(counts)]
+            root = (i // 3) % p
+            if p > 1 and r == (i // 5) % p and r != root and i % 4 == 1:
+                time.sleep(0.002)
+            if i % 7 == 6:
+                x = ramp(n, i, r)
+                if i % 2:
+                    c.Allreduce(x, algorithm="shm")
+                    failures += differences(f"{label} {i} allreduce", x, ramp_reference(n, i, p))
+                else:
+                    out = np.zeros(n * p, np.float32)
+                    c.Allgather(x, out, algorithm="shm")
+                    failures += differences(f"{label} {i} allgather", out,
+                                            np.concatenate([ramp(n, i, q) for q in range(p)]))
+                continue
+            b = ramp(n, i, r)
+            if i % 5 == 4:
+                c.Ibcast(b, root, algorithm="shm").Wait(timeout=60)
+            else:
+                c.Bcast(b, root, algorithm="shm")
+            failures += differences(f"{label} {i} bcast n={n} root={root}", b, ramp(n, i, root))
+        c.Barrier(algorithm="shm")
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_waiting_call_releases_the_gil(comm):
+    """A blocking shm call that waits for a late peer lets this process's other threads run
+    (it polls with the GIL held only briefly): a counting thread advances while rank 0 waits
+    0.2 s in a barrier the others join late."""
+    if comm.size < 2:
+        pytest.skip("needs a peer")
+    counts, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            counts[0] += 1
+
+    failures = []
+    if comm.rank == 0:
+        t = threading.Thread(target=count)
+        t.start()
+        WORLD.Barrier()
+        before = counts[0]
+        comm.Barrier(algorithm="shm")
+        during = counts[0] - before
+        stop.set()
+        t.join()
+        if during < 100:
+            failures.append(f"the other thread counted {during} during the wait")
+    else:
+        WORLD.Barrier()
+        time.sleep(0.2)
+        comm.Barrier(algorithm="shm")
+    assert all_ranks_ok(not failures), every_rank(failures)
