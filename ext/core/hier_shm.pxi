@@ -61,13 +61,22 @@ cdef int hier_step(al_op* op) noexcept nogil:
     return op_finish(op)
 
 cdef void hier_cancel(al_op* op, const char* why) noexcept nogil:
-    """Engine shutdown: cancel the running inner op (its MPI requests, its scratch)."""
+    """Cancel the running inner op (its MPI requests, its scratch): engine shutdown, or a
+    host-transfer op abandoned at its hang timeout with this op inside (ht_abandon)."""
     cdef al_hier_state* h = &op.hier
     cdef al_op* inner
     if op.phase == PH_RUNNING and h.cur < h.nphases and h.started:
         inner = h.phases[h.cur].op
         if inner != NULL and inner.phase == PH_RUNNING:
             op_cancel(inner, why)
+
+cdef al_shm_seg* hier_segment(al_op* op) noexcept nogil:
+    """The node's segment that the phases of `op` (K_HIER_SHM) use (NULL: none)."""
+    cdef int i
+    for i in range(op.hier.nphases):
+        if op.hier.phases[i].op != NULL and is_shm_kind(op.hier.phases[i].op.kind):
+            return op.hier.phases[i].op.comm.shm
+    return NULL
 
 cdef str hier_describe(NativeOp o):
     """Where a running K_HIER_SHM op waits (the timeout message): its phase and, inside it, the

@@ -42,9 +42,11 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
     peers' for good (they may have published for it, or be waiting for it): the segment is
     marked unusable, so that every later op over it, here and on the peers (who see the mark
     while they wait), fails at once instead of waiting for, or reading, a round that will
-    never match."""
+    never match.  The same for an inner "hierarchical" over the nodes' segments (its node's
+    segment; its running phase is cancelled)."""
     cdef al_op* inner = op.ht.inner
     cdef al_sched_state* s = &inner.sched
+    cdef al_shm_seg* seg = NULL
     cdef int i
     cdef char where[160]
     if op.ht.phase == HT_COPY_OUT:
@@ -56,10 +58,17 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
         snprintf(where, 160, "shm at elements %lld..%lld of %lld (rank %d has not published %llu)", <long long>inner.shm.off,
                  <long long>(inner.shm.off + inner.shm.chunk), <long long>inner.count,
                  inner.shm.waiting, <unsigned long long>inner.shm.want)
+    elif inner.kind == K_HIER_SHM and inner.phase == PH_RUNNING:
+        snprintf(where, 160, "hierarchical at phase %d/%d", inner.hier.cur + 1, inner.hier.nphases)
     else:
         snprintf(where, 160, "host algorithm (MPI call) not complete")
-    if inner.kind == K_SHM_ALLREDUCE and op.comm.shm != NULL:
-        al_shm_mark_broken(op.comm.shm)
+    if inner.kind == K_SHM_ALLREDUCE:
+        seg = op.comm.shm
+    elif inner.kind == K_HIER_SHM:
+        seg = hier_segment(inner)
+        hier_cancel(inner, "abandoned with its host-transfer op")
+    if seg != NULL:
+        al_shm_mark_broken(seg)
     if inner.phase == PH_RUNNING:
         if inner.kind == K_SCHEDULE:
             for i in range(inner.nreqs):
@@ -72,7 +81,7 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
     snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT): %s; the stream "
              "was released and the result is undefined%s", op.ht.hang, where,
              "; the communicator's shared-memory segment is now unusable"
-             if inner.kind == K_SHM_ALLREDUCE else "")
+             if seg != NULL else "")
     al_store_release(<int*>&op.ht.flag[FLAG_RELEASE], 1)
     op.ht.pinned = NULL
     return op_finish(op)

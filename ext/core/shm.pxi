@@ -55,9 +55,18 @@ cdef int shm_step(al_op* op) noexcept nogil:
     return op_finish(op)
 
 cdef inline int shm_waits_anew(al_op* op) noexcept nogil:
-    """After an op_step that returned 0: `op` runs over the segment and began a new wait for
-    its peers in that step (it published: al_shm_publish reset the count of unsuccessful polls,
-    and the step ended after the first).  The stepping loops count that as progress."""
+    """After an op_step that returned 0: `op`, or the op it runs inside (a host-transfer op's
+    host algorithm, a K_HIER_SHM op's current phase), runs over a segment and began a new wait
+    for its peers in that step (it published: al_shm_publish reset the count of unsuccessful
+    polls, and the step ended after the first).  The stepping loops count that as progress."""
+    cdef int depth
+    for depth in range(2):              # at most host transfer -> hierarchical -> shm
+        if op.kind == K_HOST_TRANSFER and op.ht.inner != NULL:
+            op = op.ht.inner
+        elif op.kind == K_HIER_SHM and op.hier.cur < op.hier.nphases:
+            if op.hier.phases[op.hier.cur].op == NULL:
+                return 0
+            op = op.hier.phases[op.hier.cur].op
     return is_shm_kind(op.kind) and op.shm.polls == 1
 
 cdef int shm_alone(al_op* op) noexcept nogil:
