@@ -11,21 +11,11 @@ import pytest
 import aluminum_py as al
 from aluminum_py import _core, config
 from aluminum_py import host_transfer as ht
-from conftest import WORLD, all_ranks_ok
+from conftest import WORLD, all_ranks_ok, wait_for
 
 pytestmark = pytest.mark.mpi
 
 UNUSABLE = "shared-memory segment is unusable: rank 0 abandoned an op over it"
-
-
-def settle(comm, seconds: float) -> bool:
-    """Whether the communicator's pending ops (the host parts) finish within `seconds`."""
-    deadline = time.monotonic() + seconds
-    while comm._state.pending:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, monkeypatch):
@@ -50,9 +40,9 @@ def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, mo
     if comm.rank == 0:
         stream.wait_value32(al._core.addr(gate), 1)
     req = ht.allreduce(comm, device, stream, x, algorithm="ht_auto")
-    if not settle(comm, 4.0):
+    if not wait_for(lambda: comm._state.pending == 0, 4.0):
         problems.append("the host part did not end long before the peers' 8 s timeout")
-        settle(comm, 20.0)
+        wait_for(lambda: comm._state.pending == 0, 20.0)
     gate[0] = 1
     monkeypatch.setattr(config, "_hang_timeout", 5.0)
     if not stream.synchronize(timeout=60):
