@@ -9,19 +9,15 @@ from hypothesis import given, settings, strategies as st
 from aluminum_py import schedules
 from aluminum_py.schedules import (LocalPhase, NetPhase, NodePhase, hierarchical_shm,
                                    simulate_hierarchical_shm)
+from test_schedules import _layouts as schedule_layouts, inputs
 from test_schedules import split_from  # noqa: F401  (the fixture: both forms at small counts)
 
 
-def inputs(p, count, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(-50, 50, count).astype(np.int64) for _ in range(p)]
-
-
 def _layouts(p, rng):
-    out = [[r // 2 for r in range(p)], [r % 2 for r in range(p)], [0] + [1] * (p - 1),
-           [min(r, 2) for r in range(p)], [r // 3 for r in range(p)]]
-    out += [list(rng.integers(0, max(1, p // 2) + 1, p)) for _ in range(3)]
-    return [lay for lay in out if 1 < len(set(lay)) < p]     # several nodes, one of several
+    """test_schedules' layouts, plus nodes of three, that have a node segment to use: several
+    nodes, one of them of several ranks."""
+    out = schedule_layouts(p, rng) + [[r // 3 for r in range(p)]]
+    return [lay for lay in out if 1 < len(set(lay)) < p]
 
 
 @pytest.mark.parametrize("p", [3, 4, 5, 6, 8])
