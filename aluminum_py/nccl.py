@@ -96,6 +96,13 @@ def _need() -> None:
                                f"AL_NCCL_LIBRARY")
 
 
+def _not_forked(what: str) -> None:
+    """Raise aluminum_py.Error in a child process made by os.fork(): NCCL (and CUDA under it)
+    cannot be used there, and the library refuses before any NCCL call, as it does for MPI."""
+    from . import _core
+    _core.check_not_forked(what)
+
+
 def get_version() -> tuple[int, int, int]:
     """(major, minor, patch) of the loaded NCCL."""
     _need()
@@ -192,6 +199,7 @@ class NcclComm:
     def __init__(self, nranks: int, unique_id: bytes, rank: int, *, min_ctas=None, max_ctas=None,
                  cga_cluster_size=None, blocking=None):
         _need()
+        _not_forked("ncclCommInitRankConfig")
         if not isinstance(unique_id, (bytes, bytearray)):
             raise TypeError(f"unique_id: expected 128 bytes, got {type(unique_id).__name__}")
         if not 0 <= rank < nranks:
@@ -212,6 +220,7 @@ class NcclComm:
         return f"<aluminum_py.nccl.NcclComm handle=0x{self.handle:x} config={self.config}>"
 
     def _h(self) -> int:
+        _not_forked("NCCL communicator")
         if self.handle == 0 and not getattr(self, "_allow_null", False):
             raise NcclError("the NCCL communicator has been destroyed", INVALID_USAGE)
         return self.handle
@@ -318,7 +327,7 @@ def _created(handle: int, rc: int, what: str) -> int:
     if rc == IN_PROGRESS:
         try:
             settle(handle, what)
-        except Exception:
+        except BaseException:               # KeyboardInterrupt too: the creation is given up
             _nccl.comm_abort(handle)
             raise
     return handle
@@ -326,6 +335,7 @@ def _created(handle: int, rc: int, what: str) -> int:
 
 def group_start() -> None:
     _need()
+    _not_forked("ncclGroupStart")
     _nccl.group_start()
     _group.depth = getattr(_group, "depth", 0) + 1
     if _group.depth == 1:
