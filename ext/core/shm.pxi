@@ -73,10 +73,15 @@ cdef inline int shm_waits_anew(al_op* op) noexcept nogil:
             op = op.hier.phases[op.hier.cur].op
     return op.phase == PH_RUNNING and is_shm_kind(op.kind) and op.shm.polls == 1
 
-def _waits_anew(NativeOp o):
+def _waits_anew(NativeOp o, long inner_polls=-1):
     """Whether the progress engine would count a poll of `o` that made no progress as progress
-    (shm_waits_anew): a diagnostic for tests of the engine's back-off."""
-    return bool(shm_waits_anew(o.op))
+    (shm_waits_anew): a diagnostic for tests of the engine's back-off.  `inner_polls` >= 0
+    first sets the poll count of the shm op inside a host-transfer op `o` (as if its last wait
+    had taken that many polls: 1 is a wait that began in its last step)."""
+    cdef al_op* op = o.op
+    if inner_polls >= 0 and op.kind == K_HOST_TRANSFER and op.ht.inner != NULL:
+        op.ht.inner.shm.polls = inner_polls
+    return bool(shm_waits_anew(op))
 
 cdef int shm_alone(al_op* op) noexcept nogil:
     """One rank (no segment): the result is the input (op_finish normalises logical ops)."""
