@@ -198,8 +198,8 @@ class NcclComm:
 
     def __init__(self, nranks: int, unique_id: bytes, rank: int, *, min_ctas=None, max_ctas=None,
                  cga_cluster_size=None, blocking=None):
-        _need()
         _not_forked("ncclCommInitRankConfig")
+        _need()
         if not isinstance(unique_id, (bytes, bytearray)):
             raise TypeError(f"unique_id: expected 128 bytes, got {type(unique_id).__name__}")
         if not 0 <= rank < nranks:
@@ -334,8 +334,8 @@ def _created(handle: int, rc: int, what: str) -> int:
 
 
 def group_start() -> None:
-    _need()
     _not_forked("ncclGroupStart")
+    _need()
     _nccl.group_start()
     _group.depth = getattr(_group, "depth", 0) + 1
     if _group.depth == 1:
