@@ -960,3 +960,36 @@ def test_python_helpers_raise_with_the_curesult(L, ctx):
     assert L.cuDeviceGetCount(byref(n)) == SUCCESS
     with pytest.raises(cs.CudaStandinError, match="CUDA_ERROR_INVALID_DEVICE"):
         cs.make_current(n.value)
+
+
+def test_driver_lock_mode_reports_a_call_made_with_the_gil_held(L, dev):
+    """With the driver lock on (cs.driver_lock), a thread inside cuCtxSynchronize holds it while
+    the device is busy; other calls wait for it. A call that waits while its thread holds the
+    GIL (ctypes.PyDLL keeps it) is reported once, with the calls named; one without it (ctypes'
+    CDLL releases the GIL) waits unreported. Off, nothing waits."""
+    s, other = dev.stream(), dev.stream()
+    held_gil = ctypes.PyDLL(cs.path()).cuStreamQuery      # the same library, GIL kept
+    held_gil.restype, held_gil.argtypes = c_int, [c_void_p]
+    was = L.standin_driver_lock_mode()
+    cs.driver_lock(True)
+    try:
+        cs.reset_counters()
+        before = cs.driver_lock_violations()[0]
+        cs.stream_delay(s, 0.6)                             # a long kernel
+        sync = Call(L.cuCtxSynchronize, ctx=dev.ctx)
+        assert eventually(cs.driver_lock_held)
+        free = Call(L.cuStreamQuery, other, ctx=dev.ctx)  # waits for the lock, GIL released
+        assert held_gil(other) == SUCCESS                   # waited for the lock, GIL held
+        assert sync.finished() and sync.result == SUCCESS
+        assert free.finished() and free.result == SUCCESS
+        count, message = cs.driver_lock_violations()
+        assert count == before + 1
+        assert message.startswith("cuStreamQuery called while its thread holds the GIL and "
+                                  "another thread waits in the driver (cuCtxSynchronize)")
+        cs.driver_lock(False)
+        cs.stream_delay(s, 0.6)
+        sync = Call(L.cuCtxSynchronize, ctx=dev.ctx)
+        assert not cs.driver_lock_held() and held_gil(other) == SUCCESS
+        assert sync.finished() and cs.driver_lock_violations()[0] == before + 1
+    finally:
+        cs.driver_lock(bool(was))

@@ -91,7 +91,7 @@ def test_cuda_standin_suite(nranks):
     GPU) against the CUDA driver stand-in, under mpiexec, with AL_CUDA_LIBRARY set."""
     from aluminum_py.testing import cuda_standin
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
-               AL_CUDA_LIBRARY=cuda_standin.path())
+               AL_CUDA_LIBRARY=cuda_standin.path(), AL_STANDIN_DRIVER_LOCK="1")
     cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
            os.path.join(HERE, "standin"), "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
            "--timeout=300", "--timeout-method=thread", "-o", "console_output_style=classic"]
@@ -112,7 +112,7 @@ def test_gpu_suite_on_standins(nranks):
     from aluminum_py.testing import cuda_standin
     path = cuda_standin.path()
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_CUDA_LIBRARY=path,
-               AL_NCCL_LIBRARY=path)
+               AL_NCCL_LIBRARY=path, AL_STANDIN_DRIVER_LOCK="1")
     cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
            "-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
            os.path.join(HERE, "standin", "test_nccl_path.py"),

@@ -26,6 +26,7 @@ aluminum_py loads through ``AL_CUDA_LIBRARY``, as both open :func:`path`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -44,7 +45,7 @@ __all__ = ["path", "load", "error_name", "CudaStandinError", "make_current", "st
            "live_streams", "calls", "pinned_live", "sync_waits", "blocked_streams",
            "reset_counters", "HostBackedArray", "nccl_launches", "reset_nccl_launches",
            "nccl_stall", "NcclLaunch", "driver_lock", "driver_lock_held", "driver_lock_violations",
-           "stream_delay", "main"]
+           "no_driver_lock_violations", "stream_delay", "main"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, "cuda_standin.c"), os.path.join(_HERE, "nccl_standin.c")]
@@ -371,6 +372,19 @@ def driver_lock_violations() -> tuple[int, str]:
     buf = ctypes.create_string_buffer(320)
     lib.standin_driver_lock_report(buf, len(buf))
     return lib.standin_driver_lock_violations(), buf.value.decode()
+
+
+@contextlib.contextmanager
+def no_driver_lock_violations():
+    """Raise AssertionError if a device call was reported by the driver lock (see
+    :func:`driver_lock`) while the block ran: the check the stand-in test suites make around
+    every test."""
+    before = driver_lock_violations()[0]
+    yield
+    after, message = driver_lock_violations()
+    if after != before:
+        raise AssertionError(f"{after - before} device call(s) held the GIL while another "
+                             f"thread waited in the driver; the first reported: {message}")
 
 
 def stream_delay(h: int, seconds: float) -> None:
