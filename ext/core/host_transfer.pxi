@@ -106,6 +106,7 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
         al_shm_mark_broken(seg)
     abandon_running(inner)
     inner.phase = PH_DONE
+    op.comm.abandoned = 1
     op.err = AL_ERR_TIMEOUT
     snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT): %s; the stream "
              "was released and the result is undefined%s", op.ht.hang, where,
