@@ -791,6 +791,10 @@ def test_an_idle_device_does_not_make_pinned_calls_wait(L, dev):
 
 
 def test_implicit_sync_waits_only_for_work_enqueued_before_it(L, dev):
+    """The alloc returns once g1 has passed, while g2 (enqueued after the alloc began) still
+    holds the stream. The stream's worker counts itself blocked only when it reaches g2, which
+    it does after the step that released the alloc: on a loaded machine the alloc can return
+    first, so the blocked count is awaited, not sampled."""
     s = dev.stream()
     g1 = dev.gate(s)
     out = c_void_p()
@@ -799,7 +803,9 @@ def test_implicit_sync_waits_only_for_work_enqueued_before_it(L, dev):
     g2 = dev.gate(s)                                    # enqueued after the alloc began
     g1.open()
     assert c.finished() and c.result == SUCCESS
-    assert L.cuStreamQuery(s) == NOT_READY and cs.blocked_streams() >= 1
+    assert L.cuStreamQuery(s) == NOT_READY
+    assert eventually(lambda: cs.blocked_streams() >= 1)
+    assert L.cuStreamQuery(s) == NOT_READY
     g2.open()
     assert L.cuMemFreeHost(out) == SUCCESS
 

@@ -72,3 +72,21 @@ def test_torch_ddp_cnn(nranks):
     out = run_example("torch_ddp_cnn.py", nranks, "--steps", "4", "--samples", "48")
     check_match(out, nranks)
     assert "DDP + allreduce_hook" in out, out
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16"])
+def test_torch_ddp_cnn_compressing_hooks(hook):
+    """docs/overlap.md's command line as written (default steps and tolerance): the compressed
+    gradients make the run differ from single-process training, within the tolerance derived
+    from the wire dtype's rounding (CompressionBound), which is far from a blanket 1e-2."""
+    pytest.importorskip("torch")
+    if hook == "bf16":
+        pytest.importorskip("ml_dtypes")            # bfloat16 host buffers
+    out = run_example("torch_ddp_cnn.py", 2, "--hook", hook)
+    m = re.search(r"max \|data-parallel - single-process\| = (\S+) \(tol (\S+)\)", out)
+    assert m, out
+    diff, tol = float(m.group(1)), float(m.group(2))
+    assert 1e-9 < diff <= tol < 1e-2, out
+    assert f"{hook}_compress_hook, torch" in out, out
+    assert "max difference between ranks = 0.000e+00" in out, out
+    assert out.rstrip().endswith("OK"), out
