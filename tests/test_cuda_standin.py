@@ -966,3 +966,22 @@ def test_python_helpers_raise_with_the_curesult(L, ctx):
     assert L.cuDeviceGetCount(byref(n)) == SUCCESS
     with pytest.raises(cs.CudaStandinError, match="CUDA_ERROR_INVALID_DEVICE"):
         cs.make_current(n.value)
+
+
+def test_nccl_is_the_standin_when_cuda_is(monkeypatch):
+    """With AL_CUDA_LIBRARY naming the CUDA stand-in and AL_NCCL_LIBRARY unset, the NCCL
+    stand-in in the same library is NCCL's only candidate (a real NCCL cannot run on the
+    stand-in's devices); AL_NCCL_LIBRARY still wins, and another CUDA library changes nothing."""
+    from aluminum_py import _core, nccl
+    monkeypatch.delenv("AL_NCCL_LIBRARY", raising=False)
+    monkeypatch.delenv("AL_CUDA_LIBRARY", raising=False)
+    usual = nccl.candidates()
+    assert cs.path() not in usual
+    monkeypatch.setenv("AL_CUDA_LIBRARY", cs.path())
+    assert nccl.candidates() == [cs.path()]
+    assert nccl.cuda_standin_nccl() == cs.path()
+    monkeypatch.setenv("AL_NCCL_LIBRARY", "/nowhere/libnccl.so.2")
+    assert nccl.candidates() == ["/nowhere/libnccl.so.2"] + usual
+    monkeypatch.delenv("AL_NCCL_LIBRARY")
+    monkeypatch.setenv("AL_CUDA_LIBRARY", _core.__file__)     # a library, not the stand-in
+    assert nccl.candidates() == usual and nccl.cuda_standin_nccl() is None

@@ -13,10 +13,10 @@ from test_mpi_suite import mpiexec
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
-def run_example(name, nranks, *args, timeout=120):
+def run_example(name, nranks, *args, timeout=120, env=None):
     cmd = [mpiexec(), "-n", str(nranks), sys.executable, os.path.join(EXAMPLES, name), *args]
-    proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=dict(env or os.environ, PYTHONUNBUFFERED="1"),
+                          capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-6000:]}"
     return proc.stdout
@@ -90,3 +90,18 @@ def test_torch_ddp_cnn_compressing_hooks(hook):
     assert f"{hook}_compress_hook, torch" in out, out
     assert "max difference between ranks = 0.000e+00" in out, out
     assert out.rstrip().endswith("OK"), out
+
+
+@pytest.mark.parametrize("algorithm", ["", "nccl", "ht_ring"])
+def test_standin_allreduce_with_only_al_cuda_library_set(algorithm):
+    """docs/gpu.md's stand-in commands: AL_CUDA_LIBRARY alone (no AL_NCCL_LIBRARY) runs a GPU
+    buffer's allreduce, NCCL included (the default algorithm went to the real NCCL wheel
+    and failed: "CUDA driver version is insufficient")."""
+    from aluminum_py.testing import cuda_standin
+    env = {k: v for k, v in os.environ.items() if k != "AL_NCCL_LIBRARY"}
+    env["AL_CUDA_LIBRARY"] = cuda_standin.path()
+    out = run_example("standin_allreduce.py", 2, *filter(None, [algorithm]), env=env)
+    for rank in range(2):
+        assert f"rank {rank}: OK: x[:4] = [3. 3. 3. 3.]" in out, out
+    if algorithm != "ht_ring":
+        assert out.count(f"(NCCL: {cuda_standin.path()})") == 2, out
