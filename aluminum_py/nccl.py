@@ -6,6 +6,7 @@ aluminum_py.nccl module"). The GPU backend's NCCL rules are in :mod:`aluminum_py
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 
@@ -29,12 +30,37 @@ SUCCESS, UNHANDLED_CUDA_ERROR, INVALID_ARGUMENT, INVALID_USAGE, IN_PROGRESS = 0,
 _state = {"path": None, "error": None, "tried": False}
 
 
+def cuda_standin_nccl() -> str | None:
+    """``AL_CUDA_LIBRARY`` when it names the CUDA stand-in (:mod:`aluminum_py.testing.cuda_standin`,
+    recognised by its exports), which carries the NCCL stand-in too: a real NCCL cannot run on
+    the stand-in's devices, so with ``AL_NCCL_LIBRARY`` unset this is NCCL's only candidate."""
+    path = os.environ.get("AL_CUDA_LIBRARY")
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    return path if hasattr(lib, "standin_nccl_launch_count") else None
+
+
+def _explicit() -> str | None:
+    """The library asked for: ``AL_NCCL_LIBRARY``, else the NCCL stand-in of ``AL_CUDA_LIBRARY``."""
+    return os.environ.get("AL_NCCL_LIBRARY") or cuda_standin_nccl()
+
+
 def candidates() -> list[str]:
-    """Where the library is looked for, in order."""
+    """Where the library is looked for, in order: ``AL_NCCL_LIBRARY``; else, when
+    ``AL_CUDA_LIBRARY`` is the CUDA stand-in, the NCCL stand-in in it and nothing else; the
+    ``nvidia-nccl-cu12`` wheel's; ``libnccl.so.2`` on the loader's path."""
     paths = []
     env = os.environ.get("AL_NCCL_LIBRARY")
     if env:
         paths.append(env)
+    else:
+        standin = cuda_standin_nccl()
+        if standin:
+            return [standin]
     try:
         import nvidia.nccl
         for base in nvidia.nccl.__path__:
@@ -61,7 +87,7 @@ def _load() -> None:
         return
     _state["tried"] = True
     errors = []
-    env = os.environ.get("AL_NCCL_LIBRARY")
+    env = _explicit()
     for path in candidates():
         if path != "libnccl.so.2" and not os.path.exists(path):
             errors.append(f"{path}: not found")
