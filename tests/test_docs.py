@@ -20,7 +20,7 @@ from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", "docs"]
-# the languages a fence may name: python and bash run, the others are shown only
+# the languages a fence may name: python, bash and console (a transcript) run; text and json are shown
 LANGUAGES = {"python", "bash", "console", "text", "json"}
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE"]
 
@@ -62,7 +62,8 @@ def fences(path: Path):
 
 def test_every_fence_names_a_language_that_is_run_or_shown():
     """An unnamed (or ```py) fence would hide code from the runs above: each names one of
-    LANGUAGES, python and bash for code (run, or skipped with a reason), the others for output."""
+    LANGUAGES: python, bash and console run (or are skipped with a reason), text and json are
+    output."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     bad = [f"{p.relative_to(ROOT)}:{line}: {info or '(no language)'}"
            for p in pages for line, info in fences(p) if info.split(" ")[0] not in LANGUAGES]
@@ -99,20 +100,39 @@ NEW_PAGE = textwrap.dedent('''\
     ```bash
     python -m aluminum_py no-such-command
     ```
+
+    ```console
+    $ python -c "
+    print('one'); print('two')
+    print('three')"
+    one
+    ...
+    three
+    ```
+
+    ```console
+    $ python -c "print(6 * 7)"
+    24
+    ```
     ''')
 
 
 @pytest.mark.parametrize("mpi", [True, False], ids=["python", "shell"])
 def test_an_unmarked_block_that_does_not_run_fails(tmp_path, mpi):
-    """A page added with one block that fails and is not marked: the run fails on that block
-    alone (the marked ones are skipped, the good ones pass). The repository's conftest.py, on a
-    copy of the layout."""
+    """A page added with blocks that fail and are not marked: the run fails on those blocks
+    alone (a Python block using an undefined name, a shell command that exits 1, a transcript
+    whose output differs); the marked ones are skipped, the good ones pass. The repository's
+    conftest.py, on a copy of the layout."""
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "new.md").write_text(NEW_PAGE)
     rc, out = docs_session(tmp_path, ["docs"], mpi=mpi, timeout=300)
-    failing = "comm.Allreduce(x)" if mpi else "no-such-command"
-    line = next(i for i, text in enumerate(NEW_PAGE.splitlines()) if failing in text)  # the fence's
+    lines = NEW_PAGE.splitlines()
+    failing = ["comm.Allreduce(x)"] if mpi else ["no-such-command", "print(6 * 7)"]
+    fences = [next(i for i, text in enumerate(lines) if f in text) for f in failing]  # 1-based: the fence
     assert rc == 1, out
-    assert f"docs/new.md::line:{line},column:1" in out and "1 failed" in out, out
-    assert " skipped" in out, out
+    for line in fences:
+        assert f"docs/new.md::line:{line},column:1" in out, out
+    assert f"{len(fences)} failed" in out and " skipped" in out, out
+    if not mpi:
+        assert "printed:\n42\nthe page shows:\n24" in out, out
