@@ -32,7 +32,7 @@ def docs_session(cwd, paths, mpi: bool, timeout: int):
     env.pop("AL_DOCS_MPI", None)
     cmd = [sys.executable, *PYTEST, "--timeout=300", *paths]
     if mpi:
-        env.update(AL_DOCS_MPI="1", AL_TEST_INNER="1")
+        env["AL_DOCS_MPI"] = "1"
         cmd = [*launcher(), "-n", "2", sys.executable, *PYTEST, "--with-mpi", "-x",
                "--timeout=120", "--timeout-method=thread", *paths]
     proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
