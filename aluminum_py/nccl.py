@@ -32,7 +32,7 @@ _state = {"path": None, "error": None, "tried": False}
 def candidates() -> list[str]:
     """Where the library is looked for, in order."""
     paths = []
-    env = os.environ.get("AL_NCCL_LIBRARY")
+    env = config.nccl_library()
     if env:
         paths.append(env)
     try:
@@ -61,7 +61,7 @@ def _load() -> None:
         return
     _state["tried"] = True
     errors = []
-    env = os.environ.get("AL_NCCL_LIBRARY")
+    env = config.nccl_library()
     for path in candidates():
         if path != "libnccl.so.2" and not os.path.exists(path):
             errors.append(f"{path}: not found")

@@ -32,7 +32,7 @@ class TuningWarning(UserWarning):
 
 def default_path() -> str:
     """AL_TUNING_FILE if set, else a per-user cache file."""
-    path = os.environ.get("AL_TUNING_FILE")
+    path = config.tuning_file()
     if path:
         return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
