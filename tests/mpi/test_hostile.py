@@ -110,6 +110,15 @@ def test_segment_size_overflow_is_refused_on_every_rank(slot):
     assert _core.shm_info(state) is None
 
 
+def test_slot_that_overflows_the_segment_is_refused(monkeypatch):
+    # issue 28's program: AL_SHM_SLOT_BYTES=2**62, then an "shm" allreduce segfaulted every rank
+    monkeypatch.setenv("AL_SHM_SLOT_BYTES", "4611686018427387904")
+    how, what = within(60, lambda: al.Communicator().Allreduce(np.ones(4), algorithm="shm"))
+    ok = (how == "raised" and isinstance(what, ValueError)
+          and "AL_SHM_SLOT_BYTES='4611686018427387904': expected " in str(what))
+    assert all_ranks_ok(ok), (how, what)
+
+
 @pytest.mark.skipif(WORLD.size < 2, reason="a segment needs two ranks")
 def test_bad_header_on_one_rank_disables_shm_on_every_rank(monkeypatch):
     # the last rank finds a header that is not rank 0's (AL_SHM_TEST_BAD_NONCE, a testing aid:
