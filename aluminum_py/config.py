@@ -202,6 +202,24 @@ def nccl_ctas() -> tuple[int | None, int | None]:
     return lo, hi
 
 
+def construction_error() -> str | None:
+    """The error of the first bad variable among those a Communicator's construction reads
+    (None: all good).  The host backend gathers every rank's answer first, so that a value bad
+    on some ranks only fails the construction on every rank instead of leaving the others
+    waiting for them."""
+    try:
+        engine_yield()
+        node_layout()
+        shm_slot_bytes()
+        shm_small_bytes()
+        shm_named()
+        model_params()
+        shm_model_params()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

@@ -148,6 +148,11 @@ class HostBackend:
         self.size = state.size
         self._any_source = any_source
         self._any_tag = any_tag
+        bad = [(r, e) for r, e in enumerate(tuning_comm.allgather(config.construction_error()))
+               if e]
+        if bad:                     # on every rank, before anything else is set up
+            raise ValueError(f"{bad[0][1]} (rank {bad[0][0]}"
+                             f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})")
         set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
         self.layout = node_layout(tuning_comm)
         # several nodes: a segment per node, for "hierarchical" (None: its point-to-point form,

@@ -119,6 +119,18 @@ def test_slot_that_overflows_the_segment_is_refused(monkeypatch):
     assert all_ranks_ok(ok), (how, what)
 
 
+@pytest.mark.skipif(WORLD.size < 2, reason="needs a rank with another setting")
+def test_setting_bad_on_one_rank_fails_the_construction_on_every_rank(monkeypatch):
+    last = WORLD.size - 1
+    if WORLD.rank == last:
+        monkeypatch.setenv("AL_ENGINE_YIELD", "nan")
+    how, what = within(60, al.Communicator)
+    ok = (how == "raised" and isinstance(what, ValueError)
+          and f"AL_ENGINE_YIELD='nan': expected a whole number" in str(what)
+          and str(what).endswith(f"(rank {last})"))
+    assert all_ranks_ok(ok), (how, what)
+
+
 @pytest.mark.skipif(WORLD.size < 2, reason="a segment needs two ranks")
 def test_bad_header_on_one_rank_disables_shm_on_every_rank(monkeypatch):
     # the last rank finds a header that is not rank 0's (AL_SHM_TEST_BAD_NONCE, a testing aid:
