@@ -64,12 +64,18 @@ class Communicator:
         if stream is not None:
             require_cuda("stream=: a GPU communicator")
         if isinstance(comm, Communicator):
+            if comm._state.freed:
+                raise ValueError("comm: the aluminum_py.Communicator has been freed")
             comm = comm._coll
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Comm):
             raise TypeError(f"comm: expected an mpi4py communicator, got {type(base).__name__}")
         if base == MPI.COMM_NULL:
             raise ValueError("comm: MPI.COMM_NULL is not a communicator")
+        if base.Is_inter():         # local: every rank refuses, before any communication
+            raise TypeError("comm: an intercommunicator is not supported (collectives here run "
+                            "within one group); pass an intracommunicator, e.g. "
+                            "intercomm.Merge()")
         self._coll = base.Dup()
         self._p2p = base.Dup()
         self._state = _core.CommState(self._coll, self._p2p)

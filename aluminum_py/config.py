@@ -4,26 +4,62 @@ Read once at import; call :func:`reload` after changing ``os.environ`` in a runn
 """
 from __future__ import annotations
 
+import math
 import os
 
+# The accepted ranges (docs/environment.md lists each variable's).
+MAX_SECONDS = 1e7               # a timeout of about 115 days: beyond it, say 0 (none)
+MAX_BYTES = 2 ** 62             # every byte count fits an int64 with room to add to it
+MAX_INT = 2 ** 31 - 1           # counts handed to C ints
+MAX_SLOT_BYTES = 1 << 30        # AL_SHM_SLOT_BYTES: the segment holds 2 slots per rank
+MAX_SPIN = 1.0                  # AL_ENGINE_SPIN: an idle engine polls at most this long
+MAX_EXIT_GRACE = 3600.0
 
-def _float(name: str, default):
+
+def _raw(name: str) -> str | None:
+    """The variable's text; None when unset or empty (an empty value counts as unset)."""
     v = os.environ.get(name)
-    if v is None or v.strip() == "":
+    return None if v is None or v.strip() == "" else v
+
+
+def _number(name: str, default, lo: float, hi: float, expected: str, whole: bool = False):
+    """The one parser of every numeric variable: a number (``float()`` syntax: ``1e6`` is
+    accepted) in [lo, hi], a whole one if `whole`; NaN, infinities and anything out of range
+    raise ValueError naming the variable and what it accepts."""
+    v = _raw(name)
+    if v is None:
         return default
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
-        raise ValueError(f"environment variable {name}={v!r} is not a number") from None
+        x = math.nan
+    if not lo <= x <= hi or (whole and x != int(x)):        # NaN fails the comparison
+        _reject(name, expected)
+    return int(x) if whole else x
 
 
-def _bytes(name: str, default: int) -> int:
-    """A byte count from the environment: a finite number >= 0 (``1e6`` is accepted)."""
-    v = _float(name, float(default))
-    if not (0 <= v < 2 ** 63):
-        raise ValueError(f"environment variable {name}={os.environ.get(name)!r}: "
-                         f"expected a number of bytes >= 0")
-    return int(v)
+def _reject(name: str, expected: str):
+    """The one error of a bad value."""
+    raise ValueError(f"environment variable {name}={os.environ.get(name)!r}: expected {expected}")
+
+
+def _seconds(name: str, default, hi: float, lo: float = 0.0, note: str = ""):
+    return _number(name, default, lo, hi, f"a number of seconds from {lo:g} to {hi:g}{note}")
+
+
+def _bytes(name: str, default: int, lo: int = 0, hi: int = MAX_BYTES, note: str = "") -> int:
+    return _number(name, default, lo, hi, f"a whole number of bytes from {lo} to {hi}{note}",
+                   whole=True)
+
+
+def _count(name: str, default, lo: int, hi: int, what: str, note: str = ""):
+    return _number(name, default, lo, hi, f"a whole number of {what} from {lo} to {hi}{note}",
+                   whole=True)
+
+
+def _model(name: str, default: float) -> float:
+    """A cost-model parameter: seconds per message or per byte, finite, 0 to 1."""
+    return _number(name, default, 0.0, 1.0, "a cost-model parameter in seconds from 0 to 1")
 
 
 _hang_timeout: float | None = None
@@ -32,8 +68,8 @@ _hang_timeout: float | None = None
 def reload() -> None:
     """Re-read the environment variables that are cached (AL_HANG_TIMEOUT)."""
     global _hang_timeout
-    t = _float("AL_HANG_TIMEOUT", None)
-    _hang_timeout = None if t is None or t <= 0 else t
+    t = _seconds("AL_HANG_TIMEOUT", None, MAX_SECONDS, note=" (0: no timeout)")
+    _hang_timeout = t or None
 
 
 def hang_timeout() -> float | None:
@@ -48,21 +84,20 @@ def hang_timeout_native() -> float:
 
 def exit_grace() -> float:
     """AL_EXIT_GRACE: seconds pending ops get to finish at interpreter exit (default 2)."""
-    return _float("AL_EXIT_GRACE", 2.0)
+    return _seconds("AL_EXIT_GRACE", 2.0, MAX_EXIT_GRACE)
 
 
 def engine_yield() -> int | None:
     """AL_ENGINE_YIELD: polls without progress between sched_yield() calls of the progress
     engine while ops are active (0: never yield).  Unset: chosen per node, see
     :func:`default_engine_yield`."""
-    v = _float("AL_ENGINE_YIELD", None)
-    return None if v is None else int(v)
+    return _count("AL_ENGINE_YIELD", None, 0, MAX_INT, "polls", " (0: never yield)")
 
 
 def engine_spin() -> float:
     """AL_ENGINE_SPIN: seconds the idle progress engine keeps polling for new work before it
     sleeps (default 0.0002: a burst of per-layer allreduces then avoids a thread wake-up each)."""
-    return _float("AL_ENGINE_SPIN", 200e-6)
+    return _seconds("AL_ENGINE_SPIN", 200e-6, MAX_SPIN)
 
 
 def engine_serial_bytes() -> int:
@@ -88,11 +123,7 @@ def timeline() -> str | None:
 def timeline_buffer() -> int:
     """AL_TIMELINE_BUFFER: items (ops, regions, buckets) the timeline buffers between two
     writer passes (default 65536); beyond it they are dropped and counted."""
-    v = _float("AL_TIMELINE_BUFFER", 65536)
-    if not (1 <= v < 2 ** 31):
-        raise ValueError(f"environment variable AL_TIMELINE_BUFFER={os.environ.get('AL_TIMELINE_BUFFER')!r}: "
-                         "expected a number of items >= 1")
-    return int(v)
+    return _count("AL_TIMELINE_BUFFER", 65536, 1, MAX_INT, "items")
 
 
 def shm_slot_bytes() -> int:
@@ -100,9 +131,10 @@ def shm_slot_bytes() -> int:
     buffer (default 1 MiB; rounded up to 4 KiB; 0: no segment, "shm" unavailable).  The segment
     holds two per rank, reserved when the communicator is made, and an "shm" allreduce larger
     than a slot runs in chunks of a slot.  Rank 0's value is used."""
-    n = _bytes("AL_SHM_SLOT_BYTES", 1 << 20)
+    expected = f"0 (no segment) or a whole number of bytes from 4096 to {MAX_SLOT_BYTES}"
+    n = _number("AL_SHM_SLOT_BYTES", 1 << 20, 0, MAX_SLOT_BYTES, expected, whole=True)
     if 0 < n < 4096:
-        raise ValueError(f"environment variable AL_SHM_SLOT_BYTES={n}: at least 4096 bytes")
+        _reject("AL_SHM_SLOT_BYTES", expected)
     return n
 
 
@@ -126,7 +158,7 @@ def wait_spin() -> float:
     included) spins before it yields the core at every poll, where every rank has a core of
     its own (default 5e-06; negative: never yield; where ranks outnumber cores
     AL_ENGINE_YIELD's rule applies instead; the progress engine waits 2 ms)."""
-    return _float("AL_WAIT_SPIN", 5e-6)
+    return _seconds("AL_WAIT_SPIN", 5e-6, MAX_SPIN, -MAX_SPIN, " (negative: never yield)")
 
 
 def shm_named() -> bool:
@@ -134,7 +166,64 @@ def shm_named() -> bool:
     POSIX object in /dev/shm (unlinked once every rank has mapped it) instead of an anonymous
     memory file opened through /proc, the path taken anyway where that cannot work (default
     0).  Rank 0's value is used."""
-    return _float("AL_SHM_NAMED", 0.0) != 0
+    return _number("AL_SHM_NAMED", 0, 0, 1, "0 or 1", whole=True) == 1
+
+
+def tuning_file() -> str | None:
+    """AL_TUNING_FILE: the tuning table's path (None: the per-user cache file)."""
+    return _raw("AL_TUNING_FILE")
+
+
+def cuda_library() -> str | None:
+    """AL_CUDA_LIBRARY: the CUDA driver library the native core dlopens (read there, in C, each
+    time it opens the driver); here for the NCCL search (None: unset)."""
+    return _raw("AL_CUDA_LIBRARY")
+
+
+def nccl_library() -> str | None:
+    """AL_NCCL_LIBRARY: the NCCL library to dlopen first (None: search the usual places)."""
+    return _raw("AL_NCCL_LIBRARY")
+
+
+def node_layout() -> list[str] | None:
+    """AL_NODE_LAYOUT: per rank a node label, comma-separated (``0,0,1,1``); None when unset.
+    Whether there is one label per rank is checked where the communicator is known
+    (topology.node_layout)."""
+    v = _raw("AL_NODE_LAYOUT")
+    if v is None:
+        return None
+    labels = [x.strip() for x in v.split(",")]
+    if not all(labels):
+        _reject("AL_NODE_LAYOUT", "one node label per rank, comma-separated")
+    return labels
+
+
+def nccl_ctas() -> tuple[int | None, int | None]:
+    """(AL_NCCL_MIN_CTAS, AL_NCCL_MAX_CTAS): default thread-block limits of NCCL operations
+    (None: NCCL's own); whole numbers from 1, the minimum at most the maximum."""
+    lo = _count("AL_NCCL_MIN_CTAS", None, 1, MAX_INT, "thread blocks")
+    hi = _count("AL_NCCL_MAX_CTAS", None, 1, MAX_INT, "thread blocks")
+    if lo is not None and hi is not None and lo > hi:
+        _reject("AL_NCCL_MIN_CTAS", f"at most AL_NCCL_MAX_CTAS={hi}")
+    return lo, hi
+
+
+def construction_error() -> str | None:
+    """The error of the first bad variable among those a Communicator's construction reads
+    (None: all good).  The host backend gathers every rank's answer first, so that a value bad
+    on some ranks only fails the construction on every rank instead of leaving the others
+    waiting for them."""
+    try:
+        engine_yield()
+        node_layout()
+        shm_slot_bytes()
+        shm_small_bytes()
+        shm_named()
+        model_params()
+        shm_model_params()
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def default_engine_yield(local_size: int) -> int:
@@ -155,7 +244,7 @@ def model_params() -> tuple[float, float, float]:
     Defaults: measured with bench/allreduce_vs_mpi.py on the reference 2-core machine
     (MPICH 5, shared memory); see docs/algorithms.md.
     """
-    return (_float("AL_ALPHA", 2.0e-6), _float("AL_BETA", 1.6e-10), _float("AL_GAMMA", 1.0e-10))
+    return (_model("AL_ALPHA", 2.0e-6), _model("AL_BETA", 1.6e-10), _model("AL_GAMMA", 1.0e-10))
 
 
 def shm_model_params() -> tuple[float, float]:
@@ -168,7 +257,7 @@ def shm_model_params() -> tuple[float, float]:
     fitted (tuning.fit_models) to the quiet 2-rank run bench/results/shm_2ranks.json;
     AL_SHM_SYNC, which that fit puts at 0 (below what it resolves), the round trip of a cache
     line between two processes (a C ping-pong, issue 18)."""
-    return (_float("AL_SHM_SYNC", 2.0e-7), _float("AL_SHM_BYTE", 2.7e-11))
+    return (_model("AL_SHM_SYNC", 2.0e-7), _model("AL_SHM_BYTE", 2.7e-11))
 
 
 reload()

@@ -34,7 +34,7 @@ def cuda_standin_nccl() -> str | None:
     """``AL_CUDA_LIBRARY`` when it names the CUDA stand-in (:mod:`aluminum_py.testing.cuda_standin`,
     recognised by its exports), which carries the NCCL stand-in too: a real NCCL cannot run on
     the stand-in's devices, so with ``AL_NCCL_LIBRARY`` unset this is NCCL's only candidate."""
-    path = os.environ.get("AL_CUDA_LIBRARY")
+    path = config.cuda_library()
     if not path or not os.path.exists(path):
         return None
     try:
@@ -46,7 +46,7 @@ def cuda_standin_nccl() -> str | None:
 
 def _explicit() -> str | None:
     """The library asked for: ``AL_NCCL_LIBRARY``, else the NCCL stand-in of ``AL_CUDA_LIBRARY``."""
-    return os.environ.get("AL_NCCL_LIBRARY") or cuda_standin_nccl()
+    return config.nccl_library() or cuda_standin_nccl()
 
 
 def candidates() -> list[str]:
@@ -54,7 +54,7 @@ def candidates() -> list[str]:
     ``AL_CUDA_LIBRARY`` is the CUDA stand-in, the NCCL stand-in in it and nothing else; the
     ``nvidia-nccl-cu12`` wheel's; ``libnccl.so.2`` on the loader's path."""
     paths = []
-    env = os.environ.get("AL_NCCL_LIBRARY")
+    env = config.nccl_library()
     if env:
         paths.append(env)
     else:

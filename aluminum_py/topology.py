@@ -4,9 +4,7 @@ or ``AL_NODE_LAYOUT``) and how many ranks share this machine's cores.  Used by t
 by topology) and by the crossover benchmark."""
 from __future__ import annotations
 
-import os
-
-from . import schedules
+from . import config, schedules
 
 
 def node_layout(comm) -> tuple[int, ...]:
@@ -14,12 +12,12 @@ def node_layout(comm) -> tuple[int, ...]:
     ``MPI_Comm_split_type(SHARED)`` and one allgather (collective).  ``AL_NODE_LAYOUT`` (per
     rank a node label, comma-separated: ``0,0,1,1``) replaces it: a testing and emulation aid
     that makes the layout-aware algorithms treat one machine as several nodes."""
-    forced = os.environ.get("AL_NODE_LAYOUT", "").strip()
-    if forced:
-        labels = [x.strip() for x in forced.split(",")]
-        if len(labels) != comm.Get_size() or not all(labels):
-            raise ValueError(f"environment variable AL_NODE_LAYOUT={forced!r}: expected one "
-                             f"node label per rank ({comm.Get_size()} ranks), comma-separated")
+    labels = config.node_layout()
+    if labels is not None:
+        if len(labels) != comm.Get_size():
+            raise ValueError(f"environment variable AL_NODE_LAYOUT={','.join(labels)!r}: "
+                             f"expected one node label per rank ({comm.Get_size()} ranks), "
+                             f"comma-separated")
         return schedules.node_layout(labels)
     from mpi4py import MPI
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config
+from .files import open_private, read_regular
 from .algorithms import MODELLED, ShmCost, model_time, model_times, shm_terms
 from .topology import node_layout
 
@@ -32,7 +33,7 @@ class TuningWarning(UserWarning):
 
 def default_path() -> str:
     """AL_TUNING_FILE if set, else a per-user cache file."""
-    path = os.environ.get("AL_TUNING_FILE")
+    path = config.tuning_file()
     if path:
         return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -97,15 +98,36 @@ def empty_table() -> dict:
     return {"format": FORMAT, "version": VERSION, "entries": {}}
 
 
+MAX_FILE_BYTES = 16 << 20  # a tuning file larger than this is not read
+MAX_ENTRIES = 4096          # entries of a table, ...
+MAX_SIZES = 1024            # ... sizes measured per entry
+MAX_BYTES = 2 ** 62         # a size (bytes per message)
+MAX_RANKS = 2 ** 31 - 1
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"number {text} out of range")
+    return x
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def load(path: str | None = None, *, warn: bool = True) -> dict:
-    """Read a tuning file. A missing file is an empty table; a corrupt file or another version
-    gives a TuningWarning and an empty table (never an exception)."""
+    """Read a tuning file. A missing file is an empty table; anything else that is not a table
+    of this library (not a regular file, unreadable, larger than MAX_FILE_BYTES, not JSON,
+    another version, a field of the wrong type or out of range) gives one TuningWarning and an
+    empty table, or, for bad entries only, one TuningWarning naming them and the table without
+    them: never an exception, never a blocking open (a FIFO)."""
     path = path or default_path()
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return empty_table()
     try:
-        with open(path) as f:
-            table = json.load(f)
+        text = read_regular(path, MAX_FILE_BYTES)
+        table = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
         if not isinstance(table, dict) or table.get("format") != FORMAT:
             raise ValueError("not an aluminum_py tuning file")
         if table.get("version") not in READABLE:
@@ -114,48 +136,75 @@ def load(path: str | None = None, *, warn: bool = True) -> dict:
         entries = table.get("entries")
         if not isinstance(entries, dict):
             raise ValueError("no 'entries' object")
-        good = {}
+        if len(entries) > MAX_ENTRIES:
+            raise ValueError(f"{len(entries)} entries, more than the {MAX_ENTRIES} accepted")
+        good, bad = {}, []
         for key, entry in entries.items():
             try:
                 entry = validate_entry(entry)
                 good[entry_key(entry)] = entry        # version 1 keys become version 2 keys
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                if warn:
-                    warnings.warn(f"tuning file {path}: entry {key!r} ignored ({e})", TuningWarning,
-                                  stacklevel=2)
+            except (KeyError, TypeError, ValueError) as e:
+                bad.append(f"{key!r} ({e})")
+        if bad and warn:
+            warnings.warn(f"tuning file {path}: entr{'ies' if len(bad) > 1 else 'y'} "
+                          f"{'; '.join(bad)} ignored", TuningWarning, stacklevel=2)
         table["entries"] = good
         table["version"] = VERSION      # what save() writes: the entries are version 2's now
         return table
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         if warn:
-            warnings.warn(f"tuning file {path} ignored, auto uses the cost model ({e})",
+            why = "JSON nested too deeply" if isinstance(e, RecursionError) else e
+            warnings.warn(f"tuning file {path} ignored, auto uses the cost model ({why})",
                           TuningWarning, stacklevel=2)
         return empty_table()
 
 
+def _int(entry: dict, key: str, lo: int, hi: int) -> int:
+    v = entry[key]
+    if type(v) is not int or not lo <= v <= hi:
+        raise ValueError(f"{key} must be a whole number from {lo} to {hi}, not {v!r}"[:200])
+    return v
+
+
+def _ints(values, what: str, lo: int, hi: int, most: int) -> list[int]:
+    if type(values) is not list or len(values) > most:
+        raise ValueError(f"{what} must be a list of at most {most} numbers")
+    if any(type(v) is not int or not lo <= v <= hi for v in values):
+        raise ValueError(f"{what} must be whole numbers from {lo} to {hi}")
+    return values
+
+
 def validate_entry(entry: dict) -> dict:
-    """Check an entry read from a file; the fit and the ranges are recomputed from the times
-    (the stored ones are for people reading the file)."""
-    sizes = [int(s) for s in entry["sizes"]]
-    if not sizes or sizes != sorted(set(sizes)) or sizes[0] <= 0:
+    """Check every field of an entry read from a file (type and range: nothing that chooses
+    from it can fail on its content); the fit and the ranges are recomputed from the times
+    (the stored ones are for people reading the file). Raises KeyError, TypeError or
+    ValueError."""
+    if type(entry) is not dict:
+        raise TypeError("an entry must be an object")
+    sizes = _ints(entry["sizes"], "sizes", 1, MAX_BYTES, MAX_SIZES)
+    if not sizes or sizes != sorted(set(sizes)):
         raise ValueError("sizes must be positive and increasing")
-    times = {str(a): [float(t) for t in ts] for a, ts in dict(entry["times"]).items()}
-    if not times or any(len(ts) != len(sizes) for ts in times.values()):
-        raise ValueError("times do not match sizes")
-    if any(not (0 < t < math.inf) for ts in times.values() for t in ts):
-        raise ValueError("times must be positive and finite")
-    for k in ("comm_size", "local_size", "dtype_size"):
-        entry[k] = int(entry[k])
-        if entry[k] < 1:
-            raise ValueError(f"{k} must be positive")
+    if type(entry["times"]) is not dict or not entry["times"]:
+        raise ValueError("times must be an object: per algorithm, a time per size")
+    times = {}
+    for a, ts in entry["times"].items():
+        if type(ts) is not list or len(ts) != len(sizes):
+            raise ValueError("times do not match sizes")
+        if any(type(t) not in (int, float) or not 0 < t < math.inf for t in ts):
+            raise ValueError("times must be positive and finite")
+        times[a] = [float(t) for t in ts]
+    for k in ("comm_size", "local_size"):
+        entry[k] = _int(entry, k, 1, MAX_RANKS)
+    entry["dtype_size"] = _int(entry, "dtype_size", 1, 64)
     for k in ("buffer", "mpi"):
-        entry[k] = str(entry[k])
+        if type(entry[k]) is not str:
+            raise ValueError(f"{k} must be a string")
     rpn = entry.get("ranks_per_node")
     if rpn is None:
         rpn = legacy_topology(entry["comm_size"], entry["local_size"])
     else:
-        rpn = [int(n) for n in rpn]
-        if not rpn or min(rpn) < 1 or sum(rpn) != entry["comm_size"]:
+        rpn = _ints(rpn, "ranks_per_node", 1, MAX_RANKS, entry["comm_size"])
+        if not rpn or sum(rpn) != entry["comm_size"]:
             raise ValueError(f"ranks_per_node {rpn} do not add up to comm_size "
                              f"{entry['comm_size']}")
         if entry["local_size"] != rpn[0]:
@@ -197,7 +246,7 @@ def merge_into_file(entry: dict, path: str | None = None) -> str:
     import fcntl
     path = path or default_path()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".lock", "w") as lock:
+    with os.fdopen(open_private(path + ".lock", truncate=False), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return save(merge(load(path), entry), path)

@@ -124,9 +124,60 @@ static inline size_t al_shm_data_offset(int size) {
   return al_shm_round_up((size_t)(size + 1) * AL_SHM_LINE, AL_SHM_ALIGN);
 }
 
-/* The segment's length for `size` ranks and slots of `slot` bytes (a multiple of AL_SHM_ALIGN). */
+/* The segment's length for `size` ranks and slots of `slot` bytes; 0 when that is no segment's:
+ * `size` not in 1..AL_SHM_MAX_RANKS, `slot` not a positive multiple of AL_SHM_ALIGN, or the
+ * length beyond what an offset (off_t) and a mapping can hold (overflow). */
 static inline size_t al_shm_bytes(int size, size_t slot) {
-  return al_shm_data_offset(size) + 2 * (size_t)size * slot;
+  size_t data;
+  if (size < 1 || size > AL_SHM_MAX_RANKS || slot == 0 || slot % AL_SHM_ALIGN != 0 ||
+      __builtin_mul_overflow(slot, 2 * (size_t)size, &data) ||
+      data > (size_t)INT64_MAX - al_shm_data_offset(size))
+    return 0;
+  return al_shm_data_offset(size) + data;
+}
+
+/* ---- the header: the segment's first line, 64-bit words ----
+ *   0  AL_SHM_MAGIC, stored last (release) by the rank that makes the segment
+ *   1  ranks            2  slot bytes
+ *   3  the health word (al_shm_health, below)
+ *   4  the nonce: a random number rank 0 draws for each segment and sends to the peers with
+ *      where the segment is, so that a file that is not this communicator's segment (another
+ *      one, a name planted in /dev/shm, a reused pid's fd) never passes for it
+ * Every rank checks the header (al_shm_header_check) before it uses the segment; the setup
+ * (shm.pxi) gathers every rank's verdict, so all use the segment or none does. */
+enum { AL_SHM_H_MAGIC = 0, AL_SHM_H_SIZE = 1, AL_SHM_H_SLOT = 2, AL_SHM_H_NONCE = 4 };
+
+static void al_shm_header_write(char *p, int size, size_t slot, uint64_t nonce) {
+  uint64_t *h = (uint64_t *)p;
+  h[AL_SHM_H_SIZE] = (uint64_t)size;
+  h[AL_SHM_H_SLOT] = (uint64_t)slot;
+  h[AL_SHM_H_NONCE] = nonce;
+  __atomic_store_n(&h[AL_SHM_H_MAGIC], AL_SHM_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* 0 when the header at p (of a mapping of `len` bytes) is that of the segment every rank
+ * expects: `size` ranks, `slot`, `nonce`, and `len` the length they make; else -1 with a
+ * message naming `what` and the first field that differs in err. */
+static int al_shm_header_check(const char *p, size_t len, int size, size_t slot, uint64_t nonce,
+                               const char *what, char *err, size_t errlen) {
+  const uint64_t *h = (const uint64_t *)p;
+  const char *bad = NULL;
+  if (len < sizeof(uint64_t) * (AL_SHM_H_NONCE + 1) ||
+      __atomic_load_n(&h[AL_SHM_H_MAGIC], __ATOMIC_ACQUIRE) != AL_SHM_MAGIC)
+    bad = "magic";
+  else if (h[AL_SHM_H_SIZE] != (uint64_t)size)
+    bad = "ranks";
+  else if (h[AL_SHM_H_SLOT] != (uint64_t)slot)
+    bad = "slot bytes";
+  else if (h[AL_SHM_H_NONCE] != nonce)
+    bad = "nonce";
+  else if (al_shm_bytes(size, slot) != len)
+    bad = "length";
+  if (bad == NULL)
+    return 0;
+  snprintf(err, errlen, "%s is not the segment of this communicator (header: %s differs)", what,
+           bad);
+  return -1;
 }
 
 static inline uint64_t *al_shm_flag(const al_shm_seg *s, int r) {
@@ -162,7 +213,7 @@ static inline char *al_shm_data(const al_shm_seg *s, int buf, int r, size_t byte
  * records what the openers check.  Does not close fd.  Returns the mapping, or NULL with a
  * message naming `what` in err. */
 static char *al_shm_init_fd(int fd, const char *what, size_t len, int size, size_t slot,
-                            char *err, size_t errlen) {
+                            uint64_t nonce, char *err, size_t errlen) {
   int rc = ftruncate(fd, (off_t)len) != 0 ? errno : posix_fallocate(fd, 0, (off_t)len);
   char *p;
   if (rc != 0) {
@@ -175,16 +226,14 @@ static char *al_shm_init_fd(int fd, const char *what, size_t len, int size, size
     snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, what, strerror(errno));
     return NULL;
   }
-  ((uint64_t *)p)[1] = (uint64_t)size;
-  ((uint64_t *)p)[2] = (uint64_t)slot;
-  __atomic_store_n((uint64_t *)p, AL_SHM_MAGIC, __ATOMIC_RELEASE);
+  al_shm_header_write(p, size, slot, nonce);
   return p;
 }
 
 /* Map the open file `fd` another rank created; checks its length and header.  Does not close
  * fd. */
 static char *al_shm_map_fd(int fd, const char *what, size_t len, int size, size_t slot,
-                           char *err, size_t errlen) {
+                           uint64_t nonce, char *err, size_t errlen) {
   struct stat st;
   char *p;
   if (fstat(fd, &st) != 0 || (size_t)st.st_size != len) {
@@ -196,9 +245,7 @@ static char *al_shm_map_fd(int fd, const char *what, size_t len, int size, size_
     snprintf(err, errlen, "mmap of %zu bytes of %s failed: %s", len, what, strerror(errno));
     return NULL;
   }
-  if (__atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE) != AL_SHM_MAGIC ||
-      ((uint64_t *)p)[1] != (uint64_t)size || ((uint64_t *)p)[2] != (uint64_t)slot) {
-    snprintf(err, errlen, "%s is not the segment of this communicator (header mismatch)", what);
+  if (al_shm_header_check(p, len, size, slot, nonce, what, err, errlen) != 0) {
     munmap(p, len);
     return NULL;
   }
@@ -213,8 +260,9 @@ static char *al_shm_map_fd(int fd, const char *what, size_t len, int size, size_
  * Returns the mapping with the open fd in *fd (the caller closes it once every peer has opened
  * it), or NULL with *fd = -1 and a message in err; *unsupported = 1 when the kernel has no
  * memfd_create (ENOSYS: use the named path). */
-static char *al_shm_create_memfd(const char *label, size_t len, int size, size_t slot, int *fd,
-                                 int *unsupported, char *err, size_t errlen) {
+static char *al_shm_create_memfd(const char *label, size_t len, int size, size_t slot,
+                                 uint64_t nonce, int *fd, int *unsupported, char *err,
+                                 size_t errlen) {
   char *p;
   *unsupported = 0;
 #ifdef SYS_memfd_create
@@ -228,7 +276,7 @@ static char *al_shm_create_memfd(const char *label, size_t len, int size, size_t
     snprintf(err, errlen, "memfd_create(%s) failed: %s", label, strerror(errno));
     return NULL;
   }
-  p = al_shm_init_fd(*fd, label, len, size, slot, err, errlen);
+  p = al_shm_init_fd(*fd, label, len, size, slot, nonce, err, errlen);
   if (p == NULL) {
     close(*fd);
     *fd = -1;
@@ -240,7 +288,7 @@ static char *al_shm_create_memfd(const char *label, size_t len, int size, size_t
  * = 1 when /proc does not let this process open it (EACCES, EPERM, ENOENT: restricted /proc,
  * another user, another PID namespace), i.e. when the named path may work instead. */
 static char *al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot,
-                               int *named_instead, char *err, size_t errlen) {
+                               uint64_t nonce, int *named_instead, char *err, size_t errlen) {
   char path[64];
   char *p;
   int mine, e;
@@ -253,22 +301,22 @@ static char *al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t sl
     snprintf(err, errlen, "open(%s) failed: %s", path, strerror(e));
     return NULL;
   }
-  p = al_shm_map_fd(mine, path, len, size, slot, err, errlen);
+  p = al_shm_map_fd(mine, path, len, size, slot, nonce, err, errlen);
   close(mine);
   return p;
 }
 
 /* The named path: create `name` (O_EXCL, mode 0600), reserve and map it.  Removes the name on
  * failure; otherwise the caller unlinks it once every peer has opened it. */
-static char *al_shm_create(const char *name, size_t len, int size, size_t slot, char *err,
-                           size_t errlen) {
+static char *al_shm_create(const char *name, size_t len, int size, size_t slot, uint64_t nonce,
+                           char *err, size_t errlen) {
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   char *p;
   if (fd < 0) {
     snprintf(err, errlen, "shm_open(%s, O_CREAT) failed: %s", name, strerror(errno));
     return NULL;
   }
-  p = al_shm_init_fd(fd, name, len, size, slot, err, errlen);
+  p = al_shm_init_fd(fd, name, len, size, slot, nonce, err, errlen);
   close(fd);
   if (p == NULL)
     shm_unlink(name);
@@ -276,15 +324,15 @@ static char *al_shm_create(const char *name, size_t len, int size, size_t slot, 
 }
 
 /* The named path: map the segment another rank created as `name`. */
-static char *al_shm_open(const char *name, size_t len, int size, size_t slot, char *err,
-                         size_t errlen) {
+static char *al_shm_open(const char *name, size_t len, int size, size_t slot, uint64_t nonce,
+                         char *err, size_t errlen) {
   int fd = shm_open(name, O_RDWR, 0);
   char *p;
   if (fd < 0) {
     snprintf(err, errlen, "shm_open(%s) failed: %s", name, strerror(errno));
     return NULL;
   }
-  p = al_shm_map_fd(fd, name, len, size, slot, err, errlen);
+  p = al_shm_map_fd(fd, name, len, size, slot, nonce, err, errlen);
   close(fd);
   return p;
 }

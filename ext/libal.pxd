@@ -51,12 +51,17 @@ cdef extern from "al_shm.h" nogil:
         double avg_div
         int coll, root
     size_t al_shm_bytes(int size, size_t slot)
+    int al_shm_header_check(const char* p, size_t len, int size, size_t slot, uint64_t nonce,
+                            const char* what, char* err, size_t errlen)
+    void al_shm_header_write(char* p, int size, size_t slot, uint64_t nonce)
     size_t al_shm_stream_bytes
-    char* al_shm_create(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
-    char* al_shm_open(const char* name, size_t len, int size, size_t slot, char* err, size_t errlen)
-    char* al_shm_create_memfd(const char* label, size_t len, int size, size_t slot, int* fd,
-                              int* unsupported, char* err, size_t errlen)
-    char* al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot,
+    char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
+                        char* err, size_t errlen)
+    char* al_shm_open(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
+                      char* err, size_t errlen)
+    char* al_shm_create_memfd(const char* label, size_t len, int size, size_t slot,
+                              uint64_t nonce, int* fd, int* unsupported, char* err, size_t errlen)
+    char* al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot, uint64_t nonce,
                             int* named_instead, char* err, size_t errlen)
     void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
     void al_shm_allreduce_begin(const al_shm_seg*, al_shm_op*, const al_shm_args*)

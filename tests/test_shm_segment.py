@@ -45,6 +45,9 @@ while True:
 '''
 
 
+RANDOM = "[0-9a-f]{16}"     # the named fallback's random suffix (nobody can pre-create it)
+
+
 def ours():
     return {n for n in os.listdir("/dev/shm") if n.startswith("al_shm_")}
 
@@ -89,6 +92,10 @@ if sys.argv[1:] == ["no-proc"]:                    # the peers may not open rank
         assert libc.capget(hdr, data) == 0, ctypes.get_errno()
         data[0] &= ~(1 << 19)                      # effective CAP_SYS_PTRACE
         assert libc.capset(hdr, data) == 0, ctypes.get_errno()
+if sys.argv[1:] == ["planted"] and MPI.COMM_WORLD.rank == 0:   # the names of old, taken
+    planted = [f"/dev/shm/al_shm_{os.getpid()}_{n}" for n in (1, 2)]
+    for path in planted:
+        open(path, "x").close()
 import aluminum_py as al
 c = al.Communicator()                              # the segment's setup
 x = np.arange(1000, dtype=np.float64) * (c.rank + 1)
@@ -98,6 +105,9 @@ assert np.array_equal(y, np.arange(1000, dtype=np.float64) * sum(range(1, c.size
 mapped = sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
                  if "al_shm_" in line})
 print(f"rank {c.rank} ok mapped {mapped}", flush=True)
+if sys.argv[1:] == ["planted"] and c.rank == 0:
+    for path in planted:
+        os.unlink(path)
 """
 
 
@@ -140,7 +150,7 @@ def test_named_fallback(tmp_path):
     proc, pids = run_setup(tmp_path, 2, AL_SHM_NAMED="1")
     assert proc.returncode == 0, proc.stdout
     for rank in (0, 1):
-        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_1 \(deleted\)'\]",
+        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_1_{RANDOM} \(deleted\)'\]",
                          proc.stdout), proc.stdout
     assert left_by(pids, before) == [], proc.stdout
     # ... where a rank killed during the setup leaves the name (what the memory file avoids:
@@ -150,7 +160,19 @@ def test_named_fallback(tmp_path):
     for n in left:
         os.unlink(f"/dev/shm/{n}")
     assert proc.returncode != 0, proc.stdout
-    assert left == [f"al_shm_{pids[0]}_1"], proc.stdout
+    assert len(left) == 1 and re.fullmatch(rf"al_shm_{pids[0]}_1_{RANDOM}", left[0]), proc.stdout
+
+
+def test_named_fallback_name_cannot_be_taken_in_advance(tmp_path):
+    # another user's process created /dev/shm/al_shm_<rank 0's pid>_1 (and _2) first: the name
+    # has a random part, so the segment is still made (O_EXCL) and "shm" works
+    before = ours()
+    proc, pids = run_setup(tmp_path, 2, "planted", AL_SHM_NAMED="1")
+    assert proc.returncode == 0, proc.stdout
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_1_{RANDOM} "
+                         rf"\(deleted\)'\]", proc.stdout), proc.stdout
+    assert left_by(pids, before) == [], proc.stdout
 
 
 def test_named_fallback_when_proc_refuses(tmp_path):
@@ -160,7 +182,7 @@ def test_named_fallback_when_proc_refuses(tmp_path):
     proc, pids = run_setup(tmp_path, 3, "no-proc")
     assert proc.returncode == 0, proc.stdout
     for rank in (0, 1, 2):
-        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_2 \(deleted\)'\]",
+        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_2_{RANDOM} \(deleted\)'\]",
                          proc.stdout), proc.stdout
     assert left_by(pids, before) == [], proc.stdout
 
@@ -217,6 +239,6 @@ def test_named_fallback_without_memfd_create(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.count("no_memfd shim: memfd_create -> ENOSYS") == 1, proc.stdout
     for rank in (0, 1, 2):
-        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_1 \(deleted\)'\]",
+        assert re.search(rf"rank {rank} ok mapped \['/dev/shm/al_shm_{pids[0]}_1_{RANDOM} \(deleted\)'\]",
                          proc.stdout), proc.stdout
     assert left_by(pids, before) == [], proc.stdout

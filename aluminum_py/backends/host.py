@@ -7,7 +7,6 @@ cached choice and the cached schedule in Cython), whose error messages come from
 from __future__ import annotations
 
 import operator
-import os
 
 from .. import _core, config, schedules, tuning
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
@@ -150,6 +149,11 @@ class HostBackend:
         self.size = state.size
         self._any_source = any_source
         self._any_tag = any_tag
+        bad = [(r, e) for r, e in enumerate(tuning_comm.allgather(config.construction_error()))
+               if e]
+        if bad:                     # on every rank, before anything else is set up
+            raise ValueError(f"{bad[0][1]} (rank {bad[0][0]}"
+                             f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})")
         set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
         self.layout = node_layout(tuning_comm)
         # several nodes: a segment per node, for "hierarchical" (None: its point-to-point form,
@@ -200,7 +204,7 @@ class HostBackend:
         """`node_comm` if the communicator is one node's (else it is freed): the "shm" setup's
         communicator.  Why not otherwise is kept for the error of "shm"."""
         nodes = len(set(self.layout))
-        forced = os.environ.get("AL_NODE_LAYOUT", "").strip()
+        forced = config.node_layout()
         self._no_shm = None
         if node_comm is not None and node_comm.Get_size() == self.size and nodes == 1:
             return node_comm
@@ -208,7 +212,7 @@ class HostBackend:
             node_comm.Free()
         if nodes > 1:
             self._no_shm = (f"the communicator's {self.size} ranks are on {nodes} nodes"
-                            + (f" (AL_NODE_LAYOUT={forced})" if forced else ""))
+                            + (f" (AL_NODE_LAYOUT={','.join(forced)})" if forced else ""))
         else:
             self._no_shm = "the communicator has no node communicator"
         return None

@@ -3,8 +3,6 @@ which ops it has, its point-to-point rules (no tags, no wildcard source), the CT
 and the communicator's blocking mode."""
 from __future__ import annotations
 
-import os
-
 from .. import config
 
 OPS = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}   # al -> NCCL
@@ -28,10 +26,10 @@ def check_p2p_args(tag, source, any_source) -> None:
 
 def cta_limits(min_ctas, max_ctas) -> tuple[int | None, int | None]:
     """The thread-block limits of one op: as given, else AL_NCCL_MIN_CTAS / AL_NCCL_MAX_CTAS."""
-    if min_ctas is None and os.environ.get("AL_NCCL_MIN_CTAS"):
-        min_ctas = int(os.environ["AL_NCCL_MIN_CTAS"])
-    if max_ctas is None and os.environ.get("AL_NCCL_MAX_CTAS"):
-        max_ctas = int(os.environ["AL_NCCL_MAX_CTAS"])
+    if min_ctas is None or max_ctas is None:
+        env_min, env_max = config.nccl_ctas()
+        min_ctas = env_min if min_ctas is None else min_ctas
+        max_ctas = env_max if max_ctas is None else max_ctas
     return min_ctas, max_ctas
 
 

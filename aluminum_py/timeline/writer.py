@@ -13,6 +13,7 @@ import os
 import threading
 
 from .. import _core
+from ..files import open_private
 from .events import Tracks, dumps, events_of, start_of
 
 
@@ -29,7 +30,7 @@ class Writer:
         self.error: Exception | None = None   # what stopped the writer thread
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
-        self._file = open(path, "w")
+        self._file = os.fdopen(open_private(path), "w")     # 0600, no link followed
         self._file.write('{"displayTimeUnit":"ms","traceEvents":[\n')
         self._first = True
         self._emit([{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0,

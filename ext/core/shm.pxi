@@ -152,8 +152,19 @@ cdef int g_shm_created = 0          # segments this process created (their names
 DEF SHM_MSG = 256                   # bytes per rank in the setup's exchange
 
 def shm_bytes(int size, size_t slot):
-    """The length of a segment for `size` ranks with slots of `slot` bytes."""
+    """The length of a segment for `size` ranks with slots of `slot` bytes (a multiple of 4096);
+    0 when that makes no segment (al_shm_bytes: bad arguments, or the length overflows)."""
     return al_shm_bytes(size, slot)
+
+def shm_header_check(const unsigned char[:] header, int size, size_t slot, uint64_t nonce):
+    """None when `header` (a segment's first bytes, the whole mapping's length) is the header of
+    the segment of `size` ranks, `slot` and `nonce`; else the message saying what differs
+    (al_shm_header_check, which every rank runs on the segment it mapped)."""
+    cdef char err[SHM_MSG]
+    if al_shm_header_check(<const char*>&header[0], header.shape[0], size, slot, nonce,
+                           "the segment", err, SHM_MSG) == 0:
+        return None
+    return (<bytes>err).decode()
 
 def _shm_finish(req, deadline, double timeout, what):
     """Poll an MPI request of the setup until it completes or the deadline passes."""
@@ -173,6 +184,13 @@ def _shm_test_die(int rank):
     import os
     if os.environ.get("AL_SHM_TEST_DIE_IN_SETUP", "") == str(rank):
         os._exit(9)
+
+def _shm_test_nonce(int rank, nonce):
+    """TESTING AID ONLY (tests/mpi/test_hostile.py): AL_SHM_TEST_BAD_NONCE=<rank> makes that
+    rank expect another nonce than rank 0 sent, as if it had opened a file that is not rank 0's
+    segment."""
+    import os
+    return nonce ^ 1 if os.environ.get("AL_SHM_TEST_BAD_NONCE", "") == str(rank) else nonce
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
                bint named=False):
@@ -214,7 +232,8 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     cdef int size = cs.c.size, rank = cs.c.rank
     cdef int fd = -1, unsupported = 0, named_instead = 0
     cdef long pid = 0
-    cdef size_t length
+    cdef size_t length = 0
+    cdef uint64_t nonce = 0
     cdef char err[SHM_MSG]
     cdef char* base = NULL
     cdef al_shm_seg* seg
@@ -223,29 +242,37 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     err[0] = 0
 
     # rank 0 creates; how to open it (or rank 0's error) and its parameters go to every rank
-    params = np.zeros(6, dtype=np.uint64)          # slot, small, created, mode, pid, fd
+    params = np.zeros(7, dtype=np.uint64)    # slot, small, created, mode, pid, fd, nonce
     name = np.zeros(SHM_MSG, dtype=np.uint8)
+    rounded = (<object>slot + 4095) // 4096 * 4096       # (a Python int: never wraps)
     if rank == 0 and slot == 0:
         snprintf(err, SHM_MSG, "disabled (AL_SHM_SLOT_BYTES=0)")
+    elif rank == 0 and (rounded >= 2 ** 64 or al_shm_bytes(size, rounded) == 0):
+        snprintf(err, SHM_MSG, "slots of %zu bytes for %d ranks make no segment (its length "
+                 "overflows)", slot, size)
     elif rank == 0:
-        slot = (slot + 4095) // 4096 * 4096
+        slot = rounded
+        small = min(small, slot)
         g_shm_created += 1
+        nonce = int.from_bytes(os.urandom(8), "little")
         bname = f"al_shm_{os.getpid()}_{g_shm_created}".encode()
         length = al_shm_bytes(size, slot)
         cname = bname
         if mode == SHM_MEMFD:
             with nogil:
-                base = al_shm_create_memfd(cname, length, size, slot, &fd, &unsupported, err,
-                                           SHM_MSG)
+                base = al_shm_create_memfd(cname, length, size, slot, nonce, &fd, &unsupported,
+                                           err, SHM_MSG)
             if unsupported:
                 mode = SHM_NAMED                   # no memfd_create here: the named path
                 err[0] = 0
         if mode == SHM_NAMED:
-            bname = b"/" + bname
+            # a name nobody can guess (and so pre-create: O_EXCL would then fail), as the
+            # mkstemp names of MPICH's and NCCL's segments
+            bname = b"/" + bname + b"_" + os.urandom(8).hex().encode()
             cname = bname
             with nogil:
-                base = al_shm_create(cname, length, size, slot, err, SHM_MSG)
-        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0))
+                base = al_shm_create(cname, length, size, slot, nonce, err, SHM_MSG)
+        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0), nonce)
         name[:len(bname)] = np.frombuffer(bname, np.uint8)
         _shm_test_die(rank)
     try:
@@ -254,18 +281,22 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
         _shm_finish(node_comm.Ibcast(name, root=0), deadline, timeout, what)
         slot, small, mode = int(params[0]), int(params[1]), int(params[3])
         pid, fd = int(params[4]), int(params[5])
+        nonce = _shm_test_nonce(rank, int(params[6]))
         length = al_shm_bytes(size, slot)
         bname = name.tobytes().rstrip(b"\0")
         cname = bname
         if rank != 0:
             _shm_test_die(rank)
-        if rank != 0 and params[2] and mode == SHM_MEMFD:
+        if rank != 0 and params[2] and (length == 0 or small > slot):
+            snprintf(err, SHM_MSG, "rank 0's slots of %zu bytes (%zu symmetric) make no segment",
+                     slot, small)
+        elif rank != 0 and params[2] and mode == SHM_MEMFD:
             with nogil:
-                base = al_shm_open_memfd(pid, fd, length, size, slot, &named_instead, err,
-                                         SHM_MSG)
+                base = al_shm_open_memfd(pid, fd, length, size, slot, nonce, &named_instead,
+                                         err, SHM_MSG)
         elif rank != 0 and params[2]:
             with nogil:
-                base = al_shm_open(cname, length, size, slot, err, SHM_MSG)
+                base = al_shm_open(cname, length, size, slot, nonce, err, SHM_MSG)
         elif rank != 0:
             snprintf(err, SHM_MSG, "rank 0 could not create the segment")
         # a report: the error (empty: mapped), then in the last byte whether the named path
