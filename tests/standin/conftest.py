@@ -1,10 +1,12 @@
-"""Fixtures shared by the stand-in tests: the driver-lock rule around every test (no device call
-holds the GIL while another thread waits in the driver: cuda_standin.driver_lock, on in
-tests/test_mpi_suite.py's runs), and the NCCL stand-in for test_nccl_path.py, test_nccl_api.py."""
+"""Fixtures shared by the stand-in tests: a communicator bound to a stand-in stream
+(`bound`), the driver-lock rule around every test (no device call holds the GIL while another
+thread waits in the driver: cuda_standin.driver_lock, on in tests/test_mpi_suite.py's runs), and
+the NCCL stand-in for test_nccl_path.py, test_nccl_api.py."""
 import os
 
 import pytest
 
+import aluminum_py as al
 from aluminum_py import nccl
 from aluminum_py.testing import cuda_standin as cs
 
@@ -25,3 +27,17 @@ def standins():
 def driver_lock_rule():
     with cs.no_driver_lock_violations():
         yield
+
+
+@pytest.fixture
+def bound():
+    """A communicator bound to a fresh non-blocking stand-in stream (the CUDA stand-in loaded:
+    AL_CUDA_LIBRARY names it)."""
+    assert os.environ.get("AL_CUDA_LIBRARY") == cs.path()
+    cs.make_current(0)
+    stream = cs.stream_create(1)
+    comm = al.Communicator(stream=stream)
+    yield comm, stream
+    comm.Free()
+    cs.stream_synchronize(stream)
+    cs.stream_destroy(stream)

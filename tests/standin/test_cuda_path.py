@@ -40,17 +40,6 @@ def standin_is_loaded():
     assert gpu.cuda_device_count() >= 1
 
 
-@pytest.fixture
-def bound():
-    """A communicator bound to a fresh non-blocking stand-in stream."""
-    cs.make_current(0)
-    stream = cs.stream_create(1)
-    comm = al.Communicator(stream=stream)
-    yield comm, stream
-    comm.Free()
-    cs.stream_synchronize(stream)
-    cs.stream_destroy(stream)
-
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("algorithm", HT)

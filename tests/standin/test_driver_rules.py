@@ -24,18 +24,6 @@ pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
-@pytest.fixture
-def bound():
-    """A communicator bound to a fresh non-blocking stand-in stream."""
-    assert os.environ.get("AL_CUDA_LIBRARY") == cs.path()
-    cs.make_current(0)
-    stream = cs.stream_create(1)
-    comm = al.Communicator(stream=stream)
-    yield comm, stream
-    comm.Free()
-    cs.stream_synchronize(stream)
-    cs.stream_destroy(stream)
-
 
 @pytest.mark.timeout(120)
 def test_host_transfer_enqueue_releases_the_gil_in_the_driver(bound):
