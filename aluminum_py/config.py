@@ -137,6 +137,21 @@ def shm_named() -> bool:
     return _float("AL_SHM_NAMED", 0.0) != 0
 
 
+def check() -> bool:
+    """AL_CHECK: a debugging aid; 1 makes every collective call of the point-to-point
+    algorithms and "mpi" exchange its signature (kind, count, dtype, op, root, call number)
+    with the peers first, so that ranks calling differently raise aluminum_py.Error naming both
+    calls instead of failing in MPI, hanging or returning wrong values (default 0: only the
+    shared-memory rounds carry fingerprints).  Set it the same on every rank: read at
+    Communicator() (collective)."""
+    v = os.environ.get("AL_CHECK", "").strip()
+    if v in ("", "0"):
+        return False
+    if v == "1":
+        return True
+    raise ValueError(f"environment variable AL_CHECK={v!r}: expected 0 or 1")
+
+
 def default_engine_yield(local_size: int) -> int:
     """Never yield while every rank on the node has a core of its own (a GIL-holding caller
     would otherwise starve the engine); yield after every idle poll when ranks outnumber cores

@@ -3,6 +3,7 @@ one stream; NCCL runs them (:mod:`aluminum_py.nccl`), or, for allreduce, the hos
 algorithms (:mod:`.host_transfer`). Semantics: docs/gpu.md and docs/semantics.md."""
 from __future__ import annotations
 
+import threading
 import time
 
 from mpi4py import MPI
@@ -43,6 +44,7 @@ class GpuBackend:
         self._any_source = MPI.ANY_SOURCE
         self.stream = stream_handle(stream)
         self.device = device
+        self._state = launcher.state        # the communicator's: the threading rule
         self.host_transfer = HostTransfer(launcher, device)
         self.inflight = InFlight(device)    # buffers of enqueued ops, until they completed
         self._internal = None
@@ -81,6 +83,8 @@ class GpuBackend:
         """At every GPU operation on the communicator: release the buffers of completed ops,
         then raise the first failure, not reported yet, of an earlier host-transfer op whose
         host part has finished (blocking ops, and nonblocking ones whose Wait came first)."""
+        if self._state.freed or self._state.owner != threading.get_ident() or self._state.marked:
+            self._state.check_usable("GPU op")
         self.inflight.retire()
         _retire_freed()
         keep, failure = [], None

@@ -43,6 +43,13 @@ def divisible(arr, name: str, size: int) -> None:
                          f"size {size}")
 
 
+def _thread_name(ident: int) -> str:
+    """A thread by name and ident, for the threading rule's messages."""
+    import threading
+    t = threading._active.get(ident)
+    return f"{t.name!r} (ident {ident})" if t is not None else f"ident {ident} (ended)"
+
+
 class _Hooks:
     """What the native call path calls back for: unusual buffers, and every error message."""
 
@@ -100,6 +107,19 @@ class _Hooks:
     @staticmethod
     def too_many(n, name):
         check_count(n, name)
+
+    @staticmethod
+    def not_owner(name, owner, me):
+        return (f"{name}: called from thread {_thread_name(me)}, but this communicator is "
+                f"owned by thread {_thread_name(owner)}: a communicator is used by one thread "
+                f"at a time, so that every rank sees its calls in the same order; hand it over "
+                f"with comm.bind_thread() in the thread that uses it next, or give each thread "
+                f"its own Communicator")
+
+    @staticmethod
+    def in_call(name, owner):
+        return (f"{name}: thread {_thread_name(owner)} is inside a call on this communicator; "
+                f"wait until it returns")
 
 
 _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
