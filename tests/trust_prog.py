@@ -3,14 +3,13 @@ limit): ordinary mistakes with threads, mismatched calls and Free must end in ri
 aluminum_py.Error on the ranks concerned, never a wrong value or an endless wait.
 
     python trust_prog.py threads ALG[,ALG...] COLL[,COLL...] REPEAT
-    python trust_prog.py asymmetric ALG
-    python trust_prog.py mismatch ALG
-    python trust_prog.py free ALG
+    python trust_prog.py asymmetric ALG[,ALG...]
+    python trust_prog.py mismatch ALG[,ALG...]
+    python trust_prog.py free ALG[,ALG...]
 
 Each prints one line per finding ("WRONG ...", "HANG ...", "NOERROR ...") and "DONE rank r" at
 the end; the test fails on any finding or a missing DONE.
 """
-import os
 import sys
 import threading
 import time
@@ -216,7 +215,7 @@ def main():
     if what == "threads":
         findings = threads(sys.argv[2].split(","), sys.argv[3].split(","), int(sys.argv[4]))
     else:
-        findings = globals()[what](sys.argv[2])
+        findings = [f for alg in sys.argv[2].split(",") for f in globals()[what](alg)]
     for f in findings:
         say(f)
     say("DONE")
@@ -225,7 +224,6 @@ def main():
     while not end.Test() and time.monotonic() < deadline:
         time.sleep(0.01)
     sys.stdout.flush()
-    os._exit(0)            # stuck ops of broken communicators: no exit grace to wait for
 
 
 if __name__ == "__main__":
