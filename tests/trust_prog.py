@@ -25,7 +25,9 @@ TOTAL = SIZE * (SIZE + 1) / 2          # the sum of every rank's (rank + 1)
 
 
 def say(*words):
-    print(f"rank {RANK}:", *words, flush=True)
+    """One line, in one write (the launcher merges the ranks' output)."""
+    sys.stdout.write(" ".join([f"rank {RANK}:"] + [str(w) for w in words]) + "\n")
+    sys.stdout.flush()
 
 
 def one_call(c, coll, alg, i):
