@@ -190,12 +190,15 @@ cdef class CommState:
         self.owner = me
 
     def check_free(self, name="Free"):
-        """Raise unless Free may go on: check_usable's rules for a call (the owner calls it)
-        and no call of this communicator in progress in any thread (a blocking call of the
-        owner, an op handed to the engine: their buffers and segment must stay)."""
+        """Raise unless Free may go on: no call of this communicator in progress in another
+        thread (its buffers and segment must stay), called by the owner (else refused as any
+        call).  A broken communicator may be freed."""
+        if g_forked:
+            fork_fail(name)
         if self.busy:
             _hooks.fail(_hooks.in_call(name, self.owner))
-        self.check_usable(name)
+        if self.owner != PyThread_get_thread_ident():
+            self.refuse(name)
 
     @property
     def marked(self):
