@@ -88,7 +88,7 @@ cdef int comm_poll_broken(al_comm* c) noexcept nogil:
         return 1
     if c.shm != NULL:
         who = al_shm_broken_by(c.shm)
-        if who < 0:
+        if who < 0 or al_shm_broken_why(c.shm) == AL_SHM_ABANDONED:   # the segment's alone
             return 0
         shm_broken_message(c.shm, who, why)
         comm_mark(c, why)

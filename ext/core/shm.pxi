@@ -23,13 +23,16 @@ def set_shm_stream_bytes(size_t nbytes):
 cdef int shm_broken(al_op* op) noexcept nogil:
     """Fail `op` (1) if a rank broke the segment (al_shm_mark_broken_why: it gave up an op,
     refused a call, or found the calls differ; the rounds are out of step for good), else 0.
-    The communicator is marked broken here too (every later call raises)."""
+    The communicator is marked broken here too (every later call raises), except after an
+    abandoned op: that leaves only the segment's rounds out of step, the MPI-based algorithms
+    keep working."""
     cdef int who = al_shm_broken_by(op.comm.shm)
     if who < 0:
         return 0
     op.err = -1
     shm_broken_message(op.comm.shm, who, op.errmsg)
-    comm_mark(op.comm, op.errmsg)
+    if al_shm_broken_why(op.comm.shm) != AL_SHM_ABANDONED:   # else only the segment's rounds
+        comm_mark(op.comm, op.errmsg)
     return 1
 
 # names for the fingerprints' message (al_reduce.h's codes; al_shm.h's collective numbers)
