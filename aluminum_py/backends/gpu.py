@@ -79,12 +79,17 @@ class GpuBackend:
                 _retain_if_abandoned(r)
             raise
 
+    def usable(self, name: str) -> None:
+        """At every GPU operation: the communicator's rules (the owner thread calls, not freed,
+        not broken: CommState.check_usable), then check()."""
+        if self._state.freed or self._state.owner != threading.get_ident() or self._state.marked:
+            self._state.check_usable(name)
+        self.check()
+
     def check(self) -> None:
         """At every GPU operation on the communicator: release the buffers of completed ops,
         then raise the first failure, not reported yet, of an earlier host-transfer op whose
         host part has finished (blocking ops, and nonblocking ones whose Wait came first)."""
-        if self._state.freed or self._state.owner != threading.get_ident() or self._state.marked:
-            self._state.check_usable("GPU op")
         self.inflight.retire()
         _retire_freed()
         keep, failure = [], None
@@ -232,7 +237,7 @@ class GpuBackend:
 
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):
-        self.check()
+        self.usable("allreduce")
         s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
         r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
@@ -267,7 +272,7 @@ class GpuBackend:
 
     # -- the other collectives: NCCL's own, grouped send/recv where NCCL has none
     def _run(self, name: str, blocking: bool, keep, launch):
-        self.check()
+        self.usable(name)
         comm = self.nccl_comm()
         stream = self.stream if blocking else self._fork()
         t_call = time.monotonic()
