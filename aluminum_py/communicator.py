@@ -105,6 +105,7 @@ class Communicator:
         a GPU buffer, else the host backend."""
         if buf is None or type(buf) is _ndarray or not is_gpu_buffer(buf):
             return self._host
+        _core.check_not_forked(f"{name} is a GPU buffer")    # before any CUDA or NCCL call
         if self._gpu is None:
             require_cuda(f"{name} is a GPU buffer")
             self._gpu = self._make_gpu(None)

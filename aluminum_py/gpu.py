@@ -243,6 +243,7 @@ class GpuRequest:
                 pending), or the engine abandoned it at AL_HANG_TIMEOUT.
             aluminum_py.MPIError: the host part failed.
         """
+        _core.check_not_forked("GpuRequest.Wait")          # before any driver call
         if self._host is not None:
             if timeout is not None:
                 try:
@@ -264,6 +265,7 @@ class GpuRequest:
 
     def Test(self) -> bool:
         """True once the op has completed on the device (raises its host part's failure)."""
+        _core.check_not_forked("GpuRequest.Test")
         if self._host is not None and self._host.done:
             self._b.report(self._host, 0.0)
         return self._b.device.event_query(self._event)

@@ -6,6 +6,7 @@ aluminum_py.nccl module"). The GPU backend's NCCL rules are in :mod:`aluminum_py
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 
@@ -29,12 +30,37 @@ SUCCESS, UNHANDLED_CUDA_ERROR, INVALID_ARGUMENT, INVALID_USAGE, IN_PROGRESS = 0,
 _state = {"path": None, "error": None, "tried": False}
 
 
+def cuda_standin_nccl() -> str | None:
+    """``AL_CUDA_LIBRARY`` when it names the CUDA stand-in (:mod:`aluminum_py.testing.cuda_standin`,
+    recognised by its exports), which carries the NCCL stand-in too: a real NCCL cannot run on
+    the stand-in's devices, so with ``AL_NCCL_LIBRARY`` unset this is NCCL's only candidate."""
+    path = os.environ.get("AL_CUDA_LIBRARY")
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    return path if hasattr(lib, "standin_nccl_launch_count") else None
+
+
+def _explicit() -> str | None:
+    """The library asked for: ``AL_NCCL_LIBRARY``, else the NCCL stand-in of ``AL_CUDA_LIBRARY``."""
+    return os.environ.get("AL_NCCL_LIBRARY") or cuda_standin_nccl()
+
+
 def candidates() -> list[str]:
-    """Where the library is looked for, in order."""
+    """Where the library is looked for, in order: ``AL_NCCL_LIBRARY``; else, when
+    ``AL_CUDA_LIBRARY`` is the CUDA stand-in, the NCCL stand-in in it and nothing else; the
+    ``nvidia-nccl-cu12`` wheel's; ``libnccl.so.2`` on the loader's path."""
     paths = []
     env = os.environ.get("AL_NCCL_LIBRARY")
     if env:
         paths.append(env)
+    else:
+        standin = cuda_standin_nccl()
+        if standin:
+            return [standin]
     try:
         import nvidia.nccl
         for base in nvidia.nccl.__path__:
@@ -61,7 +87,7 @@ def _load() -> None:
         return
     _state["tried"] = True
     errors = []
-    env = os.environ.get("AL_NCCL_LIBRARY")
+    env = _explicit()
     for path in candidates():
         if path != "libnccl.so.2" and not os.path.exists(path):
             errors.append(f"{path}: not found")
@@ -94,6 +120,13 @@ def _need() -> None:
         raise UnavailableError(f"NCCL is not available: could not load libnccl.so.2 "
                                f"({_state['error']}); pip install nvidia-nccl-cu12 or set "
                                f"AL_NCCL_LIBRARY")
+
+
+def _not_forked(what: str) -> None:
+    """Raise aluminum_py.Error in a child process made by os.fork(): NCCL (and CUDA under it)
+    cannot be used there, and the library refuses before any NCCL call, as it does for MPI."""
+    from . import _core
+    _core.check_not_forked(what)
 
 
 def get_version() -> tuple[int, int, int]:
@@ -191,6 +224,7 @@ class NcclComm:
 
     def __init__(self, nranks: int, unique_id: bytes, rank: int, *, min_ctas=None, max_ctas=None,
                  cga_cluster_size=None, blocking=None):
+        _not_forked("ncclCommInitRankConfig")
         _need()
         if not isinstance(unique_id, (bytes, bytearray)):
             raise TypeError(f"unique_id: expected 128 bytes, got {type(unique_id).__name__}")
@@ -212,6 +246,7 @@ class NcclComm:
         return f"<aluminum_py.nccl.NcclComm handle=0x{self.handle:x} config={self.config}>"
 
     def _h(self) -> int:
+        _not_forked("NCCL communicator")
         if self.handle == 0 and not getattr(self, "_allow_null", False):
             raise NcclError("the NCCL communicator has been destroyed", INVALID_USAGE)
         return self.handle
@@ -318,13 +353,14 @@ def _created(handle: int, rc: int, what: str) -> int:
     if rc == IN_PROGRESS:
         try:
             settle(handle, what)
-        except Exception:
+        except BaseException:               # KeyboardInterrupt too: the creation is given up
             _nccl.comm_abort(handle)
             raise
     return handle
 
 
 def group_start() -> None:
+    _not_forked("ncclGroupStart")
     _need()
     _nccl.group_start()
     _group.depth = getattr(_group, "depth", 0) + 1

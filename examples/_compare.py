@@ -5,7 +5,7 @@ import sys
 
 def verdict(steps, final_loss, diff, spread, tol, elapsed) -> int:
     print(f"after {steps} steps: final full-batch loss {final_loss:.6f}; "
-          f"max |data-parallel - single-process| = {diff:.3e} (tol {tol:.0e}); "
+          f"max |data-parallel - single-process| = {diff:.3e} (tol {tol:.3g}); "
           f"max difference between ranks = {spread:.3e}; "
           f"{elapsed / max(1, steps) * 1e3:.2f} ms/step", flush=True)
     if not diff <= tol:
@@ -18,10 +18,12 @@ def verdict(steps, final_loss, diff, spread, tol, elapsed) -> int:
     return 0
 
 
-def torch_verdict(world, args, params, reference, X, Y, loss_fn, elapsed) -> int:
+def torch_verdict(world, args, params, reference, X, Y, loss_fn, elapsed, bound=None) -> int:
     """The PyTorch examples' end: the ranks' parameters compared with each other and, on rank 0,
     with `reference` (the same initial model) trained single-process on the full batch (X, Y)
-    with the same SGD; the exit status, the same on every rank."""
+    with the same SGD; the exit status, the same on every rank. The tolerance is ``args.tol``,
+    or where that is None ``bound.tol()`` after ``bound.observe(reference)`` at every step of the
+    reference training (a lossy hook's error bound, e.g. torch_ddp_cnn.py's CompressionBound)."""
     import numpy as np
     import torch
     from mpi4py import MPI
@@ -37,11 +39,14 @@ def torch_verdict(world, args, params, reference, X, Y, loss_fn, elapsed) -> int
         for _ in range(args.steps):
             opt.zero_grad()
             loss_fn(reference(X), Y).backward()
+            if bound is not None:
+                bound.observe(reference)
             opt.step()
         with torch.no_grad():
             diff = max(float((p - r).abs().max()) for p, r in zip(params, reference.parameters()))
             final = float(loss_fn(reference(X), Y))
-        status = verdict(args.steps, final, diff, spread, args.tol, elapsed)
+        tol = args.tol if args.tol is not None else bound.tol()
+        status = verdict(args.steps, final, diff, spread, tol, elapsed)
     return int(world.bcast(status, root=0))
 
 

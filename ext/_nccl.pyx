@@ -98,15 +98,46 @@ cdef inline int check(ncclResult_t rc, ncclComm_t comm, str what) except -1:
     return rc
 
 
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() except -1
+
+# A wait returns to Python at least every WAKE seconds to run the signal handlers, as every
+# wait of the library does (ext/core/engine.pxi): a Ctrl-C during a nonblocking communicator's
+# creation, split or ncclGroupEnd is raised within about WAKE, not when the peers arrive.
+DEF WAKE = 0.05
+
+cdef ncclResult_t poll_interruptible(al_nccl_get_t get, ncclComm_t comm, double timeout,
+                                     ncclResult_t* state, long* polls) except? -1:
+    """al_nccl_poll in slices of at most WAKE seconds, without the GIL, checking for signals
+    between them (a handler's exception, e.g. KeyboardInterrupt, propagates; the communicator
+    is left as it is).  Same results as al_nccl_poll; *polls counts every query."""
+    cdef double left = timeout, step
+    cdef long n = 0
+    cdef ncclResult_t rc
+    polls[0] = 0
+    while True:
+        step = WAKE if timeout < 0 or left > WAKE else left
+        with nogil:
+            rc = al_nccl_poll(get, comm, step, state, &n)
+        polls[0] += n
+        if rc != 0 or state[0] != IN_PROGRESS:
+            return rc
+        if timeout >= 0:
+            left -= step
+            if left <= 0:
+                return rc
+        PyErr_CheckSignals()
+
+
 def comm_wait(uintptr_t comm, double timeout):
     """Poll ncclCommGetAsyncError, without the GIL, until the state is no longer
-    ncclInProgress or `timeout` seconds passed (< 0: no limit). Returns the last state."""
+    ncclInProgress or `timeout` seconds passed (< 0: no limit). Returns the last state.
+    Signal handlers run every WAKE seconds meanwhile (KeyboardInterrupt gets through)."""
     cdef ncclResult_t state = 0, rc
     cdef long polls = 0
     if not loaded:
         raise RuntimeError("comm_wait: libnccl.so.2 is not loaded")
-    with nogil:
-        rc = al_nccl_poll(api.CommGetAsyncError, <ncclComm_t>comm, timeout, &state, &polls)
+    rc = poll_interruptible(api.CommGetAsyncError, <ncclComm_t>comm, timeout, &state, &polls)
     check(rc, <ncclComm_t>comm, "ncclCommGetAsyncError")
     return state
 
@@ -135,8 +166,7 @@ def poll_scripted(long in_progress, int final, double timeout, int query_error=0
     cdef ncclResult_t state = 0, rc
     cdef long polls = 0
     _script_left, _script_final, _script_rc = in_progress, final, query_error
-    with nogil:
-        rc = al_nccl_poll(_scripted_get, NULL, timeout, &state, &polls)
+    rc = poll_interruptible(_scripted_get, NULL, timeout, &state, &polls)
     return rc, state, polls
 
 

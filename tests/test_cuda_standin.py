@@ -532,11 +532,13 @@ def test_a_stream_runs_its_commands_in_fifo_order_after_returning_at_once(L, dev
     bufs = [dev.array(np.zeros(1000, np.int64)) for _ in range(40)]
     bufs[0][:] = np.arange(1000)
     counter = dev.word()
-    t0 = time.monotonic()
-    for i in range(39):                      # a chain: each copy reads what the previous wrote
-        dev.copy(bufs[i + 1], bufs[i], s)
-        assert L.cuStreamWriteValue32_v2(s, ptr(counter), i + 1, 0) == SUCCESS
-    assert time.monotonic() - t0 < 2.0
+
+    def chain():                             # each copy reads what the previous wrote
+        return [(L.cuMemcpyAsync(ptr(bufs[i + 1]), ptr(bufs[i]), bufs[i].nbytes, s),
+                 L.cuStreamWriteValue32_v2(s, ptr(counter), i + 1, 0)) for i in range(39)]
+    c = Call(chain, ctx=dev.ctx)             # the stream is gated: a call that waited for it
+    assert c.finished(30), "an enqueue waited for the stream"      # would never return
+    assert c.result == [(SUCCESS, SUCCESS)] * 39
     assert stays(lambda: L.cuStreamQuery(s) == NOT_READY and counter[0] == 0 and not bufs[39].any())
     g.open()
     dev.sync(s)
@@ -791,6 +793,10 @@ def test_an_idle_device_does_not_make_pinned_calls_wait(L, dev):
 
 
 def test_implicit_sync_waits_only_for_work_enqueued_before_it(L, dev):
+    """The alloc returns once g1 has passed, while g2 (enqueued after the alloc began) still
+    holds the stream. The stream's worker counts itself blocked only when it reaches g2, which
+    it does after the step that released the alloc: on a loaded machine the alloc can return
+    first, so the blocked count is awaited, not sampled."""
     s = dev.stream()
     g1 = dev.gate(s)
     out = c_void_p()
@@ -799,7 +805,9 @@ def test_implicit_sync_waits_only_for_work_enqueued_before_it(L, dev):
     g2 = dev.gate(s)                                    # enqueued after the alloc began
     g1.open()
     assert c.finished() and c.result == SUCCESS
-    assert L.cuStreamQuery(s) == NOT_READY and cs.blocked_streams() >= 1
+    assert L.cuStreamQuery(s) == NOT_READY
+    assert eventually(lambda: cs.blocked_streams() >= 1)
+    assert L.cuStreamQuery(s) == NOT_READY
     g2.open()
     assert L.cuMemFreeHost(out) == SUCCESS
 
@@ -960,3 +968,55 @@ def test_python_helpers_raise_with_the_curesult(L, ctx):
     assert L.cuDeviceGetCount(byref(n)) == SUCCESS
     with pytest.raises(cs.CudaStandinError, match="CUDA_ERROR_INVALID_DEVICE"):
         cs.make_current(n.value)
+
+
+def test_driver_lock_mode_reports_a_call_made_with_the_gil_held(L, dev):
+    """With the driver lock on (cs.driver_lock), a thread inside cuCtxSynchronize holds it while
+    the device is busy; other calls wait for it. A call that waits while its thread holds the
+    GIL (ctypes.PyDLL keeps it) is reported once, with the calls named; one without it (ctypes'
+    CDLL releases the GIL) waits unreported. Off, nothing waits."""
+    s, other = dev.stream(), dev.stream()
+    held_gil = ctypes.PyDLL(cs.path()).cuStreamQuery      # the same library, GIL kept
+    held_gil.restype, held_gil.argtypes = c_int, [c_void_p]
+    was = L.standin_driver_lock_mode()
+    cs.driver_lock(True)
+    try:
+        cs.reset_counters()
+        before = cs.driver_lock_violations()[0]
+        cs.stream_delay(s, 0.6)                             # a long kernel
+        sync = Call(L.cuCtxSynchronize, ctx=dev.ctx)
+        assert eventually(cs.driver_lock_held)
+        free = Call(L.cuStreamQuery, other, ctx=dev.ctx)  # waits for the lock, GIL released
+        assert held_gil(other) == SUCCESS                   # waited for the lock, GIL held
+        assert sync.finished() and sync.result == SUCCESS
+        assert free.finished() and free.result == SUCCESS
+        count, message = cs.driver_lock_violations()
+        assert count == before + 1
+        assert message.startswith("cuStreamQuery called while its thread holds the GIL and "
+                                  "another thread waits in the driver (cuCtxSynchronize)")
+        cs.driver_lock(False)
+        cs.stream_delay(s, 0.6)
+        sync = Call(L.cuCtxSynchronize, ctx=dev.ctx)
+        assert not cs.driver_lock_held() and held_gil(other) == SUCCESS
+        assert sync.finished() and cs.driver_lock_violations()[0] == before + 1
+    finally:
+        cs.driver_lock(bool(was))
+
+
+def test_nccl_is_the_standin_when_cuda_is(monkeypatch):
+    """With AL_CUDA_LIBRARY naming the CUDA stand-in and AL_NCCL_LIBRARY unset, the NCCL
+    stand-in in the same library is NCCL's only candidate (a real NCCL cannot run on the
+    stand-in's devices); AL_NCCL_LIBRARY still wins, and another CUDA library changes nothing."""
+    from aluminum_py import _core, nccl
+    monkeypatch.delenv("AL_NCCL_LIBRARY", raising=False)
+    monkeypatch.delenv("AL_CUDA_LIBRARY", raising=False)
+    usual = nccl.candidates()
+    assert cs.path() not in usual
+    monkeypatch.setenv("AL_CUDA_LIBRARY", cs.path())
+    assert nccl.candidates() == [cs.path()]
+    assert nccl.cuda_standin_nccl() == cs.path()
+    monkeypatch.setenv("AL_NCCL_LIBRARY", "/nowhere/libnccl.so.2")
+    assert nccl.candidates() == ["/nowhere/libnccl.so.2"] + usual
+    monkeypatch.delenv("AL_NCCL_LIBRARY")
+    monkeypatch.setenv("AL_CUDA_LIBRARY", _core.__file__)     # a library, not the stand-in
+    assert nccl.candidates() == usual and nccl.cuda_standin_nccl() is None

@@ -3,7 +3,9 @@ allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).
 
 Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
 by the subprocess timeout here.  Set AL_TEST_RANKS=2,4 to choose rank counts, AL_MPIEXEC and
-AL_MPIEXEC_ARGS to choose the launcher (tests/openmpi/run.sh: Open MPI's, with --oversubscribe).
+AL_MPIEXEC_ARGS to choose the launcher (tests/openmpi/run.sh: Open MPI's, with --oversubscribe),
+AL_TEST_ARGS to pass arguments to every suite launched here (:func:`inner_args`; a suite it
+selects nothing in is skipped, not launched).
 """
 import os
 import shlex
@@ -34,19 +36,74 @@ def launcher() -> list:
     return [mpiexec()] + shlex.split(os.environ.get("AL_MPIEXEC_ARGS", ""))
 
 
+SELECTORS = ("-k", "-m")        # pytest options of which only the last one given counts
+
+
+def merge_args(own: list, extra: list) -> list:
+    """`own` (a suite's pytest arguments) followed by `extra` (AL_TEST_ARGS's words), where a
+    -k or -m expression in both is joined into one, "(own) and (extra)": pytest keeps only
+    the last -k, so appending would drop the suite's own selection."""
+    def split(args):
+        rest, sel, i = [], {}, 0
+        while i < len(args):
+            a = args[i]
+            opt = next((o for o in SELECTORS if a == o or a.startswith(o)), None)
+            if opt is None:
+                rest.append(a)
+            elif a == opt:
+                if i + 1 == len(args):
+                    raise ValueError(f"AL_TEST_ARGS: {opt} needs an expression")
+                sel[opt] = args[i + 1]
+                i += 1
+            else:
+                sel[opt] = a[len(opt):].lstrip("=")
+            i += 1
+        return rest, sel
+
+    rest_own, sel_own = split(own)
+    rest_extra, sel_extra = split(extra)
+    out = rest_own + rest_extra
+    for opt in SELECTORS:
+        exprs = [e for e in (sel_own.get(opt), sel_extra.get(opt)) if e]
+        if exprs:
+            out += [opt, exprs[0] if len(exprs) == 1 else f"({exprs[0]}) and ({exprs[1]})"]
+    return out
+
+
+def inner_args(own: list, env: dict) -> list:
+    """A launched suite's pytest arguments `own` with $AL_TEST_ARGS merged in (merge_args).
+    When AL_TEST_ARGS is set, the suite is first collected in this process's environment
+    without mpiexec; if that selects no test, the calling test is skipped, so that e.g.
+    ``AL_TEST_ARGS="-k host_transfer"`` does not launch the 6-rank allreduce matrix."""
+    extra = shlex.split(os.environ.get("AL_TEST_ARGS", ""))
+    if not extra:
+        return own
+    args = merge_args(own, extra)
+    probe = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=300)
+    if probe.returncode == 5:                          # pytest: no tests collected
+        pytest.skip(f"AL_TEST_ARGS={os.environ['AL_TEST_ARGS']!r} selects nothing in this suite")
+    return args
+
+
+def run_suite(nranks: int, own: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """pytest with arguments `own` (and AL_TEST_ARGS, inner_args) under the launcher at
+    `nranks` ranks; its output is printed (the end of it)."""
+    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest", *inner_args(own, env)]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+    print(proc.stdout[-20000:])
+    return proc
+
+
 @pytest.mark.parametrize("nranks", RANKS)
 def test_mpi_suite(nranks):
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1")
-    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
-           "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=300", "-o", "console_output_style=classic"]
-    extra = os.environ.get("AL_TEST_ARGS")
-    if extra:
-        cmd += extra.split()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=1500)
-    out = proc.stdout
-    print(out[-20000:])
-    assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{out[-8000:]}"
+    proc = run_suite(nranks, [os.path.join(HERE, "mpi"), "--with-mpi", "-q", "-x", "-p",
+                              "no:cacheprovider", "--timeout=300", "-o",
+                              "console_output_style=classic"], env, 1500)
+    assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
 def test_allreduce_at_six_ranks_oversubscribed():
@@ -56,13 +113,10 @@ def test_allreduce_at_six_ranks_oversubscribed():
     1-4 runs, and (on this 2-core machine) oversubscribed, with the progress engine yielding
     after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any machine)."""
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_ENGINE_YIELD="1")
-    cmd = [*launcher(), "-n", "6", sys.executable, "-m", "pytest",
-           os.path.join(HERE, "mpi", "test_allreduce.py"), "-k", "matrix or identical or nan",
-           "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=600",
-           "--timeout-method=thread", "-o", "console_output_style=classic"]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=900)
-    print(proc.stdout[-20000:])
+    proc = run_suite(6, [os.path.join(HERE, "mpi", "test_allreduce.py"), "-k",
+                         "matrix or identical or nan", "--with-mpi", "-q", "-x", "-p",
+                         "no:cacheprovider", "--timeout=600", "--timeout-method=thread", "-o",
+                         "console_output_style=classic"], env, 900)
     assert proc.returncode == 0, f"allreduce at 6 ranks failed:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
 
@@ -77,11 +131,8 @@ def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
         pytest.skip("the CVARs that expose the ordering are MPICH's")
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
                MPIR_CVAR_DEVICE_COLLECTIVES="none", MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb")
-    cmd = [*launcher(), "-n", "2", sys.executable, "-m", "pytest",
-           os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py"), "-k", "control", "--with-mpi",
-           "-q", "-p", "no:cacheprovider", "--timeout=60"]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)
+    proc = run_suite(2, [os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py"), "-k", "control",
+                         "--with-mpi", "-q", "-p", "no:cacheprovider", "--timeout=60"], env, 300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-6000:]
 
 
@@ -91,13 +142,10 @@ def test_cuda_standin_suite(nranks):
     GPU) against the CUDA driver stand-in, under mpiexec, with AL_CUDA_LIBRARY set."""
     from aluminum_py.testing import cuda_standin
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
-               AL_CUDA_LIBRARY=cuda_standin.path())
-    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
-           os.path.join(HERE, "standin"), "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
-           "--timeout=300", "--timeout-method=thread", "-o", "console_output_style=classic"]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=900)
-    print(proc.stdout[-20000:])
+               AL_CUDA_LIBRARY=cuda_standin.path(), AL_STANDIN_DRIVER_LOCK="1")
+    proc = run_suite(nranks, [os.path.join(HERE, "standin"), "--with-mpi", "-q", "-x", "-p",
+                              "no:cacheprovider", "--timeout=300", "--timeout-method=thread", "-o",
+                              "console_output_style=classic"], env, 900)
     assert proc.returncode == 0, f"stand-in suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
@@ -112,18 +160,15 @@ def test_gpu_suite_on_standins(nranks):
     from aluminum_py.testing import cuda_standin
     path = cuda_standin.path()
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_CUDA_LIBRARY=path,
-               AL_NCCL_LIBRARY=path)
-    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
-           "-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
-           os.path.join(HERE, "standin", "test_nccl_path.py"),
-           os.path.join(HERE, "standin", "test_nccl_api.py"), "--with-mpi", "-q", "-x",
-           "-p", "no:cacheprovider", "--timeout=300", "--timeout-method=thread",
-           "-o", "console_output_style=classic"]
+               AL_NCCL_LIBRARY=path, AL_STANDIN_DRIVER_LOCK="1")
+    args = ["-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
+            os.path.join(HERE, "standin", "test_nccl_path.py"),
+            os.path.join(HERE, "standin", "test_nccl_api.py"), "--with-mpi", "-q", "-x",
+            "-p", "no:cacheprovider", "--timeout=300", "--timeout-method=thread",
+            "-o", "console_output_style=classic"]
     if nranks > 2:
-        cmd += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
-                      "(test_allreduce and float32)"]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=1200)
-    print(proc.stdout[-20000:])
+        args += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
+                       "(test_allreduce and float32)"]
+    proc = run_suite(nranks, args, env, 1200)
     assert proc.returncode == 0, f"GPU suite on the stand-ins failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout

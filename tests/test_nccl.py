@@ -156,6 +156,29 @@ def test_poll_loop_times_out_without_spinning():
     assert polls < 2000                       # it sleeps between polls (up to 1 ms)
 
 
+def test_poll_loop_lets_a_signal_through():
+    """The wait on a nonblocking communicator (creation, split, ncclGroupEnd: comm_wait) runs
+    the signal handlers every ~50 ms, as the library's other waits do: a Ctrl-C (here SIGALRM
+    raising KeyboardInterrupt) ends a wait with a 60 s limit at once, not after it."""
+    import signal
+    import time
+    from aluminum_py import _nccl
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    t0 = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            _nccl.poll_scripted(10**12, 0, 60.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - t0 < 30
+
+
 def test_settle_maps_states_to_errors(monkeypatch):
     from aluminum_py import _nccl
     with pytest.raises(al.NcclError) as info:           # the real query on a NULL comm

@@ -233,6 +233,48 @@ def test_plot_writes_a_png(tmp_path):
         parse_steps("4-2")
 
 
+def plotted(monkeypatch, trace, steps=None):
+    """The figure timeline plot saves for `trace`: (the facecolours drawn in the axes, the
+    facecolours in the legend, the legend's labels, the texts on the bars)."""
+    import matplotlib.figure
+    from matplotlib.patches import Rectangle
+    from aluminum_py.timeline.plot import plot
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    plot(trace, "unused.png", steps)
+    ax = saved[0].axes[0]
+    rgba = lambda cs: {tuple(np.round(c, 3)) for c in cs}        # noqa: E731
+    drawn = rgba(c for coll in ax.collections for c in coll.get_facecolors())
+    legend = ax.get_legend()
+    named = rgba(p.get_facecolor() for p in legend.findobj(Rectangle))
+    return (drawn, named, [t.get_text() for t in legend.get_texts()],
+            [t.get_text() for t in ax.texts])
+
+
+def test_plot_legend_names_every_colour_and_op_bars_are_labelled(monkeypatch):
+    """Every colour drawn is in the legend: each bucket's queued and running shades, each op
+    kind and algorithm; op bars (no synchronizer in the trace) carry their kind and algorithm."""
+    events = []
+    for r in range(2):
+        for step in range(2):
+            t = step * 1000.0
+            events += [x("backward", r, t, 600.0, cat="region")]
+            events += [x(f"bucket {b}", r, t + 100 + 150 * b, 300.0, cat="bucket", step=step,
+                         bucket=b, gradients=[b], queued_us=50.0, run_us=250.0)
+                       for b in range(3)]
+    drawn, named, labels, _ = plotted(monkeypatch, {"traceEvents": events})
+    assert len(drawn) == 1 + 3 * 2 and drawn <= named, (drawn - named)
+    assert labels == ["backward", "b0: queued | running", "b1: queued | running",
+                      "b2: queued | running"]
+    ops = [x(name, r, 1000.0 * i + 10 * r, 800.0, algorithm=name.partition("/")[2] or None)
+           for i, name in enumerate(["Allreduce/ring", "Bcast", "Allreduce/shm", "Allreduce/ring"])
+           for r in range(2)]
+    drawn, named, labels, texts = plotted(monkeypatch, {"traceEvents": ops})
+    assert len(drawn) == 3 and drawn <= named, (drawn - named)
+    assert labels == ["Allreduce ring", "Allreduce shm", "Bcast"]
+    assert sorted(set(texts)) == labels and len(texts) == len(ops)
+
+
 def test_cli_merge_and_plot(comm, tmp_path, capsys):
     path = timeline.start(tmp_path / "t.json")
     for _ in range(2):

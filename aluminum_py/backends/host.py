@@ -127,6 +127,7 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
 
 
 _largest_local_size = 0
+_KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
 
 
 def set_engine_yield(local_size: int) -> None:
@@ -205,6 +206,12 @@ class HostBackend:
             self._node_segments.close()
         if self._node_comm is not None:
             self._node_comm.Free()
+        if self.state.abandoned:
+            # an op abandoned at its hang timeout may still have messages in flight to or from
+            # its peers (sends are never cancelled): a communicator made after MPI_Comm_free
+            # could get the same context id and receive them, so these are kept, never freed
+            _KEPT_AFTER_ABANDON.append((self.state.coll_comm, self.state.p2p_comm))
+            return
         self.state.coll_comm.Free()
         self.state.p2p_comm.Free()
 

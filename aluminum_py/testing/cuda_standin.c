@@ -22,6 +22,8 @@
  *   - Pinned alloc/free and cuCtxSynchronize wait until every stream of the device has run all
  *     it had queued (implicit synchronization, as on a GPU), warning on stderr after
  *     AL_STANDIN_SYNC_WARN seconds (default 5) and naming a stream blocked in a value wait.
+ *   - Optionally (AL_STANDIN_DRIVER_LOCK=1), a driver lock held by synchronizing calls while
+ *     they wait, with calls that wait for it while holding Python's GIL reported (below).
  *   - Stream and event handles are unique, never reused numbers looked up in registries, so a
  *     destroyed or made-up handle is always CUDA_ERROR_INVALID_HANDLE. Stream structs are never
  *     freed (events and other streams' queued commands may still point at them); event structs
@@ -30,7 +32,7 @@
  * these streams (standin_enqueue_host).
  * Not modelled: kernels, device (non-host) memory, timing events, callbacks, graphs, the
  * per-thread default stream, and resetting a primary context's streams when its count hits 0. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -39,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -227,6 +230,74 @@ static CUresult current_ctx_locked(struct ctx **out) {
   *out = c;
   return CUDA_SUCCESS;
 }
+
+/* ------------------------------------------------------------------ the driver lock
+ * Optional (AL_STANDIN_DRIVER_LOCK=1 at cuInit, or standin_driver_lock(1)), as the strict CPU
+ * device of al_device.h models it: a thread inside a synchronizing call (cuCtxSynchronize,
+ * pinned alloc/free, the synchronous cuMemcpy) holds the driver lock while it waits for the
+ * device, and every call that touches streams, events or memory takes it, so it waits until
+ * that synchronization is over, as in CUDA, where such a thread can hold locks another
+ * thread's driver call needs. The stream workers (the "device") never take it.
+ * A call that has to wait for the lock while its thread holds Python's GIL breaks the rule of
+ * ext/core/device.pxi (every device call releases the GIL: the stream the other thread waits
+ * for may wait for a thread that needs the GIL, a deadlock): it is reported on stderr and
+ * counted (standin_driver_lock_violations; the first message: standin_driver_lock_report),
+ * then waits as CUDA would. */
+static atomic_int g_lock_mode = -1;        /* -1: not read from the environment yet */
+static pthread_mutex_t g_drv = PTHREAD_MUTEX_INITIALIZER;
+static const char *_Atomic g_drv_holder;   /* the synchronizing call holding the lock */
+static atomic_long g_violations;
+static char g_violation[320];
+static int (*g_gil_check)(void);           /* PyGILState_Check when Python is in the process */
+
+static int lock_mode(void) {
+  int m = atomic_load(&g_lock_mode);
+  if (m < 0) {
+    const char *v = getenv("AL_STANDIN_DRIVER_LOCK");
+    m = v && *v && strcmp(v, "0") != 0;
+    *(void **)(&g_gil_check) = dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    int expect = -1;
+    if (!atomic_compare_exchange_strong(&g_lock_mode, &expect, m)) m = atomic_load(&g_lock_mode);
+  }
+  return m;
+}
+/* A synchronizing call `who` takes the lock for its whole wait (released by drv_release). */
+static int drv_hold(const char *who) {
+  if (!lock_mode()) return 0;
+  pthread_mutex_lock(&g_drv);
+  atomic_store(&g_drv_holder, who);
+  return 1;
+}
+static void drv_release(int held) {
+  if (!held) return;
+  atomic_store(&g_drv_holder, NULL);
+  pthread_mutex_unlock(&g_drv);
+}
+/* Every other call `who` passes through the lock: at once when it is free, else after the
+ * synchronization holding it, reporting a caller that holds the GIL meanwhile. */
+static void drv_pass(const char *who) {
+  if (!lock_mode()) return;
+  if (pthread_mutex_trylock(&g_drv) != 0) {
+    const char *holder = atomic_load(&g_drv_holder);
+    if (g_gil_check && g_gil_check()) {
+      long n = atomic_fetch_add(&g_violations, 1);
+      char msg[sizeof g_violation];
+      snprintf(msg, sizeof msg, "%s called while its thread holds the GIL and another thread "
+               "waits in the driver (%s): a deadlock if that wait needs a thread that needs the "
+               "GIL; release the GIL around device calls", who, holder ? holder : "?");
+      if (n == 0) {
+        pthread_mutex_lock(&g_mu);
+        memcpy(g_violation, msg, sizeof msg);
+        pthread_mutex_unlock(&g_mu);
+      }
+      fprintf(stderr, "cuda stand-in: driver lock: %s\n", msg);
+      fflush(stderr);
+    }
+    pthread_mutex_lock(&g_drv);
+  }
+  pthread_mutex_unlock(&g_drv);
+}
+#define PASS(name) drv_pass(#name)
 
 /* ------------------------------------------------------------------ stream workers */
 static void run_command(struct stream *s, struct cmd *c) {
@@ -528,10 +599,12 @@ CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext h) { ENTER(cuCtxGetDevice_v2
 CUresult cuCtxSynchronize(void) {
   struct ctx *c;
   ENTER(cuCtxSynchronize);
+  int held = drv_hold("cuCtxSynchronize");
   pthread_mutex_lock(&g_mu);
   CUresult r = current_ctx_locked(&c);
   if (!r) r = device_idle_locked(c, "cuCtxSynchronize");
   pthread_mutex_unlock(&g_mu);
+  drv_release(held);
   return r;
 }
 
@@ -540,6 +613,7 @@ CUresult cuStreamCreate(CUstream *ph, unsigned flags) {
   struct ctx *c;
   struct stream *s = NULL;
   ENTER(cuStreamCreate);
+  PASS(cuStreamCreate);
   pthread_mutex_lock(&g_mu);
   CUresult r = current_ctx_locked(&c);
   if (!r && (!ph || (flags & ~CU_STREAM_NON_BLOCKING))) r = CUDA_ERROR_INVALID_VALUE;
@@ -562,12 +636,13 @@ static CUresult stream_destroy(CUstream h) {
   pthread_mutex_unlock(&g_mu);
   return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
-CUresult cuStreamDestroy_v2(CUstream h) { ENTER(cuStreamDestroy_v2); return stream_destroy(h); }
-CUresult cuStreamDestroy(CUstream h) { ENTER(cuStreamDestroy); return stream_destroy(h); }
+CUresult cuStreamDestroy_v2(CUstream h) { ENTER(cuStreamDestroy_v2); PASS(cuStreamDestroy_v2); return stream_destroy(h); }
+CUresult cuStreamDestroy(CUstream h) { ENTER(cuStreamDestroy); PASS(cuStreamDestroy); return stream_destroy(h); }
 
 CUresult cuStreamSynchronize(CUstream h) {
   struct stream *s;
   ENTER(cuStreamSynchronize);
+  PASS(cuStreamSynchronize);
   pthread_mutex_lock(&g_mu);
   CUresult r = stream_of_locked(h, &s);
   if (!r) {
@@ -581,6 +656,7 @@ CUresult cuStreamSynchronize(CUstream h) {
 CUresult cuStreamQuery(CUstream h) {
   struct stream *s;
   ENTER(cuStreamQuery);
+  PASS(cuStreamQuery);
   pthread_mutex_lock(&g_mu);
   CUresult r = stream_of_locked(h, &s);
   if (!r && s->done < s->enqueued) r = CUDA_ERROR_NOT_READY;
@@ -593,6 +669,7 @@ CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned flags) {
   struct stream *s;
   struct cmd nop = { .kind = CMD_NOP };
   ENTER(cuStreamWaitEvent);
+  PASS(cuStreamWaitEvent);
   if (flags) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&g_mu);
   struct event *e = map_get(&g_events, (uintptr_t)ev);
@@ -609,6 +686,7 @@ CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned flags) {
 CUresult cuStreamWaitValue32_v2(CUstream h, CUdeviceptr addr, uint32_t value, unsigned flags) {
   unsigned cond = flags & ~CU_STREAM_WAIT_VALUE_FLUSH;
   ENTER(cuStreamWaitValue32_v2);
+  PASS(cuStreamWaitValue32_v2);
   if (!addr || (addr & 3) || cond > WAIT_NOR) return CUDA_ERROR_INVALID_VALUE;
   struct cmd c = { .kind = CMD_WAIT_VALUE, .addr = (_Atomic uint32_t *)(uintptr_t)addr,
                    .value = value, .cond = cond };
@@ -617,6 +695,7 @@ CUresult cuStreamWaitValue32_v2(CUstream h, CUdeviceptr addr, uint32_t value, un
 
 CUresult cuStreamWriteValue32_v2(CUstream h, CUdeviceptr addr, uint32_t value, unsigned flags) {
   ENTER(cuStreamWriteValue32_v2);
+  PASS(cuStreamWriteValue32_v2);
   if (!addr || (addr & 3) || (flags & ~CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
     return CUDA_ERROR_INVALID_VALUE;
   struct cmd c = { .kind = CMD_WRITE_VALUE, .addr = (_Atomic uint32_t *)(uintptr_t)addr, .value = value };
@@ -642,6 +721,7 @@ CUresult cuStreamWriteValue32(CUstream h, CUdeviceptr addr, uint32_t value, unsi
 __attribute__((visibility("hidden")))
 CUresult standin_enqueue_host(CUstream h, void (*fn)(void *), void *arg) {
   if (!atomic_load(&g_initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+  drv_pass("an NCCL launch");
   struct cmd c = { .kind = CMD_HOST, .fn = fn, .arg = arg };
   return enqueue_on(h, &c, NULL, NULL, NULL);
 }
@@ -657,6 +737,7 @@ int standin_current_device(void) {
 CUresult cuEventCreate(CUevent *pev, unsigned flags) {
   struct ctx *c;
   ENTER(cuEventCreate);
+  PASS(cuEventCreate);
   pthread_mutex_lock(&g_mu);
   CUresult r = current_ctx_locked(&c);
   struct event *e = NULL;
@@ -676,6 +757,7 @@ CUresult cuEventRecord(CUevent ev, CUstream h) {
   struct cmd marker = { .kind = CMD_NOP };
   uint64_t seq;
   ENTER(cuEventRecord);
+  PASS(cuEventRecord);
   pthread_mutex_lock(&g_mu);
   struct event *e = map_get(&g_events, (uintptr_t)ev);
   CUresult r = e ? stream_of_locked(h, &s) : CUDA_ERROR_INVALID_HANDLE;
@@ -694,6 +776,7 @@ CUresult cuEventRecord_v2(CUevent ev, CUstream h) {
 
 CUresult cuEventQuery(CUevent ev) {
   ENTER(cuEventQuery);
+  PASS(cuEventQuery);
   pthread_mutex_lock(&g_mu);
   struct event *e = map_get(&g_events, (uintptr_t)ev);
   CUresult r = !e ? CUDA_ERROR_INVALID_HANDLE
@@ -704,6 +787,7 @@ CUresult cuEventQuery(CUevent ev) {
 
 CUresult cuEventSynchronize(CUevent ev) {
   ENTER(cuEventSynchronize);
+  PASS(cuEventSynchronize);
   pthread_mutex_lock(&g_mu);
   struct event *e = map_get(&g_events, (uintptr_t)ev);
   if (e && e->s) {
@@ -722,8 +806,8 @@ static CUresult event_destroy(CUevent ev) {
   free(e);
   return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
-CUresult cuEventDestroy_v2(CUevent ev) { ENTER(cuEventDestroy_v2); return event_destroy(ev); }
-CUresult cuEventDestroy(CUevent ev) { ENTER(cuEventDestroy); return event_destroy(ev); }
+CUresult cuEventDestroy_v2(CUevent ev) { ENTER(cuEventDestroy_v2); PASS(cuEventDestroy_v2); return event_destroy(ev); }
+CUresult cuEventDestroy(CUevent ev) { ENTER(cuEventDestroy); PASS(cuEventDestroy); return event_destroy(ev); }
 
 /* ------------------------------------------------------------------ copies */
 static CUresult check_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -737,6 +821,7 @@ static CUresult check_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
   ENTER(cuMemcpyAsync);
+  PASS(cuMemcpyAsync);
   CUresult r = check_copy(dst, src, n);
   if (r) return r;
   struct cmd c = { .kind = CMD_COPY, .dst = (void *)(uintptr_t)dst,
@@ -754,10 +839,12 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   if (r) return r;
   struct cmd c = { .kind = CMD_COPY, .dst = (void *)(uintptr_t)dst,
                    .src = (const void *)(uintptr_t)src, .n = n };
-  if ((r = enqueue_on(0, &c, NULL, &s, &seq))) return r;
+  int held = drv_hold("cuMemcpy");
+  if ((r = enqueue_on(0, &c, NULL, &s, &seq))) { drv_release(held); return r; }
   pthread_mutex_lock(&g_mu);
   while (s->done < seq) pthread_cond_wait(&g_progress, &g_mu);
   pthread_mutex_unlock(&g_mu);
+  drv_release(held);
   return CUDA_SUCCESS;
 }
 
@@ -765,6 +852,7 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 static CUresult host_alloc(void **pp, size_t n, unsigned flags, const char *who) {
   struct ctx *c;
   void *p = NULL;
+  int held = drv_hold(who);
   pthread_mutex_lock(&g_mu);
   CUresult r = current_ctx_locked(&c);
   if (!r && (!pp || !n || (flags & ~CU_MEMHOSTALLOC_VALID_FLAGS))) r = CUDA_ERROR_INVALID_VALUE;
@@ -772,6 +860,7 @@ static CUresult host_alloc(void **pp, size_t n, unsigned flags, const char *who)
   if (!r && posix_memalign(&p, 4096, n)) r = CUDA_ERROR_OUT_OF_MEMORY;
   if (!r && map_put(&g_pinned, (uintptr_t)p, c)) { free(p); r = CUDA_ERROR_OUT_OF_MEMORY; }
   pthread_mutex_unlock(&g_mu);
+  drv_release(held);
   if (!r) *pp = p;
   return r;
 }
@@ -788,10 +877,12 @@ CUresult cuMemAllocHost_v2(void **pp, size_t n) {
 CUresult cuMemFreeHost(void *p) {
   ENTER(cuMemFreeHost);
   if (!p) return CUDA_SUCCESS;
+  int held = drv_hold("cuMemFreeHost");
   pthread_mutex_lock(&g_mu);
   struct ctx *c = map_remove(&g_pinned, (uintptr_t)p);
   CUresult r = c ? device_idle_locked(c, "cuMemFreeHost") : CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_unlock(&g_mu);
+  drv_release(held);
   if (c) free(p);
   return r;
 }
@@ -860,8 +951,41 @@ int standin_blocked_streams(void) {
   pthread_mutex_unlock(&g_mu);
   return n;
 }
-/* Zero the call counters and the sync-wait counter (not the state: streams, pinned blocks). */
+/* Zero the call counters, the sync-wait counter and the driver-lock reports (not the state:
+ * streams, pinned blocks). */
 void standin_reset_counters(void) {
   for (int i = 0; i < N_ENTRY_POINTS; i++) atomic_store(&entry_calls[i], 0);
   atomic_store(&g_sync_waits, 0);
+  atomic_store(&g_violations, 0);
+  pthread_mutex_lock(&g_mu);
+  g_violation[0] = 0;
+  pthread_mutex_unlock(&g_mu);
+}
+/* The driver lock (above): on/off (standin_driver_lock), whether a synchronizing call holds
+ * it now, the calls reported since load (or the last reset) and the first one's message. */
+void standin_driver_lock(int on) { lock_mode(); atomic_store(&g_lock_mode, on ? 1 : 0); }
+int standin_driver_lock_mode(void) { return lock_mode(); }
+int standin_driver_lock_held(void) { return atomic_load(&g_drv_holder) != NULL; }
+long standin_driver_lock_violations(void) { return atomic_load(&g_violations); }
+void standin_driver_lock_report(char *buf, size_t n) {
+  pthread_mutex_lock(&g_mu);
+  snprintf(buf, n, "%s", g_violation);
+  pthread_mutex_unlock(&g_mu);
+}
+/* A host command that keeps stream h busy for `secs` seconds (a long kernel). */
+static void sleep_cmd(void *arg) {
+  double secs = *(double *)arg;
+  free(arg);
+  struct timespec ts = { (time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9) };
+  nanosleep(&ts, NULL);
+}
+CUresult standin_stream_delay(CUstream h, double secs) {
+  double *arg = malloc(sizeof *arg);
+  if (!arg) return CUDA_ERROR_OUT_OF_MEMORY;
+  *arg = secs;
+  if (!atomic_load(&g_initialized)) { free(arg); return CUDA_ERROR_NOT_INITIALIZED; }
+  struct cmd c = { .kind = CMD_HOST, .fn = sleep_cmd, .arg = arg };
+  CUresult r = enqueue_on(h, &c, NULL, NULL, NULL);
+  if (r) free(arg);
+  return r;
 }

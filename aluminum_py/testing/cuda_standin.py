@@ -15,8 +15,10 @@ selects it). The library is built with ``MPICC``, else ``mpicc`` on PATH, else `
 
 Environment: ``AL_CUDA_STANDIN_DIR`` (where the .so is built; default ``~/.cache/aluminum_py``),
 ``CC`` (the compiler; default ``cc``/``gcc``), and, read by the library itself,
-``AL_STANDIN_DEVICES`` (device count, default 1) and ``AL_STANDIN_SYNC_WARN`` (seconds an
-implicit synchronization waits before it reports the stream it waits for on stderr; default 5).
+``AL_STANDIN_DEVICES`` (device count, default 1), ``AL_STANDIN_SYNC_WARN`` (seconds an
+implicit synchronization waits before it reports the stream it waits for on stderr; default 5)
+and ``AL_STANDIN_DRIVER_LOCK`` (1: model CUDA's driver lock and report device calls made with
+the GIL held while another thread waits in the driver; see :func:`driver_lock`).
 
 In a process, :func:`load` gives the same library (same dlopen handle, same globals) that
 aluminum_py loads through ``AL_CUDA_LIBRARY``, as both open :func:`path`.
@@ -24,6 +26,7 @@ aluminum_py loads through ``AL_CUDA_LIBRARY``, as both open :func:`path`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -41,7 +44,8 @@ __all__ = ["path", "load", "error_name", "CudaStandinError", "make_current", "st
            "stream_synchronize", "stream_destroy", "primary_ctx_refcount", "current_ctx",
            "live_streams", "calls", "pinned_live", "sync_waits", "blocked_streams",
            "reset_counters", "HostBackedArray", "nccl_launches", "reset_nccl_launches",
-           "nccl_stall", "NcclLaunch", "main"]
+           "nccl_stall", "NcclLaunch", "driver_lock", "driver_lock_held", "driver_lock_violations",
+           "no_driver_lock_violations", "stream_delay", "main"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, "cuda_standin.c"), os.path.join(_HERE, "nccl_standin.c")]
@@ -92,6 +96,12 @@ _INTROSPECTION = {
     "standin_nccl_launch_get": (c_int, [c_long, c_char_p, POINTER(c_long)]),
     "standin_nccl_reset": (None, []),
     "standin_nccl_stall": (None, [c_int]),
+    "standin_driver_lock": (None, [c_int]),
+    "standin_driver_lock_mode": (c_int, []),
+    "standin_driver_lock_held": (c_int, []),
+    "standin_driver_lock_violations": (c_long, []),
+    "standin_driver_lock_report": (None, [c_char_p, c_size_t]),
+    "standin_stream_delay": (c_int, [c_void_p, ctypes.c_double]),
 }
 
 
@@ -338,6 +348,48 @@ def nccl_stall(on: bool = True) -> None:
     """While on, nonblocking NCCL communicators that would settle stay ncclInProgress (a peer
     that never joins): creations, splits and operations."""
     load().standin_nccl_stall(1 if on else 0)
+
+
+def driver_lock(on: bool = True) -> None:
+    """Model CUDA's driver lock (also ``AL_STANDIN_DRIVER_LOCK=1``): a thread inside a
+    synchronizing call (cuCtxSynchronize, pinned alloc/free, cuMemcpy) holds it while it waits
+    for the device, and every call on streams, events or memory (NCCL launches too) waits for
+    it. A call that waits for it while its thread holds the GIL is reported on stderr and
+    counted (:func:`driver_lock_violations`): the rule every device call of aluminum_py follows
+    is to release the GIL, since the device the other thread waits for may wait for a thread
+    that needs the GIL."""
+    load().standin_driver_lock(1 if on else 0)
+
+
+def driver_lock_held() -> bool:
+    """True while a synchronizing call holds the driver lock (lock mode on)."""
+    return bool(load().standin_driver_lock_held())
+
+
+def driver_lock_violations() -> tuple[int, str]:
+    """(calls reported since load or :func:`reset_counters`, the first one's message)."""
+    lib = load()
+    buf = ctypes.create_string_buffer(320)
+    lib.standin_driver_lock_report(buf, len(buf))
+    return lib.standin_driver_lock_violations(), buf.value.decode()
+
+
+@contextlib.contextmanager
+def no_driver_lock_violations():
+    """Raise AssertionError if a device call was reported by the driver lock (see
+    :func:`driver_lock`) while the block ran: the check the stand-in test suites make around
+    every test."""
+    before = driver_lock_violations()[0]
+    yield
+    after, message = driver_lock_violations()
+    if after != before:
+        raise AssertionError(f"{after - before} device call(s) held the GIL while another "
+                             f"thread waited in the driver; the first reported: {message}")
+
+
+def stream_delay(h: int, seconds: float) -> None:
+    """Enqueue on stream `h` a command that keeps it busy for `seconds` (a long kernel)."""
+    _check(load().standin_stream_delay(h, seconds), "standin_stream_delay")
 
 
 def main() -> int:

@@ -227,6 +227,12 @@ cdef class CommState:
         return self.c.size
 
     @property
+    def abandoned(self):
+        """An op on this communicator was abandoned at its hang timeout (a host-transfer op's
+        host part): the peers' messages of that op may still be in flight."""
+        return self.c.abandoned != 0
+
+    @property
     def pending(self):
         """Ops handed to the progress engine on this communicator and not yet complete."""
         return al_load_acquire(&self.c.pending)

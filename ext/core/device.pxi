@@ -16,7 +16,9 @@ cdef class Device:
     def stream_create(self):
         """A new stream (CUDA: non-blocking) as a handle."""
         cdef void* st = NULL
-        cdef int rc = self.dev.stream_create(self.dev.ctx, &st)
+        cdef int rc
+        with nogil:                     # as every device call (below)
+            rc = self.dev.stream_create(self.dev.ctx, &st)
         if rc != 0:
             self.fail("cuStreamCreate", rc)
         return <uintptr_t>st

@@ -210,6 +210,13 @@ cdef void* engine_main(void* arg) noexcept nogil:
                     comm_blocked(blocked, nblocked, op.comm) or ht_gate(active, op.comm)))
                     or serial_gate(active, op, blocked, nblocked)
                     or shm_gate(active, op, blocked, nblocked)):
+                if ht_expired(op):        # held back past its hang timeout: abandoned here
+                    unlink(&deferred, &dtail, prev, op)
+                    progress = 1
+                    ht_abandon(op)
+                    notify_done(op)
+                    op = nxt
+                    continue
                 if not comm_blocked(blocked, nblocked, op.comm):   # each communicator once
                     if nblocked < 64:
                         blocked[nblocked] = op.comm

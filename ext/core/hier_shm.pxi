@@ -63,8 +63,9 @@ cdef int hier_step(al_op* op) noexcept nogil:
     return op_finish(op)
 
 cdef void hier_cancel(al_op* op, const char* why) noexcept nogil:
-    """Cancel the running inner op (its MPI requests, its scratch): engine shutdown, or a
-    host-transfer op abandoned at its hang timeout with this op inside (ht_abandon)."""
+    """Cancel the running inner op (its MPI requests, its scratch): engine shutdown.  (A
+    host-transfer op abandoned at its hang timeout with this op inside leaks the scratch
+    instead: abandon_running.)"""
     cdef al_hier_state* h = &op.hier
     cdef al_op* inner
     if op.phase == PH_RUNNING and h.cur < h.nphases and h.started:

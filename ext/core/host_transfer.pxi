@@ -32,24 +32,60 @@ cdef int ht_step(al_op* op) noexcept nogil:
     op.ht.pinned = NULL                           # a (synchronizing) free on this thread
     return op_finish(op)
 
+cdef inline int ht_expired(al_op* op) noexcept nogil:
+    """`op` is a host-transfer op with a hang timeout (AL_HANG_TIMEOUT) whose deadline has
+    passed.  The engine asks it of an op it holds back in its start queue (behind an earlier op
+    over the segment, or an earlier op waiting to start its MPI collective): the deadline
+    counts from the call, wherever the op waits, and its stream must not wait on the flag past
+    it (ht_abandon releases it)."""
+    return op.kind == K_HOST_TRANSFER and op.ht.hang > 0 and al_now() > op.ht.deadline
+
+cdef void abandon_running(al_op* op) noexcept nogil:
+    """Give up the running inner op `op` of an abandoned host-transfer op for good.  As op_cancel
+    does, its receives are cancelled and every point-to-point request freed, and sends are only
+    freed, never cancelled (MPI-4 deprecates it; MPICH over UCX crashed cancelling a large,
+    unmatched one); an MPI collective request is left to MPI (freeing or cancelling one is
+    erroneous).  Unlike op_finish, its scratch is leaked, never returned to the pool: a receive
+    that was already matched completes into it after the cancel.  A K_HIER_SHM op: its running
+    phase likewise, and its own scratch is leaked too."""
+    cdef al_hier_state* h
+    cdef int i
+    if op.phase != PH_RUNNING:
+        return
+    if op.kind == K_HIER_SHM:
+        h = &op.hier
+        if h.cur < h.nphases and h.started and h.phases[h.cur].op != NULL:
+            abandon_running(h.phases[h.cur].op)
+    elif not kind_info(op.kind).mpi_collective:
+        for i in range(op.nreqs):
+            if req_is_recv(op, i):
+                mpi.MPI_Cancel(&op.reqs[i])
+            mpi.MPI_Request_free(&op.reqs[i])
+    op.nreqs = 0
+    op.sched.tmp = NULL
+    op.phase = PH_DONE
+
 cdef int ht_abandon(al_op* op) noexcept nogil:
     """The host part missed its deadline (AL_HANG_TIMEOUT): fail the op and release the stream.
 
-    The inner algorithm's point-to-point requests are cancelled; an MPI collective request is
-    left to MPI (freeing or cancelling one is erroneous).  The pinned buffer and the inner
-    op's scratch are leaked: the device or MPI may still write into them.  An inner "shm"
-    allreduce (started or not) leaves this rank's rounds of the segment out of step with its
-    peers' for good (they may have published for it, or be waiting for it): the segment is
-    marked unusable, so that every later op over it, here and on the peers (who see the mark
-    while they wait), fails at once instead of waiting for, or reading, a round that will
-    never match.  The same for an inner "hierarchical" over the nodes' segments (its node's
-    segment; its running phase is cancelled)."""
+    Called by ht_step for a started op, and by the engine for one it still holds back in its
+    start queue (ht_expired).  The inner algorithm is given up (abandon_running: receives
+    cancelled, requests freed, scratch leaked).  The pinned buffer is leaked too: the device or
+    MPI may still write into it.  An inner "shm" allreduce (started or not) leaves this rank's
+    rounds of the segment out of step with its peers' for good (they may have published for it,
+    or be waiting for it): the segment is marked unusable, so that every later op over it, here
+    and on the peers (who see the mark while they wait), fails at once instead of waiting for,
+    or reading, a round that will never match.  The same for an inner "hierarchical" over the
+    nodes' segments (its node's segment)."""
     cdef al_op* inner = op.ht.inner
     cdef al_sched_state* s = &inner.sched
     cdef al_shm_seg* seg = NULL
-    cdef int i
     cdef char where[160]
-    if op.ht.phase == HT_COPY_OUT:
+    if op.phase == PH_NEW:
+        op.t_start = al_now()
+        snprintf(where, 160, "not started (queued behind an earlier op; device-to-pinned copy %s)",
+                 "complete" if al_load_acquire(<int*>&op.ht.flag[FLAG_COPIED_OUT]) else "not complete")
+    elif op.ht.phase == HT_COPY_OUT:
         snprintf(where, 160, "the stream had not reached it (device-to-pinned copy not complete)")
     elif inner.kind == K_SCHEDULE and inner.phase == PH_RUNNING and s.cur < s.nsteps:
         snprintf(where, 160, "host algorithm at step %d/%d (recv from rank %d, send to rank %d, tag %d)",
@@ -66,17 +102,11 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
         seg = op.comm.shm
     elif inner.kind == K_HIER_SHM:
         seg = hier_segment(inner)
-        hier_cancel(inner, "abandoned with its host-transfer op")
     if seg != NULL:
         al_shm_mark_broken(seg)
-    if inner.phase == PH_RUNNING:
-        if inner.kind == K_SCHEDULE:
-            for i in range(inner.nreqs):
-                mpi.MPI_Cancel(&inner.reqs[i])
-                mpi.MPI_Request_free(&inner.reqs[i])
-        inner.nreqs = 0
-        inner.sched.tmp = NULL
-        inner.phase = PH_DONE
+    abandon_running(inner)
+    inner.phase = PH_DONE
+    op.comm.abandoned = 1
     op.err = AL_ERR_TIMEOUT
     snprintf(op.errmsg, 256, "host part not complete after %g s (AL_HANG_TIMEOUT): %s; the stream "
              "was released and the result is undefined%s", op.ht.hang, where,
@@ -86,6 +116,39 @@ cdef int ht_abandon(al_op* op) noexcept nogil:
     op.ht.pinned = NULL
     return op_finish(op)
 
+# The device calls that enqueue a host-transfer op, in order (ht_enqueue; error messages).
+HT_ENQUEUE_CALLS = ("cuMemcpyAsync (device to pinned)", "cuStreamWriteValue32",
+                    "cuStreamWaitValue32", "cuMemcpyAsync (pinned to device)",
+                    "cuStreamWriteValue32")
+
+cdef int ht_enqueue(al_device* d, al_op* op, void* dsend, void* drecv, size_t nbytes,
+                    int* failed) noexcept nogil:
+    """Queue the device part of host-transfer op `op` on its stream (docs/gpu.md, step 4):
+    copy out, write the copied-out word, wait for the flag, copy back, write the copied-back
+    word.  Called without the GIL (the rule of every device call, device.pxi): a call may wait
+    inside the driver for another thread's synchronizing call, whose stream may wait for a
+    thread that needs the GIL.  Returns 0, or the failing call's code with its index in
+    HT_ENQUEUE_CALLS in *failed."""
+    cdef void* st = op.ht.stream
+    cdef int rc
+    failed[0] = 0
+    rc = d.memcpy_async(d.ctx, op.ht.pinned, dsend, nbytes, st)
+    if rc != 0:
+        return rc
+    failed[0] = 1
+    rc = d.write_value32(d.ctx, st, &op.ht.flag[FLAG_COPIED_OUT], 1)
+    if rc != 0:
+        return rc
+    failed[0] = 2
+    rc = d.wait_value32(d.ctx, st, &op.ht.flag[FLAG_RELEASE], 1)
+    if rc != 0:
+        return rc
+    failed[0] = 3
+    rc = d.memcpy_async(d.ctx, drecv, op.ht.pinned, nbytes, st)
+    if rc != 0:
+        return rc
+    failed[0] = 4
+    return d.write_value32(d.ctx, st, &op.ht.flag[FLAG_COPIED_BACK], 1)
 
 
 def ht_times(NativeOp o):

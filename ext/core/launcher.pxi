@@ -282,7 +282,7 @@ cdef class Launcher:
         cdef al_device* d = dev.dev
         cdef NativeOp outer, inner
         cdef char* pinned
-        cdef int rc
+        cdef int rc, failed = 0
         if unusual(self.state):
             self.state.check_usable("host-transfer allreduce")
         alg = self.choose_for(algorithm, nbytes, esize)
@@ -312,27 +312,16 @@ cdef class Launcher:
             outer.op.ht.deadline = al_now() + timeout
         outer.name = "allreduce/ht_" + alg
         outer.keep = (self.state, inner, (dev, keep))
-        what = "cuMemcpyAsync (device to pinned)"
-        rc = d.memcpy_async(d.ctx, pinned, <void*>dsend, nbytes, outer.op.ht.stream)
-        if rc == 0:
-            what = "cuStreamWriteValue32"
-            rc = d.write_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_COPIED_OUT], 1)
-        if rc == 0:
-            what = "cuStreamWaitValue32"
-            rc = d.wait_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_RELEASE], 1)
-        if rc == 0:
-            what = "cuMemcpyAsync (pinned to device)"
-            rc = d.memcpy_async(d.ctx, <void*>drecv, pinned, nbytes, outer.op.ht.stream)
-        if rc == 0:
-            what = "cuStreamWriteValue32"
-            rc = d.write_value32(d.ctx, outer.op.ht.stream, &outer.op.ht.flag[FLAG_COPIED_BACK], 1)
+        with nogil:                                  # device calls never hold the GIL
+            rc = ht_enqueue(d, outer.op, <void*>dsend, <void*>drecv, nbytes, &failed)
         if rc != 0:
             # part of the op may be queued: release the stream, leak the buffer (the stream
             # may still copy from it), never submit
             al_store_release(<int*>&outer.op.ht.flag[FLAG_RELEASE], 1)
             outer.op.ht.pinned = NULL
             outer.op.phase = PH_DONE
-            dev.fail(f"host-transfer allreduce: enqueueing on the device stream: {what}", rc)
+            dev.fail(f"host-transfer allreduce: enqueueing on the device stream: "
+                     f"{HT_ENQUEUE_CALLS[failed]}", rc)
         if g_trace is not None:
             outer.t_call = al_now()
             trace_append(outer)

@@ -112,16 +112,30 @@ cdef inline int shm_waits_anew(al_op* op) noexcept nogil:
     """After an op_step that returned 0: `op`, or the op it runs inside (a host-transfer op's
     host algorithm, a K_HIER_SHM op's current phase), runs over a segment and began a new wait
     for its peers in that step (it published: al_shm_publish reset the count of unsuccessful
-    polls, and the step ended after the first).  The stepping loops count that as progress."""
+    polls, and the step ended after the first).  The stepping loops count that as progress.
+    Only a running op counts: a finished inner op keeps its last poll count, and a host-transfer
+    op waiting for its copy back (or out) must let the loop back off."""
     cdef int depth
     for depth in range(2):              # at most host transfer -> hierarchical -> shm
         if op.kind == K_HOST_TRANSFER and op.ht.inner != NULL:
+            if op.ht.phase != HT_HOST_ALGORITHM:
+                return 0
             op = op.ht.inner
         elif op.kind == K_HIER_SHM and op.hier.cur < op.hier.nphases:
             if op.hier.phases[op.hier.cur].op == NULL:
                 return 0
             op = op.hier.phases[op.hier.cur].op
-    return is_shm_kind(op.kind) and op.shm.polls == 1
+    return op.phase == PH_RUNNING and is_shm_kind(op.kind) and op.shm.polls == 1
+
+def _waits_anew(NativeOp o, long inner_polls=-1):
+    """Whether the progress engine would count a poll of `o` that made no progress as progress
+    (shm_waits_anew): a diagnostic for tests of the engine's back-off.  `inner_polls` >= 0
+    first sets the poll count of the shm op inside a host-transfer op `o` (as if its last wait
+    had taken that many polls: 1 is a wait that began in its last step)."""
+    cdef al_op* op = o.op
+    if inner_polls >= 0 and op.kind == K_HOST_TRANSFER and op.ht.inner != NULL:
+        op.ht.inner.shm.polls = inner_polls
+    return bool(shm_waits_anew(op))
 
 cdef int shm_alone(al_op* op) noexcept nogil:
     """One rank (no segment): the result is the input (op_finish normalises logical ops)."""

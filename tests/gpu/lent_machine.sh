@@ -3,7 +3,8 @@
 # The machine image has Python, CuPy, nvidia-nccl, Cython, pytest; MPI comes from wheels carried in .whl/
 # (download them here first: see docs/gpu.md "On a lent GPU machine"). Logs go to $OUT (or ./gpu-out).
 # Env: AL_LENT_STEPS (default "build suite1 bench suite2"; also "hang": tests/gpu/diag_hang.py, the
-# 2-rank host-transfer deadlock check), per-step limits below.
+# 2-rank host-transfer deadlock check; "extras": tests/gpu/extras.py, issue 28's GPU checks at 2
+# ranks, one PASS/FAIL line each in $OUT/extras.log), per-step limits below.
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -43,6 +44,14 @@ for step in $steps; do
             echo "== $v rc=$?" >> "$out/hang.log"
         done
         rc=0 ;;
+    extras)
+        # queued (hang timeout of a held-back host-transfer op), abandon, sigint (Ctrl-C in
+        # GpuRequest.Wait), timeline (GPU ops), ddp (the DDP hook on cuda:0 against gloo DDP)
+        export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
+        timeout -k 5 ${AL_EXTRAS_LIMIT:-240} mpiexec -n 1 -env NCCL_HOSTID al-rank-0 python3 tests/gpu/extras.py ${AL_EXTRAS:-} : \
+            -n 1 -env NCCL_HOSTID al-rank-1 python3 tests/gpu/extras.py ${AL_EXTRAS:-} >> "$out/extras.log" 2>&1
+        rc=$?
+        grep -E "^(PASS|FAIL) " "$out/extras.log" | tee -a "$out/steps.log" ;;
     *) log "unknown step $step"; rc=2 ;;
     esac
     log "$step rc=$rc in $(( $(date +%s) - t0 )) s"

@@ -505,16 +505,59 @@ class Soak:
         del self.failures[20:]
 
 
+# The soak's leak check. Measured on the 2-core machine, 2 ranks, 20 s: idle (35400 ops), resident
+# memory grew by 0.8-1.0 MiB, in steps and ever more slowly (the heap's high-water mark under
+# random sizes; at 60 s, 178300 ops, by 3-5 B/op), over the last 8 of 12 windows 12-14 B/op; on
+# a loaded machine (5800-6400 ops) 76-94 B/op. A leak's rate stays: AL_SOAK_LEAK_BYTES=200 (a
+# bytearray kept per op) measured 317-357 B/op, =512 725-736 B/op (and failed). The limit is a
+# rate, so that fewer ops do not hide a leak; the old check (5 MiB in total) allowed 150 B/op
+# idle and 900 B/op loaded.
+LEAK_WINDOWS = 12          # resident-memory samples after warm-up: LEAK_WINDOWS + 1 ...
+LEAK_SETTLE = 4            # ... of which the first windows' growth is left out (the fill)
+LEAK_LIMIT = 256           # bytes per op
+
+
+def leak_rate(ops, rss) -> float:
+    """Bytes per operation by which resident memory grows steadily, from samples (ops done,
+    resident bytes) taken after each window of a run: the median over the windows of each
+    window's growth per op. A leak of b bytes per op grows every window by b per op, so the
+    median is b; heap noise (a one-off step when an arena or the allocator's cache grows, a
+    sample taken just before a free) moves a few windows and not their median."""
+    if len(ops) != len(rss) or len(ops) < 3:
+        raise ValueError(f"leak_rate: need 3 or more (ops, rss) samples of equal length, "
+                         f"got {len(ops)} and {len(rss)}")
+    rates = [(r1 - r0) / max(o1 - o0, 1) for o0, o1, r0, r1 in zip(ops, ops[1:], rss, rss[1:])]
+    return float(np.median(rates))
+
+
+def test_leak_rate_sees_a_steady_leak_and_not_steps():
+    ops = [i * 1000 for i in range(LEAK_WINDOWS + 1)]             # a loaded machine's few ops
+    rng = np.random.default_rng(1)
+    noise = list(200e6 + rng.normal(0, 16 << 10, len(ops)))      # 16 KiB jitter per sample
+    for at, step in ((2, 5.3 * 2**20), (6, 3 * 2**20), (9, 1 << 20)):  # one-off heap steps
+        noise[at:] = [r + step for r in noise[at:]]
+    assert abs(leak_rate(ops, noise)) < LEAK_LIMIT / 2              # 9.3 MiB of steps: no leak
+    leaking = [r + 2 * LEAK_LIMIT * o for r, o in zip(noise, ops)]
+    assert leak_rate(ops, leaking) > LEAK_LIMIT
+    with pytest.raises(ValueError, match="need 3 or more"):
+        leak_rate(ops[:2], noise[:2])
+
+
 @pytest.mark.soak
 def test_soak():
     """AL_SOAK_SECONDS (unset: skipped; tests/test_reliability_launch.py runs it at 2 ranks
     for 20 s) of mixed operations (Soak). After a warm-up (every kind and algorithm at the
-    largest size, then a quarter of the time, at least 2 s, of the mix), resident memory may grow by under 5 MiB and open file
-    descriptors not at all; the scratch cache stays within its cap. Prints ops/s and the
-    growth."""
+    largest size, then a quarter of the time, at least 2 s, of the mix), resident memory less
+    the scratch cache's growth is sampled after each of LEAK_WINDOWS windows: its steady growth
+    after the first LEAK_SETTLE windows (leak_rate) must stay under LEAK_LIMIT bytes per op, and open file
+    descriptors may not grow at all; the scratch cache stays within its cap. AL_SOAK_LEAK_BYTES
+    makes the test keep that many bytes per op (a deliberate leak, to see the check fail).
+    Prints ops/s, the samples and the rate."""
     seconds = float(os.environ.get("AL_SOAK_SECONDS", "0"))
     if seconds <= 0:
         pytest.skip("set AL_SOAK_SECONDS to run the soak test")
+    leak_bytes = int(os.environ.get("AL_SOAK_LEAK_BYTES", "0"))
+    leaked = []
     comm = al.Communicator()
     soak = Soak(comm, seed=16)
     for kind in KINDS:
@@ -527,27 +570,36 @@ def test_soak():
         for _ in range(100):
             soak.step()
     soak.drain()
-    rss0, fds0, n0 = rss_bytes(), open_fds(), soak.count
+    fds0, n0 = open_fds(), soak.count
     cached0 = al._core.scratch_stats()["cached"]
     t0 = time.monotonic()
-    t_end = t0 + seconds
-    while WORLD.bcast(time.monotonic() < t_end if WORLD.rank == 0 else None):
-        for _ in range(100):
-            soak.step()
-    soak.drain()
+    ops, rss = [0], [rss_bytes()]
+    for w in range(1, LEAK_WINDOWS + 1):
+        t_end = t0 + seconds * w / LEAK_WINDOWS
+        while WORLD.bcast(time.monotonic() < t_end if WORLD.rank == 0 else None):
+            for _ in range(100):
+                soak.step()
+                if leak_bytes:
+                    leaked.append(bytearray(leak_bytes))
+        soak.drain()
+        # the scratch cache may fill up to its cap (checked below): not a leak
+        cache_growth = max(al._core.scratch_stats()["cached"] - cached0, 0)
+        ops.append(soak.count - n0)
+        rss.append(rss_bytes() - cache_growth)
     elapsed = time.monotonic() - t0
-    rss1, fds1 = rss_bytes(), open_fds()
-    ops = soak.count - n0
+    fds1 = open_fds()
     stats = al._core.scratch_stats()
     failures = list(soak.failures)
-    # the scratch cache may fill up to its cap (checked below): not a leak
-    growth = rss1 - rss0 - max(stats["cached"] - cached0, 0)
-    print(f"\nsoak rank {comm.rank}: {ops} ops in {elapsed:.1f} s = {ops / elapsed:.0f} ops/s; "
-          f"RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, scratch cache "
-          f"{cached0 / 2**20:.1f} -> {stats['cached'] / 2**20:.1f} MiB, growth less the cache "
-          f"{growth / 2**20:+.2f} MiB; fds {fds0} -> {fds1}; scratch {stats}")
-    if growth >= 5 << 20:
-        failures.append(f"RSS grew by {growth / 2**20:.2f} MiB after warm-up")
+    rate = leak_rate(ops[LEAK_SETTLE:], rss[LEAK_SETTLE:])
+    print(f"\nsoak rank {comm.rank}: {ops[-1]} ops in {elapsed:.1f} s = {ops[-1] / elapsed:.0f} "
+          f"ops/s; RSS less the scratch cache's growth after each of {LEAK_WINDOWS} windows "
+          f"(MiB): {' '.join(f'{r / 2**20:.2f}' for r in rss)}; steady growth after window "
+          f"{LEAK_SETTLE} {rate:+.1f} B/op (limit {LEAK_LIMIT}); scratch cache {cached0 / 2**20:.1f} -> "
+          f"{stats['cached'] / 2**20:.1f} MiB; fds {fds0} -> {fds1}; scratch {stats}")
+    if rate >= LEAK_LIMIT:
+        failures.append(f"resident memory grows steadily by {rate:.1f} B/op over windows "
+                        f"{LEAK_SETTLE}-{LEAK_WINDOWS} (ops at each sample: {ops}; MiB: "
+                        f"{' '.join(f'{r / 2**20:.2f}' for r in rss)})")
     if fds1 != fds0:
         failures.append(f"open fds {fds0} -> {fds1}")
     if stats["cached"] > 256 << 20:

@@ -1,4 +1,6 @@
-"""Fixtures shared by the NCCL stand-in tests (test_nccl_path.py, test_nccl_api.py)."""
+"""Fixtures shared by the stand-in tests: the driver-lock rule around every test (no device call
+holds the GIL while another thread waits in the driver: cuda_standin.driver_lock, on in
+tests/test_mpi_suite.py's runs), and the NCCL stand-in for test_nccl_path.py, test_nccl_api.py."""
 import os
 
 import pytest
@@ -17,3 +19,9 @@ def standins():
     assert cupy.__name__ == "aluminum_py.testing.cupy_standin"
     assert nccl.library_path() == cs.path()
     return cupy
+
+
+@pytest.fixture(autouse=True)
+def driver_lock_rule():
+    with cs.no_driver_lock_violations():
+        yield
