@@ -321,7 +321,7 @@ def test_hand_over_with_bind_thread():
     comm = al.Communicator()
     failures = []
     x = ramp(20000, 3, comm.rank)
-    inside = threading.Event()
+    inside, go = threading.Event(), threading.Event()
 
     def owner():
         comm.bind_thread()
@@ -330,7 +330,9 @@ def test_hand_over_with_bind_thread():
         failures.extend(differences("the second thread's allreduce", y,
                                     ramp_reference(100, 5, comm.size)))
         inside.set()
-        comm.Allreduce(x, algorithm="ring")           # rank 1 is late
+        if comm.rank != 0:
+            go.wait(60)                               # the other ranks come late
+        comm.Allreduce(x, algorithm="ring")
 
     t = threading.Thread(target=lambda: failures.extend(run_threads(owner)))
     t.start()
@@ -339,8 +341,9 @@ def test_hand_over_with_bind_thread():
         if not wait_for(lambda: comm._state.busy, 30):
             failures.append("the owner's call never started")
         failures += refused({"bind_thread": comm.bind_thread}, "is inside a call")
-    if comm.size > 1:
-        WORLD.Barrier()                               # now rank 1 joins the owner's call
+    inside.wait(30)
+    WORLD.Barrier()
+    go.set()                                          # now the other ranks join the call
     t.join(60)
     comm.bind_thread()
     failures += differences("the owner's allreduce", x, ramp_reference(20000, 3, comm.size))
