@@ -95,6 +95,11 @@ class Communicator:
         self._shm_reduce_scatter = self._host.shm_reduce_scatter
         self._shm_barrier = self._host.shm_barrier
         self._gpu = None if stream is None else self._make_gpu(stream)
+        self._check = None
+        if self._host.check_calls:          # AL_CHECK: a communicator for the signatures
+            from .check import CallChecker
+            self._check = base.Dup()
+            self._host.launcher.checker = CallChecker(self._check, self._state)
         timeline.on_communicator(self)      # recording: the clock sync (collective)
 
     def _make_gpu(self, stream, device=None) -> GpuBackend:
@@ -136,16 +141,27 @@ class Communicator:
         """The mpi4py communicator used for collectives (do not send on it)."""
         return self._coll
 
+    def bind_thread(self) -> None:
+        """Make the calling thread the communicator's owner: from now on only this thread may
+        start calls on it (collectives, point-to-point, Free; ``Wait``/``Test`` of requests
+        and reading attributes are allowed from any thread).  The thread that constructed the
+        communicator owns it first.  Local: no communication; every rank hands over on its own.
+        Raises aluminum_py.Error while another thread is inside a blocking call on it (only an
+        erroneous program sees that).  See docs/semantics.md, "Threads"."""
+        self._state.bind_thread()
+
     def Free(self) -> None:
         """Free the duplicated MPI communicators and the GPU backend's resources (collective; a
         second call does nothing). It first waits for the host parts of blocking host-transfer GPU
         ops (at most AL_HANG_TIMEOUT each); other pending ops (nonblocking host-transfer GPU ops
-        included) are an error. Any later op on this communicator raises aluminum_py.Error. A
+        included) are an error, and so is a call in progress in another thread (aluminum_py.Error:
+        the shared memory is never unmapped under a running op). Only the owner thread may call
+        it (bind_thread). Any later op on this communicator raises aluminum_py.Error. A
         failure of a blocking host-transfer op that no GPU op has reported yet is raised after
         everything is freed."""
         if self._state.freed:
             return
-        _core.check_not_forked("Free")
+        self._state.check_free("Free")
         if self._gpu is not None:
             self._gpu.drain(config.hang_timeout())
         if self._state.pending:
@@ -153,6 +169,8 @@ class Communicator:
         self._state.freed = True
         failure = self._gpu.close() if self._gpu is not None else None
         self._host.close()
+        if self._check is not None:
+            self._check.Free()
         if failure is not None:
             raise failure
 

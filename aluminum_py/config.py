@@ -221,9 +221,20 @@ def construction_error() -> str | None:
         shm_named()
         model_params()
         shm_model_params()
+        check()
     except ValueError as e:
         return str(e)
     return None
+
+
+def check() -> bool:
+    """AL_CHECK: a debugging aid; 1 makes every collective call of the point-to-point
+    algorithms and "mpi" exchange its signature (kind, count, dtype, op, root, call number)
+    with the peers first, so that ranks calling differently raise aluminum_py.Error naming both
+    calls instead of failing in MPI, hanging or returning wrong values (default 0: only the
+    shared-memory rounds carry fingerprints).  Set it the same on every rank: read at
+    Communicator() (collective)."""
+    return _number("AL_CHECK", 0, 0, 1, "0 or 1", whole=True) == 1
 
 
 def default_engine_yield(local_size: int) -> int:

@@ -183,13 +183,17 @@ def _average(state, tensor, finish: Callable[[], Any], last: bool = False
 
     Host tensors: the shared waiter thread completes the Future, except at the `last` bucket
     of the backward pass, where this thread completes every pending one (``_Waiter.drain``).
-    CUDA tensors: the allreduce
+    The communicator is handed over to the thread torch runs the hook on
+    (``Communicator.bind_thread``: torch runs hooks on the thread that called ``backward()``
+    for CPU work, on a device thread for CUDA); the waiter thread only waits (``Wait`` is
+    allowed from any thread).  CUDA tensors: the allreduce
     is enqueued on the current stream's communicator and ``Wait()`` makes that stream wait for
     it, so the Future is completed at once (like NCCL work Futures in torch): work queued on
     the stream afterwards, DDP's copy of the result included, runs after the allreduce.
     """
     try:
         comm = _communicator(state, tensor)
+        comm.bind_thread()              # torch's autograd thread (the threading rule, below)
         request = comm.Iallreduce(as_buffer(tensor), op=AVG, algorithm="auto")
         if not tensor.is_cuda:
             fut = torch.futures.Future()
@@ -309,7 +313,7 @@ class Synchronizer:
         self._handles = [register(i, p) for i, p in enumerate(params)]
 
     def _post_accumulate_hook(self, i, p):
-        t, sync = self._tensors[i], self.synchronizer
+        t, sync, comm = self._tensors[i], self.synchronizer, self.synchronizer.comm
 
         def ready(param):
             g = param.grad
@@ -322,11 +326,12 @@ class Synchronizer:
                     else:
                         t.copy_(g)
                 param.grad = t
+            comm.bind_thread()              # autograd's thread starts the allreduce
             sync.grad_ready(i)
         return p.register_post_accumulate_grad_hook(ready)
 
     def _tensor_hook(self, i, p):
-        t, sync = self._tensors[i], self.synchronizer
+        t, sync, comm = self._tensors[i], self.synchronizer, self.synchronizer.comm
 
         def ready(grad):
             with torch.no_grad():
@@ -334,6 +339,7 @@ class Synchronizer:
             # autograd must not accumulate into the arena while its allreduce runs: it gets a
             # .grad of its own until wait() points .grad back at the arena
             p.grad = None
+            comm.bind_thread()              # autograd's thread starts the allreduce
             sync.grad_ready(i)
         return p.register_hook(ready)
 
@@ -343,6 +349,7 @@ class Synchronizer:
         ``optimizer.step()``.  Returns the synchronizer's ``SyncInfo`` (under policy ``"deft"``,
         step only when ``info.update``).  Raises ``al.Error`` if some parameter's gradient was
         not produced this step (a parameter unused by the forward pass)."""
+        self.synchronizer.comm.bind_thread()    # back to the caller's thread (it may start ops)
         info = self.synchronizer.wait(timeout)
         if self.hook == "tensor":
             for p, t in zip(self.params, self._tensors):
@@ -352,6 +359,7 @@ class Synchronizer:
     def flush(self, timeout: float | None = None):
         """Policy ``"deft"``: apply what is still held, after the last step (see
         ``GradientSynchronizer.flush``)."""
+        self.synchronizer.comm.bind_thread()
         info = self.synchronizer.flush(timeout)
         if self.hook == "tensor":
             for p, t in zip(self.params, self._tensors):

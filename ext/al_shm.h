@@ -8,11 +8,12 @@
  *
  *     [header][flag 0][flag 1]...[flag p-1][buf 0: slot 0 ... slot p-1][buf 1: slot 0 ... slot p-1]
  *
- * A rank's flag line also holds, after the 8-byte flag, two "inline" areas of AL_SHM_INLINE
- * bytes, one per buffer: a round whose data is at most that many bytes per rank puts it there
- * instead of in the slot (al_shm_data), so that a reader takes one cache-line transfer (flag
- * and data together) instead of two.  Everything said of a slot of buffer b below holds for
- * inline area b.
+ * A rank's flag line also holds, after the 8-byte flag, two fingerprint words, one per buffer
+ * (al_shm_fp: the signature of the op of the round, see "fingerprints" below), then two
+ * "inline" areas of AL_SHM_INLINE bytes, one per buffer: a round whose data is at most that
+ * many bytes per rank puts it there instead of in the slot (al_shm_data), so that a reader
+ * takes one cache-line transfer (flag, fingerprint and data together) instead of two.
+ * Everything said of a slot of buffer b below holds for inline area b and fingerprint b.
  *
  * A rank writes only its own flag line and its own slots; it reads everybody's.
  *
@@ -51,6 +52,17 @@
  * second publish of round m.  So the two buffers alternate with no extra synchronisation, and
  * a rank can run at most one round ahead of the slowest peer.
  *
+ * Fingerprints.  Every round, each rank writes the signature of its op (al_shm_fp: kind,
+ * dtype, reduction op, root, count and the op's number on the segment, packed in 64 bits) into
+ * its fingerprint word of the round's buffer, before the publish, and checks at its arrive
+ * that every peer it reads wrote the same (al_shm_arrived).  Ranks whose calls differ (a count,
+ * a dtype, the order of two calls, a call one rank skipped) fail the op at their first common
+ * round instead of combining data of different calls (AL_SHM_MISMATCH; shm.pxi names both
+ * calls).  The word is in the flag's cache line: no extra transfer.  It has the lifetime of
+ * the round's data, so every round settles before writing it (below), even one that writes no
+ * data (a bcast's non-root, a barrier): a peer may still check the word of round m until this
+ * rank has seen it publish round m + 1.
+ *
  * Lazy arrive.  A rank that reads nothing a peer wrote in round k (a bcast's root) skips
  * that round's arrive and completes the round right after its publish, recording in `owed`
  * the value v(k) it did not wait for; a rank that reads one peer only (a bcast's non-root
@@ -58,8 +70,8 @@
  * with a full arrive sets `owed` to 0.  So at the start of any round k every peer's flag is
  * known to have reached v(k - 1), or `owed` is v(k - 1).  Before it writes into a buffer in
  * round k a rank waits until every peer's flag has reached `owed` (al_shm_settled, then
- * `owed` is 0): that is the rule above.  A round that writes nothing (a bcast's non-root, a
- * barrier) needs no settling.  Nothing waits in a cycle: a rank settling in round k waits for
+ * `owed` is 0): that is the rule above.  Every round writes at least its fingerprint, so every
+ * round settles first (a bcast's non-root and a barrier included).  Nothing waits in a cycle: a rank settling in round k waits for
  * publishes of round k - 1, which need nothing of round k.
  *
  * The memory traffic of the split protocol per rank and per element of the message is the
@@ -90,7 +102,8 @@
 #define AL_SHM_TILE 8192             /* bytes reduced at a time: the output tile stays in L1 */
 #define AL_SHM_MAGIC 0x6d68735f6c61ULL /* "al_shm" */
 #define AL_SHM_MAX_RANKS 256         /* ranks per segment (a reduction's inputs are on the stack) */
-#define AL_SHM_INLINE 24             /* bytes per rank of a round carried in the flag's line */
+#define AL_SHM_INLINE 16             /* bytes per rank of a round carried in the flag's line */
+#define AL_SHM_MISMATCH (-2)         /* an advance's result: a peer's fingerprint differs */
 
 typedef struct al_shm_seg {
   char *base;                        /* the mapping */
@@ -102,6 +115,7 @@ typedef struct al_shm_seg {
   uint64_t round;                    /* rounds so far (buffer = round % 2) */
   uint64_t owed;                     /* 0, or the value every peer's flag must reach before this
                                         rank writes again (a lazy arrive: al_shm_settled) */
+  uint64_t ops;                      /* ops begun on the segment (the fingerprints' number) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
@@ -116,6 +130,8 @@ typedef struct al_shm_op {
   uint64_t want;                     /* the flag value every peer must reach */
   int waiting;                       /* the first peer not yet seen at `want` */
   long polls;                        /* unsuccessful polls of the current wait (when to yield) */
+  uint64_t fp;                       /* this op's fingerprint (al_shm_fp) */
+  uint64_t theirs;                   /* AL_SHM_MISMATCH: the fingerprint rank `waiting` wrote */
 } al_shm_op;
 
 static inline size_t al_shm_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -188,13 +204,44 @@ static inline char *al_shm_slot(const al_shm_seg *s, int buf, int r) {
   return s->base + al_shm_data_offset(s->size) + ((size_t)buf * s->size + r) * s->slot;
 }
 
+/* Rank r's fingerprint word of buffer `buf` (bytes 8 + 8 buf of its flag line). */
+static inline uint64_t *al_shm_fpw(const al_shm_seg *s, int buf, int r) {
+  return al_shm_flag(s, r) + 1 + buf;
+}
+
 /* Where rank r puts its data of a round of buffer `buf` that has `bytes` bytes per rank: the
- * inline area `buf` of its flag line (bytes 8 + 24 buf .. 32 + 24 buf, 8-byte aligned) when
+ * inline area `buf` of its flag line (bytes 24 + 16 buf .. 40 + 16 buf, 8-byte aligned) when
  * they fit, else its slot.  The same on every rank: `bytes` is. */
 static inline char *al_shm_data(const al_shm_seg *s, int buf, int r, size_t bytes) {
   if (bytes <= AL_SHM_INLINE)
-    return (char *)al_shm_flag(s, r) + sizeof(uint64_t) + (size_t)buf * AL_SHM_INLINE;
+    return (char *)al_shm_flag(s, r) + 3 * sizeof(uint64_t) + (size_t)buf * AL_SHM_INLINE;
   return al_shm_slot(s, buf, r);
+}
+
+/* ---- fingerprints ----
+ * An op's signature in 64 bits: bits 0-2 the collective (0 allreduce, AL_SHM_ALLGATHER ...),
+ * 3-7 the dtype, 8-11 the reduction op (allreduce, reduce_scatter), 12-19 the root (bcast),
+ * 20-50 the count (at most 2**31 - 1 elements), 51-63 the op's number on the segment modulo
+ * 8192 (counted from 1).  al_shm_fp_unpack reverses it for the error message. */
+#define AL_SHM_FP_SEQ_BITS 13
+
+static inline uint64_t al_shm_fp(int coll, int dtype, int rop, int root, int64_t count,
+                                 uint64_t number) {
+  int reduces = coll == 0 || coll == 3;            /* allreduce, AL_SHM_REDUCE_SCATTER */
+  return (uint64_t)(coll & 7) | (uint64_t)(dtype & 31) << 3 |
+         (uint64_t)(reduces ? rop & 15 : 0) << 8 | (uint64_t)(coll == 2 ? root & 255 : 0) << 12 |
+         ((uint64_t)count & 0x7fffffffULL) << 20 |
+         (number & ((1ULL << AL_SHM_FP_SEQ_BITS) - 1)) << 51;
+}
+
+static inline void al_shm_fp_unpack(uint64_t fp, int *coll, int *dtype, int *rop, int *root,
+                                    int64_t *count, long *number) {
+  *coll = (int)(fp & 7);
+  *dtype = (int)(fp >> 3 & 31);
+  *rop = (int)(fp >> 8 & 15);
+  *root = (int)(fp >> 12 & 255);
+  *count = (int64_t)(fp >> 20 & 0x7fffffffULL);
+  *number = (long)(fp >> 51);
 }
 
 /* ---- the segment: create (one rank), open (the others), unmap ----
@@ -366,15 +413,28 @@ static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
  * reading, a round that will never match.  The first rank to store it is kept. */
 static inline uint64_t *al_shm_health(const al_shm_seg *s) { return (uint64_t *)s->base + 3; }
 
-static inline void al_shm_mark_broken(al_shm_seg *s) {
+/* Why a rank broke the segment (the health word's high half). */
+enum { AL_SHM_ABANDONED = 0,         /* it gave up an op at its hang timeout */
+       AL_SHM_REFUSED = 1,           /* it refused a call (another thread's: commstate.pxi) */
+       AL_SHM_MISMATCHED = 2 };      /* the ranks' calls differ (fingerprints) */
+
+static inline void al_shm_mark_broken_why(al_shm_seg *s, int why) {
   uint64_t healthy = 0;
-  __atomic_compare_exchange_n(al_shm_health(s), &healthy, (uint64_t)s->rank + 1, 0,
+  __atomic_compare_exchange_n(al_shm_health(s), &healthy,
+                              (uint64_t)why << 32 | ((uint64_t)s->rank + 1), 0,
                               __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
+static inline void al_shm_mark_broken(al_shm_seg *s) { al_shm_mark_broken_why(s, AL_SHM_ABANDONED); }
+
 /* The rank that broke the segment, or -1 while it is usable. */
 static inline int al_shm_broken_by(const al_shm_seg *s) {
-  return (int)__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) - 1;
+  return (int)(__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) & 0xffffffffULL) - 1;
+}
+
+/* Why (AL_SHM_ABANDONED ...), once al_shm_broken_by is >= 0. */
+static inline int al_shm_broken_why(const al_shm_seg *s) {
+  return (int)(__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) >> 32);
 }
 
 /* The lazy arrive (see the protocol): 1 once every peer's flag has reached s->owed, after
@@ -394,12 +454,18 @@ static inline int al_shm_settled(al_shm_seg *s, al_shm_op *o) {
   return 1;
 }
 
-/* 1 once every peer's flag has reached o->want (never blocks). */
-static inline int al_shm_arrived(const al_shm_seg *s, al_shm_op *o) {
+/* 1 once every peer's flag has reached o->want, and every peer's fingerprint of buffer b is
+ * this op's; AL_SHM_MISMATCH (o->waiting: the peer, o->theirs: its fingerprint) if one is
+ * not; else 0 (never blocks). */
+static inline int al_shm_arrived(const al_shm_seg *s, al_shm_op *o, int b) {
   while (o->waiting < s->size) {
-    if (o->waiting != s->rank &&
-        __atomic_load_n(al_shm_flag(s, o->waiting), __ATOMIC_ACQUIRE) < o->want)
-      return 0;
+    if (o->waiting != s->rank) {
+      if (__atomic_load_n(al_shm_flag(s, o->waiting), __ATOMIC_ACQUIRE) < o->want)
+        return 0;
+      o->theirs = *al_shm_fpw(s, b, o->waiting);
+      if (o->theirs != o->fp)
+        return AL_SHM_MISMATCH;
+    }
     o->waiting++;
   }
   return 1;
@@ -535,12 +601,13 @@ typedef struct al_shm_args {
 /* Start an allreduce: the protocol by size (the same on every rank: count and esize are), and
  * whether recvbuf is written with streaming stores (may differ between ranks: only this rank's
  * stores change). */
-static inline void al_shm_allreduce_begin(const al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
+static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   size_t bytes = (size_t)a->count * a->esize;
   memset(o, 0, sizeof(*o));
   o->split = bytes > s->small && s->size > 1;
   o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_bytes;
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
+  o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
 }
 
 /* Elements of the round that starts at element `off`: a slot's worth, or what is left. */
@@ -606,6 +673,7 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     if (o->phase == AL_SHM_PUT) {
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* a lazy arrive owed (above) */
       o->chunk = al_shm_chunk(s, a, o->off);
+      *al_shm_fpw(s, b, me) = o->fp;
       if (o->split)
         al_shm_split_in(s, a, b, o->off, o->chunk);
       else
@@ -615,7 +683,11 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
       o->phase = AL_SHM_WAIT_IN;
     }
     if (o->phase == AL_SHM_WAIT_IN) {
-      if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+      if ((k = al_shm_arrived(s, o, b)) != 1) {
+        if (k < 0) return k;
+        o->polls++;
+        return 0;
+      }
       if (o->split) {
         /* my block: into my slot (the peers copy it out), and into recvbuf: streamed from the
          * slot's tile (in L1) when streaming, else written and then copied to the slot */
@@ -641,7 +713,11 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
       }
     }
     if (o->phase == AL_SHM_WAIT_OUT) {
-      if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+      if ((k = al_shm_arrived(s, o, b)) != 1) {
+        if (k < 0) return k;
+        o->polls++;
+        return 0;
+      }
       al_shm_split_out(s, a, b, o->off, o->chunk, o->stream);
       o->phase = AL_SHM_PUT;            /* round complete */
     }
@@ -687,16 +763,19 @@ static inline int64_t al_shm_coll_cap(const al_shm_seg *s, const al_shm_args *a)
   return cap > 0 ? cap : 1;
 }
 
-static inline void al_shm_coll_begin(al_shm_op *o, const al_shm_args *a) {
+static inline void al_shm_coll_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   memset(o, 0, sizeof(*o));
   o->phase = a->count > 0 || a->coll == AL_SHM_BARRIER ? AL_SHM_PUT : AL_SHM_END;
+  o->fp = al_shm_fp(a->coll, a->dtype, a->rop, a->root, a->count, ++s->ops);
 }
 
-/* 1 once peer r's flag has reached o->want (never blocks; a bcast's non-root waits for the
- * root alone). */
-static inline int al_shm_arrived_from(const al_shm_seg *s, al_shm_op *o, int r) {
+/* As al_shm_arrived for peer r alone (a bcast's non-root waits for the root alone). */
+static inline int al_shm_arrived_from(const al_shm_seg *s, al_shm_op *o, int r, int b) {
   o->waiting = r;
-  return __atomic_load_n(al_shm_flag(s, r), __ATOMIC_ACQUIRE) >= o->want;
+  if (__atomic_load_n(al_shm_flag(s, r), __ATOMIC_ACQUIRE) < o->want)
+    return 0;
+  o->theirs = *al_shm_fpw(s, b, r);
+  return o->theirs == o->fp ? 1 : AL_SHM_MISMATCH;
 }
 
 /* As al_shm_allreduce_advance, for a->coll (never blocks; -1: unsupported (dtype, op)). */
@@ -704,8 +783,8 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
   const char *src[AL_SHM_MAX_RANKS];
   int p = s->size, me = s->rank, j, b;
   int bcast = a->coll == AL_SHM_BCAST, root = bcast && me == a->root;
-  int writes = a->coll != AL_SHM_BARRIER && (!bcast || root);
   int64_t es = a->esize, n = a->count, off, c;
+  int rc;
   size_t span;                       /* bytes of a round per rank: where they go (al_shm_data) */
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
@@ -713,8 +792,9 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
     if (o->phase == AL_SHM_PUT) {
       int64_t cap = al_shm_coll_cap(s, a);
       char *mine;
-      if (writes && !al_shm_settled(s, o)) { o->polls++; return 0; }
+      if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* every round: the fingerprint */
       c = o->chunk = n - off < cap ? n - off : cap;
+      *al_shm_fpw(s, b, me) = o->fp;
       span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
       mine = al_shm_data(s, b, me, span);
       if (a->coll == AL_SHM_ALLGATHER) {
@@ -736,11 +816,19 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
     if (root) {
       s->owed = s->seq;                /* the lazy arrive: nothing to read */
     } else if (bcast) {
-      if (!al_shm_arrived_from(s, o, a->root)) { o->polls++; return 0; }
+      if ((rc = al_shm_arrived_from(s, o, a->root, b)) != 1) {
+        if (rc < 0) return rc;
+        o->polls++;
+        return 0;
+      }
       s->owed = s->seq;                /* the other peers' flags are not known to be there */
       memcpy(a->rbuf + off * es, al_shm_data(s, b, a->root, span), (size_t)(c * es));
     } else {
-      if (!al_shm_arrived(s, o)) { o->polls++; return 0; }
+      if ((rc = al_shm_arrived(s, o, b)) != 1) {
+        if (rc < 0) return rc;
+        o->polls++;
+        return 0;
+      }
       s->owed = 0;                     /* every flag has reached this round's value */
       if (a->coll == AL_SHM_ALLGATHER) {
         for (j = 0; j < p; j++)

@@ -31,18 +31,20 @@ cdef extern from "al_shm.h" nogil:
     enum:
         AL_SHM_PUT, AL_SHM_WAIT_IN, AL_SHM_WAIT_OUT, AL_SHM_END, AL_SHM_MAX_RANKS
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
+        AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
     ctypedef struct al_shm_seg:
         char* base
         size_t len
         int rank, size
         size_t slot, small
-        uint64_t seq, round, owed
+        uint64_t seq, round, owed, ops
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk
         uint64_t want
         int waiting
         long polls
+        uint64_t fp, theirs
     ctypedef struct al_shm_args:
         int dtype, rop, esize
         const char* sbuf
@@ -64,12 +66,16 @@ cdef extern from "al_shm.h" nogil:
     char* al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot, uint64_t nonce,
                             int* named_instead, char* err, size_t errlen)
     void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
-    void al_shm_allreduce_begin(const al_shm_seg*, al_shm_op*, const al_shm_args*)
+    void al_shm_allreduce_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
-    void al_shm_coll_begin(al_shm_op*, const al_shm_args*)
+    void al_shm_coll_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_coll_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     void al_shm_mark_broken(al_shm_seg*)
+    void al_shm_mark_broken_why(al_shm_seg*, int why)
     int al_shm_broken_by(const al_shm_seg*)
+    int al_shm_broken_why(const al_shm_seg*)
+    void al_shm_fp_unpack(uint64_t fp, int* coll, int* dtype, int* rop, int* root,
+                          int64_t* count, long* number)
     int shm_unlink(const char* name)
     int close(int fd)
     int munmap(void* addr, size_t len)

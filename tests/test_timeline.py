@@ -431,6 +431,7 @@ def test_start_and_stop_while_another_thread_calls(comm, tmp_path):
 
     def calls():
         try:
+            comm.bind_thread()                    # the hand-over (threading rule)
             x = np.ones(16, np.float32)
             for k in range(400):
                 comm.Allreduce(x)
@@ -448,6 +449,7 @@ def test_start_and_stop_while_another_thread_calls(comm, tmp_path):
         paths.append(timeline.start(tmp_path / f"t{len(paths)}.json", interval=0.001))
         timeline.stop()
     t.join(60)
+    comm.bind_thread()                            # and back
     assert not t.is_alive() and errors == []
     recorded = 0
     for p in paths:

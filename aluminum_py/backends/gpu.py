@@ -3,6 +3,7 @@ one stream; NCCL runs them (:mod:`aluminum_py.nccl`), or, for allreduce, the hos
 algorithms (:mod:`.host_transfer`). Semantics: docs/gpu.md and docs/semantics.md."""
 from __future__ import annotations
 
+import threading
 import time
 
 from mpi4py import MPI
@@ -43,6 +44,7 @@ class GpuBackend:
         self._any_source = MPI.ANY_SOURCE
         self.stream = stream_handle(stream)
         self.device = device
+        self._state = launcher.state        # the communicator's: the threading rule
         self.host_transfer = HostTransfer(launcher, device)
         self.inflight = InFlight(device)    # buffers of enqueued ops, until they completed
         self._internal = None
@@ -76,6 +78,13 @@ class GpuBackend:
                     self._unreported.remove(r)
                 _retain_if_abandoned(r)
             raise
+
+    def usable(self, name: str) -> None:
+        """At every GPU operation: the communicator's rules (the owner thread calls, not freed,
+        not broken: CommState.check_usable), then check()."""
+        if self._state.freed or self._state.owner != threading.get_ident() or self._state.marked:
+            self._state.check_usable(name)
+        self.check()
 
     def check(self) -> None:
         """At every GPU operation on the communicator: release the buffers of completed ops,
@@ -228,7 +237,7 @@ class GpuBackend:
 
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):
-        self.check()
+        self.usable("allreduce")
         s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
         r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
@@ -263,7 +272,7 @@ class GpuBackend:
 
     # -- the other collectives: NCCL's own, grouped send/recv where NCCL has none
     def _run(self, name: str, blocking: bool, keep, launch):
-        self.check()
+        self.usable(name)
         comm = self.nccl_comm()
         stream = self.stream if blocking else self._fork()
         t_call = time.monotonic()

@@ -42,6 +42,13 @@ def divisible(arr, name: str, size: int) -> None:
                          f"size {size}")
 
 
+def _thread_name(ident: int) -> str:
+    """A thread by name and ident, for the threading rule's messages."""
+    import threading
+    t = threading._active.get(ident)
+    return f"{t.name!r} (ident {ident})" if t is not None else f"ident {ident} (ended)"
+
+
 class _Hooks:
     """What the native call path calls back for: unusual buffers, and every error message."""
 
@@ -100,6 +107,19 @@ class _Hooks:
     def too_many(n, name):
         check_count(n, name)
 
+    @staticmethod
+    def not_owner(name, owner, me):
+        return (f"{name}: called from thread {_thread_name(me)}, but this communicator is "
+                f"owned by thread {_thread_name(owner)}: a communicator is used by one thread "
+                f"at a time, so that every rank sees its calls in the same order; hand it over "
+                f"with comm.bind_thread() in the thread that uses it next, or give each thread "
+                f"its own Communicator")
+
+    @staticmethod
+    def in_call(name, owner):
+        return (f"{name}: thread {_thread_name(owner)} is inside a call on this communicator; "
+                f"wait until it returns")
+
 
 _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
                 [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
@@ -149,11 +169,17 @@ class HostBackend:
         self.size = state.size
         self._any_source = any_source
         self._any_tag = any_tag
-        bad = [(r, e) for r, e in enumerate(tuning_comm.allgather(config.construction_error()))
-               if e]
+        # every rank's verdict on its settings (an error text, else its AL_CHECK), gathered
+        answers = tuning_comm.allgather(config.construction_error() or config.check())
+        bad = [(r, e) for r, e in enumerate(answers) if isinstance(e, str)]
         if bad:                     # on every rank, before anything else is set up
             raise ValueError(f"{bad[0][1]} (rank {bad[0][0]}"
                              f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})")
+        if len(set(answers)) > 1:
+            raise ValueError(f"environment variable AL_CHECK: 1 on ranks "
+                             f"{[r for r, a in enumerate(answers) if a]} only; it must be the "
+                             f"same on every rank (AL_CHECK=1 adds a collective per call)")
+        self.check_calls: bool = answers[0]     # AL_CHECK, the same on every rank
         set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
         self.layout = node_layout(tuning_comm)
         # several nodes: a segment per node, for "hierarchical" (None: its point-to-point form,

@@ -51,6 +51,8 @@ cdef int hier_step(al_op* op) noexcept nogil:
             if ph.op.err != 0:
                 op.err = ph.op.err
                 snprintf(op.errmsg, 256, "phase %d/%d: %s", h.cur + 1, h.nphases, ph.op.errmsg)
+                if ph.op.comm != op.comm and al_load_acquire(&ph.op.comm.broken):
+                    comm_break(op.comm, AL_SHM_MISMATCHED, ph.op.comm.why)   # every node
                 return op_finish(op)
         elif ph.src != NULL:
             memcpy(ph.dst, ph.src, <size_t>(ph.cnt * op.esize))

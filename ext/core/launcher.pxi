@@ -71,6 +71,8 @@ cdef class Launcher:
     cdef public object hierarchical      # None, or (sp, rp, count, dtype, esize, op, inplace,
                                          # keep) -> the K_HIER_SHM op of "hierarchical" (hier_shm.pxi)
     cdef NativeOp spare           # a completed op of a blocking shm call, for the next one
+    cdef public object checker    # None, or AL_CHECK's exchange: (name, kind, count, dtype,
+                                  # rop, root) -> raises if the ranks' calls differ (check.py)
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
@@ -106,8 +108,10 @@ cdef class Launcher:
                 trace_append(o)
 
     cdef object launch_now(self, NativeOp o, bint blocking, double timeout, str algorithm):
-        if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
+        if unusual(self.state):
             self.state.check_usable(o.name)
+        if self.checker is not None:
+            self.check_call(o)
         # Blocking calls use the nonblocking MPI calls (MPI_I*) and poll them, in the caller
         # or, behind pending ops, in the engine, so that the caller can check for signals and
         # time out. MPI matches blocking collectives only with blocking ones, so the variant
@@ -115,8 +119,7 @@ cdef class Launcher:
         if not blocking:
             o.submit()
             return _hooks.request(o, algorithm)
-        # One thread at a time (check_usable): two threads' calls could reach MPI in a
-        # different order on each rank. The GIL makes the check and the mark one step.
+        # busy: the owner is inside the call (bind_thread and Free refuse meanwhile)
         self.state.busy = True
         try:
             return self.run_blocking(o, timeout)
@@ -147,11 +150,13 @@ cdef class Launcher:
         with nogil:
             ok = run_inline(o.op, deadline)
         while ok != 1:
-            if ok == 0:
+            if ok == 0 or comm_poll_broken(o.op.comm):
                 # kept alive first: the engine finishes it, or (below MPI_THREAD_MULTIPLE,
                 # where submit raises) it stays posted and MPI may still write its buffers
                 o.orphan()
                 o.submit(adopt=True)
+                if ok != 0:                 # a peer broke the communicator: it never comes
+                    self.state.check_usable(o.name)
                 _hooks.raise_timeout(o, timeout)
             try:
                 PyErr_CheckSignals()
@@ -176,6 +181,16 @@ cdef class Launcher:
             except Exception:       # below MPI_THREAD_MULTIPLE: it stays posted, kept alive
                 pass
         self.state.interrupted = o
+
+    cdef void check_call(self, NativeOp o) except *:
+        """AL_CHECK: the collective `o` is about to start: exchange its signature with the peers
+        (the checker raises if the ranks' calls differ).  Shm ops carry their own fingerprints;
+        point-to-point and GPU ops are not checked."""
+        cdef al_op* op = o.op
+        if is_shm_kind(op.kind) or not (op.kind == K_SCHEDULE or op.kind == K_HIER_SHM
+                                         or kind_info(op.kind).mpi_collective):
+            return
+        self.checker(o.name, op.kind, op.count, op.dtype, op.rop, op.mpi.root)
 
     cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize):
         cdef object alg
@@ -220,7 +235,7 @@ cdef class Launcher:
             o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
             return o
         o = NativeOp.__new__(NativeOp)
-        if g_forked or self.state.busy or self.state.interrupted is not None:   # before next_tag
+        if unusual(self.state):                                 # before next_tag
             self.state.check_usable("allreduce/" + alg)
         init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
         o.op.result.buf = <char*>rp
@@ -268,7 +283,7 @@ cdef class Launcher:
         cdef NativeOp outer, inner
         cdef char* pinned
         cdef int rc, failed = 0
-        if g_forked or self.state.freed:
+        if unusual(self.state):
             self.state.check_usable("host-transfer allreduce")
         alg = self.choose_for(algorithm, nbytes, esize)
         dev.take_pinned(nbytes + 64, &pinned)
@@ -530,7 +545,7 @@ cdef class Launcher:
     cdef void shm_ready(self, str name) except *:
         """Raise unless an shm op may start here (checked before the buffers, as the host
         backend's collective_shm): the communicator usable, a segment (or one rank)."""
-        if g_forked or self.state.freed or self.state.busy or self.state.interrupted is not None:
+        if unusual(self.state):
             self.state.check_usable(name)
         if self.state.c.shm == NULL and self.state.c.size > 1:
             self.shm_unavailable()

@@ -217,7 +217,8 @@ cdef class NativeOp:
     def wait(self, double timeout=-1.0):
         """Wait for completion (timeout < 0: forever). Returns True when done. Every WAKE
         seconds it runs the signal handlers: their exception (KeyboardInterrupt) propagates
-        and the op goes on in the engine."""
+        and the op goes on in the engine; and it raises aluminum_py.Error if the communicator
+        is broken (comm_poll_broken: a peer refused a call or the calls differ)."""
         cdef int r, spin = 1
         cdef double deadline
         if al_load_acquire(&self.op.done):
@@ -232,6 +233,9 @@ cdef class NativeOp:
                 return r == 1
             spin = 0
             PyErr_CheckSignals()
+            if comm_poll_broken(self.op.comm):      # a peer broke it: the op may never complete
+                _hooks.fail(f"{self.name}: this communicator is unusable: "
+                            f"{(<char*>self.op.comm.why).decode('utf-8', 'replace')}")
 
     def test(self):
         return al_load_acquire(&self.op.done) != 0

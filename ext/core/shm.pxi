@@ -21,16 +21,68 @@ def set_shm_stream_bytes(size_t nbytes):
     al_shm_stream_bytes = nbytes
 
 cdef int shm_broken(al_op* op) noexcept nogil:
-    """Fail `op` (1) if a rank gave up an op over the segment (al_shm_mark_broken: the rounds
-    are out of step for good), else 0."""
+    """Fail `op` (1) if a rank broke the segment (al_shm_mark_broken_why: it gave up an op,
+    refused a call, or found the calls differ; the rounds are out of step for good), else 0.
+    The communicator is marked broken here too (every later call raises), except after an
+    abandoned op: that leaves only the segment's rounds out of step, the MPI-based algorithms
+    keep working."""
     cdef int who = al_shm_broken_by(op.comm.shm)
     if who < 0:
         return 0
     op.err = -1
-    snprintf(op.errmsg, 256, "the communicator's shared-memory segment is unusable: rank %d "
-             "abandoned an op over it at its hang timeout (a host-transfer allreduce), which "
-             "left the ranks' rounds out of step; use a new Communicator", who)
+    shm_broken_message(op.comm.shm, who, op.errmsg)
+    if al_shm_broken_why(op.comm.shm) != AL_SHM_ABANDONED:   # else only the segment's rounds
+        comm_mark(op.comm, op.errmsg)
     return 1
+
+# names for the fingerprints' message (al_reduce.h's codes; al_shm.h's collective numbers)
+cdef const char* g_dtype_names[16]
+cdef const char* g_op_names[16]
+cdef const char* g_coll_names[5]
+for _i, _n in enumerate((b"int8", b"int16", b"int32", b"int64", b"uint8", b"uint16", b"uint32",
+                         b"uint64", b"float16", b"bfloat16", b"float32", b"float64",
+                         b"complex64", b"complex128", b"?", b"?")):
+    g_dtype_names[_i] = _n
+for _i, _n in enumerate((b"SUM", b"PROD", b"MIN", b"MAX", b"LAND", b"LOR", b"LXOR", b"BAND",
+                         b"BOR", b"BXOR", b"AVG", b"?", b"?", b"?", b"?", b"?")):
+    g_op_names[_i] = _n
+for _i, _n in enumerate((b"Allreduce", b"Allgather", b"Bcast", b"Reduce_scatter", b"Barrier")):
+    g_coll_names[_i] = _n
+
+cdef int fp_describe(uint64_t fp, char* out, size_t n) noexcept nogil:
+    """The call a fingerprint (al_shm_fp) stands for, e.g. "Allreduce(count=1000, float32,
+    SUM, call #17)"; returns snprintf's length."""
+    cdef int coll, dtype, rop, root
+    cdef int64_t count
+    cdef long number
+    al_shm_fp_unpack(fp, &coll, &dtype, &rop, &root, &count, &number)
+    if coll > 4:
+        return snprintf(out, n, "an unknown op (fingerprint %llx)", <unsigned long long>fp)
+    if coll == 4:
+        return snprintf(out, n, "%s(call #%ld)", g_coll_names[coll], number)
+    if coll == 0 or coll == 3:
+        return snprintf(out, n, "%s(count=%lld, %s, %s, call #%ld)", g_coll_names[coll],
+                        <long long>count, g_dtype_names[dtype], g_op_names[rop], number)
+    if coll == 2:
+        return snprintf(out, n, "%s(count=%lld, %s, root=%d, call #%ld)", g_coll_names[coll],
+                        <long long>count, g_dtype_names[dtype], root, number)
+    return snprintf(out, n, "%s(count=%lld, %s, call #%ld)", g_coll_names[coll],
+                    <long long>count, g_dtype_names[dtype], number)
+
+cdef int shm_mismatch(al_op* op) noexcept nogil:
+    """The fingerprint of peer op.shm.waiting differs from this op's (AL_SHM_MISMATCH): fail
+    `op` naming both calls, and break the communicator on every rank (the health word)."""
+    cdef char mine[96]
+    cdef char theirs[96]
+    cdef al_shm_seg* seg = op.comm.shm
+    fp_describe(op.shm.fp, mine, 96)
+    fp_describe(op.shm.theirs, theirs, 96)
+    op.err = -1
+    snprintf(op.errmsg, 256, "rank %d called %s, rank %d called %s: the ranks' calls differ "
+             "(collective fingerprints); the communicator is now unusable on every rank",
+             seg.rank, mine, op.shm.waiting, theirs)
+    comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
+    return op_finish(op)
 
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
@@ -48,6 +100,8 @@ cdef int shm_step(al_op* op) noexcept nogil:
         return op_finish(op)
     if rc == 0:
         return 0
+    if rc == AL_SHM_MISMATCH:
+        return shm_mismatch(op)
     if rc < 0:
         op.err = -1
         snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
@@ -104,7 +158,7 @@ cdef int shm_start(al_op* op) noexcept nogil:
     if a.coll == 0:
         al_shm_allreduce_begin(op.comm.shm, &op.shm, &a)
     else:
-        al_shm_coll_begin(&op.shm, &a)
+        al_shm_coll_begin(op.comm.shm, &op.shm, &a)
     return shm_step(op)
 
 cdef inline int uses_shm(al_op* op) noexcept nogil:

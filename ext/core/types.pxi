@@ -143,6 +143,9 @@ ctypedef struct al_comm:
     al_shm_seg* shm      # the shared-memory segment (shm.pxi), made with the communicator or NULL
     int abandoned        # an op on it was abandoned at its hang timeout (ht_abandon): its
                          # peers' messages may still arrive, so Free keeps its MPI communicators
+    int broken           # 1 once the communicator is unusable for good (comm_mark; atomic)
+    int claim            # the first comm_mark takes it (atomic), then writes `why`
+    char why[256]        # why it is broken (read once `broken` is acquired)
 
 cdef struct al_op
 

@@ -348,8 +348,8 @@ def test_waitall_waits_for_the_others_then_raises_the_first_failure(c):
     good2 = c.Iallreduce(y, op="bxor", algorithm="recursive_doubling")
     good3 = c.Irecv(late, left, tag=33)          # its message is sent 0.5 s from now
     late_send = []
-    timer = threading.Timer(0.5, lambda: late_send.append(
-        c.Isend(np.arange(4, dtype=np.float64) + r, right, tag=33)))
+    timer = threading.Timer(0.5, lambda: (c.bind_thread(), late_send.append(   # hand-over
+        c.Isend(np.arange(4, dtype=np.float64) + r, right, tag=33))))
     timer.start()
     raised = None
     try:
@@ -360,6 +360,7 @@ def test_waitall_waits_for_the_others_then_raises_the_first_failure(c):
         raised = e
     others_done = [q.done for q in (good1, good2, good3)]
     timer.join()
+    c.bind_thread()                              # and back
     al.Waitall(late_send + sends, timeout=WAIT)
     errors = {}
     for name, q in (("fail1", fail1), ("fail2", fail2)):

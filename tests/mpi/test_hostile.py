@@ -131,6 +131,18 @@ def test_setting_bad_on_one_rank_fails_the_construction_on_every_rank(monkeypatc
     assert all_ranks_ok(ok), (how, what)
 
 
+@pytest.mark.skipif(WORLD.size < 2, reason="needs a rank with another setting")
+def test_al_check_set_on_some_ranks_only_fails_the_construction_on_every_rank(monkeypatch):
+    """AL_CHECK=1 adds a collective per call (and a duplicated communicator at construction):
+    set on some ranks only, it must fail Communicator() on every rank, not hang it."""
+    if WORLD.rank == 0:
+        monkeypatch.setenv("AL_CHECK", "1")
+    how, what = within(60, al.Communicator)
+    ok = (how == "raised" and isinstance(what, ValueError)
+          and "AL_CHECK: 1 on ranks [0] only" in str(what))
+    assert all_ranks_ok(ok), (how, what)
+
+
 @pytest.mark.skipif(WORLD.size < 2, reason="a segment needs two ranks")
 def test_bad_header_on_one_rank_disables_shm_on_every_rank(monkeypatch):
     # the last rank finds a header that is not rank 0's (AL_SHM_TEST_BAD_NONCE, a testing aid:

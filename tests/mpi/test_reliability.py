@@ -282,6 +282,7 @@ def test_two_threads_with_their_own_communicators():
         algs = ["ring", "recursive_doubling", "rabenseifner", "mpi", "auto"]
 
         def body():
+            comm.bind_thread()                        # the hand-over to this thread
             for k in range(60):
                 n = (k * 7919 + t * 13) % 40000
                 kk = 100 * t + k
@@ -307,37 +308,68 @@ def test_two_threads_with_their_own_communicators():
 
     failures += run_threads(worker(0), worker(1))
     for c in comms:
+        c.bind_thread()
         c.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-def test_one_communicator_from_two_threads_is_an_error():
-    """While one thread is inside a blocking call on a communicator (here: waiting for a late
-    rank 1), another thread's call on it raises aluminum_py.Error at once (saying the
-    communicator is in use by another thread), without taking part; the first call completes
-    with the right result and the communicator works afterwards."""
-    if WORLD.size < 2:
-        pytest.skip("needs a late peer")
+def test_hand_over_with_bind_thread():
+    """A communicator is owned by the thread that made it until bind_thread(): another thread
+    computes right after binding it; bind_thread while the owner is inside a blocking call
+    (waiting for a late rank 1) raises aluminum_py.Error naming it, and the call completes
+    right; the main thread takes the communicator back afterwards."""
     comm = al.Communicator()
     failures = []
     x = ramp(20000, 3, comm.rank)
-    if comm.rank == 0:
-        first = threading.Thread(target=lambda: comm.Allreduce(x, algorithm="ring"))
-        first.start()
-        if not wait_for(lambda: comm._state.busy, 30):
-            failures.append("the first thread's call never started")
-        failures += refused({"Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
-                             "Iallreduce": lambda: comm.Iallreduce(np.ones(4, np.float32)),
-                             "Barrier": comm.Barrier}, "another thread")
-        WORLD.Barrier()                               # now rank 1 joins the first call
-        first.join(60)
-    else:
-        WORLD.Barrier()
+    inside, go = threading.Event(), threading.Event()
+
+    def owner():
+        comm.bind_thread()
+        y = ramp(100, 5, comm.rank)
+        comm.Allreduce(y, algorithm="ring")
+        failures.extend(differences("the second thread's allreduce", y,
+                                    ramp_reference(100, 5, comm.size)))
+        inside.set()
+        if comm.rank != 0:
+            go.wait(60)                               # the other ranks come late
         comm.Allreduce(x, algorithm="ring")
-    failures += differences("the first thread's allreduce", x, ramp_reference(20000, 3, comm.size))
+
+    t = threading.Thread(target=lambda: failures.extend(run_threads(owner)))
+    t.start()
+    if comm.rank == 0 and comm.size > 1:
+        inside.wait(30)
+        if not wait_for(lambda: comm._state.busy, 30):
+            failures.append("the owner's call never started")
+        failures += refused({"bind_thread": comm.bind_thread}, "is inside a call")
+    inside.wait(30)
+    WORLD.Barrier()
+    go.set()                                          # now the other ranks join the call
+    t.join(60)
+    comm.bind_thread()
+    failures += differences("the owner's allreduce", x, ramp_reference(20000, 3, comm.size))
     y = ramp(100, 4, comm.rank)
     comm.Allreduce(y)
-    failures += differences("allreduce afterwards", y, ramp_reference(100, 4, comm.size))
+    failures += differences("allreduce after the hand-back", y, ramp_reference(100, 4, comm.size))
+    comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_call_from_a_thread_that_does_not_own_the_communicator():
+    """Every rank calls from a thread that does not own the communicator: each call raises
+    aluminum_py.Error at once naming the owner thread and the hand-over, before any
+    communication; the communicator is then broken (every later call raises, naming the
+    cause), and Free from the owner works."""
+    comm = al.Communicator()
+    failures = []
+    calls = {"Allreduce": lambda: comm.Allreduce(np.ones(4, np.float32)),
+             "Iallreduce": lambda: comm.Iallreduce(np.ones(4, np.float32)),
+             "Barrier": comm.Barrier, "Send": lambda: comm.Send(np.ones(2), comm.rank)}
+    for name, call in calls.items():
+        t = threading.Thread(target=lambda: failures.extend(refused({name: call}, "owned by")))
+        t.start()
+        t.join(30)
+    failures += refused({"Allreduce after": lambda: comm.Allreduce(np.ones(4, np.float32)),
+                         "Barrier after": comm.Barrier}, "unusable")
     comm.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
 

@@ -327,7 +327,7 @@ def test_root_and_op_errors(comm):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-INLINE_BYTES = 24          # al_shm.h's AL_SHM_INLINE: a round's data per rank in the flag's line
+INLINE_BYTES = 16          # al_shm.h's AL_SHM_INLINE: a round's data per rank in the flag's line
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float16", "float32", "float64", "complex128"])

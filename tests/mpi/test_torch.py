@@ -261,3 +261,31 @@ def test_synchronize_gradients_rejects(comm):
         alt.synchronize_gradients(model(torch.float64), comm, hook="bogus")
     with pytest.raises(ValueError, match="no parameter"):
         alt.synchronize_gradients([torch.zeros(2)], comm)
+
+
+def test_hooks_from_a_thread_that_did_not_make_the_communicator(group, comm):
+    """The training loop runs in another thread than the one that made the communicator (torch
+    runs hooks on the thread of ``backward()`` for CPU work, on its own threads for CUDA): the
+    DDP hook and synchronize_gradients hand the communicator over to it (the threading rule)
+    and the results equal the single-process ones; the main thread takes it back after."""
+    X, Y = data(torch.float64)
+    reference = train(model(torch.float64), X, Y, 3)
+    got, errors = [], []
+
+    def run():
+        try:
+            got.append(train(ddp(model(torch.float64), alt.allreduce_hook, comm), shard(X),
+                             shard(Y), 3))
+            net = model(torch.float64)
+            sync = alt.synchronize_gradients(list(net.parameters()), comm, policy="fixed")
+            got.append(train(net, shard(X), shard(Y), 3, before_step=lambda: sync.wait(60)))
+            sync.remove()
+        except Exception as e:          # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(120)
+    comm.bind_thread()
+    ok = not errors and len(got) == 2 and all(max_diff(g, reference) < 1e-12 for g in got)
+    assert all_ranks_ok(ok), errors

@@ -1,0 +1,232 @@
+"""The programs of issue 28 (tests/test_trust.py launches them under mpiexec, with a wall-clock
+limit): ordinary mistakes with threads, mismatched calls and Free must end in right values or
+aluminum_py.Error on the ranks concerned, never a wrong value or an endless wait.
+
+    python trust_prog.py threads ALG[,ALG...] COLL[,COLL...] REPEAT
+    python trust_prog.py asymmetric ALG[,ALG...]
+    python trust_prog.py mismatch ALG[,ALG...]
+    python trust_prog.py free ALG[,ALG...]
+
+Each prints one line per finding ("WRONG ...", "HANG ...", "NOERROR ...") and "DONE rank r" at
+the end; the test fails on any finding or a missing DONE.
+"""
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import aluminum_py as al
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.rank, WORLD.size
+TOTAL = SIZE * (SIZE + 1) / 2          # the sum of every rank's (rank + 1)
+
+
+def say(*words):
+    """One line, in one write (the launcher merges the ranks' output)."""
+    sys.stdout.write(" ".join([f"rank {RANK}:"] + [str(w) for w in words]) + "\n")
+    sys.stdout.flush()
+
+
+def one_call(c, coll, alg, i):
+    """Call number i of the two-thread program; returns a finding (str) or None."""
+    n = 1000 + i % 7
+    if coll == "Allreduce":
+        x = np.full(n, RANK + 1.0)
+        if i % 2:
+            c.Iallreduce(x, algorithm=alg).Wait(timeout=20)
+        else:
+            c.Allreduce(x, algorithm=alg)
+        return None if np.all(x == TOTAL) else f"WRONG {coll} {alg} call {i}: {x[-3:]}"
+    if coll == "Allgather":
+        x, out = np.full(n, RANK + 1.0), np.zeros(n * SIZE)
+        if i % 2:
+            c.Iallgather(x, out, algorithm=alg).Wait(timeout=20)
+        else:
+            c.Allgather(x, out, algorithm=alg)
+        want = np.repeat(np.arange(1.0, SIZE + 1), n)
+        return None if np.array_equal(out, want) else f"WRONG {coll} {alg} call {i}"
+    if coll == "Reduce_scatter":
+        x, out = np.full(n * SIZE, RANK + 1.0), np.zeros(n)
+        if i % 2:
+            c.Ireduce_scatter(x, out, algorithm=alg).Wait(timeout=20)
+        else:
+            c.Reduce_scatter(x, out, algorithm=alg)
+        return None if np.all(out == TOTAL) else f"WRONG {coll} {alg} call {i}: {out[-3:]}"
+    if i % 2:
+        c.Ibarrier(algorithm=alg).Wait(timeout=20)
+    else:
+        c.Barrier(algorithm=alg)
+    return None
+
+
+def threads(algs, colls, repeat, calls=200):
+    """Two threads (the owner, the main thread, and a second one) loop over calls on one
+    communicator: every call right or aluminum_py.Error, every thread ends."""
+    findings = []
+    for rep in range(repeat):
+        for alg in algs:
+            for coll in colls:
+                if coll != "Allreduce" and alg not in ("shm", "mpi"):
+                    continue
+                c = al.Communicator()
+                stats = {"ok": 0, "err": 0}
+
+                started = threading.Event()
+                head = (rep * 37 + RANK * 5) % 60     # owner calls before the second thread
+
+                def loop(tag):
+                    if tag != "owner":
+                        started.wait(60)
+                    for i in range(calls):
+                        if i == head:
+                            started.set()
+                        try:
+                            f = one_call(c, coll, alg, i)
+                        except al.Error:
+                            stats["err"] += 1
+                            continue
+                        stats["ok"] += 1
+                        if f:
+                            findings.append(f"{f} ({tag}, repetition {rep})")
+
+                t = threading.Thread(target=loop, args=("second thread",), daemon=True)
+                t.start()
+                loop("owner")
+                started.set()
+                t.join(120)
+                if t.is_alive():
+                    findings.append(f"HANG {coll} {alg} repetition {rep}: the second thread")
+                    break
+                if stats["err"] == 0:
+                    findings.append(f"NOERROR {coll} {alg}: no call was refused")
+                if rep == 0:
+                    say(f"{coll} {alg}: {stats['ok']} right, {stats['err']} raised")
+    return findings
+
+
+def asymmetric(alg):
+    """Rank 0 calls from a second thread (not the owner), rank 1 from the owner: both raise."""
+    c = al.Communicator()
+    x = np.full(1000, RANK + 1.0)
+    out = []
+
+    def call():
+        try:
+            c.Allreduce(x, algorithm=alg)
+            out.append(None)
+        except al.Error as e:
+            out.append(e)
+
+    if RANK == 0:
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(60)
+    else:
+        call()
+    if not out:
+        return [f"HANG asymmetric {alg}"]
+    if out[0] is None:
+        return [f"NOERROR asymmetric {alg}: the call returned (x[0]={x[0]})"]
+    say("raised:", out[0])
+    try:
+        c.Allreduce(np.ones(4), algorithm=alg)
+        return [f"NOERROR asymmetric {alg}: a later call returned"]
+    except al.Error as e:
+        say("later call raised:", e)
+    return []
+
+
+def mismatch(alg):
+    """Rank 0 allreduces 1000 floats, rank 1 1002; then the reversed order (rank 0 calls 1000
+    then 1002 elements, rank 1 the reverse): al.Error on every rank, no wrong value."""
+    findings = []
+    for order in ("different", "reversed"):
+        c = al.Communicator()
+        if order == "different":
+            counts = [1000 if RANK == 0 else 1002]
+        else:
+            counts = [1000, 1002] if RANK == 0 else [1002, 1000]
+        raised = None
+        for n in counts:
+            x = np.full(n, RANK + 1.0, dtype=np.float32)
+            try:
+                c.Allreduce(x, algorithm=alg)
+            except al.Error as e:
+                raised = e
+                break
+            findings.append(f"WRONG mismatch {order} {alg}: count {n} returned x[-1]={x[-1]}")
+        if raised is None:
+            findings.append(f"NOERROR mismatch {order} {alg}")
+        else:
+            say(f"mismatch {order} {alg}:", raised)
+            try:
+                c.Allreduce(np.ones(4, np.float32), algorithm=alg)
+                findings.append(f"NOERROR mismatch {order} {alg}: a later call returned")
+            except al.Error:
+                pass
+        WORLD.Barrier()
+    return findings
+
+
+def free(alg):
+    """Free() from the main thread while the owner (a second thread) is inside a blocking call
+    waiting for a late rank 1: al.Error, no crash; the call completes once rank 1 joins."""
+    c = al.Communicator()
+    x = np.full(100000, RANK + 1.0)
+    findings, got = [], []
+    if RANK == 0:
+        bound = threading.Event()
+
+        def owner():
+            getattr(c, "bind_thread", lambda: None)()      # (before issue 28: none)
+            bound.set()
+            try:
+                c.Allreduce(x, algorithm=alg)
+                got.append(None)
+            except al.Error as e:
+                got.append(e)
+
+        t = threading.Thread(target=owner, daemon=True)
+        t.start()
+        bound.wait(30)
+        time.sleep(0.5)                         # the owner waits for rank 1 inside its call
+        try:
+            c.Free()
+            findings.append(f"NOERROR free {alg}: Free returned during the call")
+        except al.Error as e:
+            say("Free raised:", e)
+        WORLD.Barrier()                         # rank 1 joins the call
+        t.join(60)
+        if t.is_alive():
+            findings.append(f"HANG free {alg}: the owner's call")
+        elif got and got[0] is None and not np.all(x == TOTAL):
+            findings.append(f"WRONG free {alg}")
+    else:
+        WORLD.Barrier()
+        c.Allreduce(x, algorithm=alg)
+        if not np.all(x == TOTAL):
+            findings.append(f"WRONG free {alg} (rank 1)")
+    return findings
+
+
+def main():
+    what = sys.argv[1]
+    if what == "threads":
+        findings = threads(sys.argv[2].split(","), sys.argv[3].split(","), int(sys.argv[4]))
+    else:
+        findings = [f for alg in sys.argv[2].split(",") for f in globals()[what](alg)]
+    for f in findings:
+        say(f)
+    say("DONE")
+    end = WORLD.Ibarrier()                 # every rank reports before any leaves
+    deadline = time.monotonic() + 60
+    while not end.Test() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
