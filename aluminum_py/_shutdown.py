@@ -13,17 +13,22 @@ from . import _core, config, timeline
 
 
 def _shutdown() -> None:
-    _core.shutdown_engine(config.exit_grace())
+    with config.deferred():         # a bad AL_EXIT_GRACE: the default (reported at Communicator())
+        grace = config.exit_grace()
+    _core.shutdown_engine(grace)
     timeline.stop()
     from .gpu import release_pinned_pools
     release_pinned_pools()          # only now: no host-transfer op can still take a buffer
 
 
 def install() -> None:
-    _core.set_idle_spin(config.engine_spin())
-    _core.set_serial_bytes(config.engine_serial_bytes())
-    _core.set_scratch_cache(config.scratch_cache())
-    _core.set_wait_spin(config.wait_spin())
-    _core.set_shm_stream_bytes(config.shm_stream_bytes())
-    atexit.register(_shutdown)
-    timeline.start_from_env()
+    # bad values: their defaults, and Communicator() raises the first on every rank
+    with config.deferred():
+        config.exit_grace()
+        _core.set_idle_spin(config.engine_spin())
+        _core.set_serial_bytes(config.engine_serial_bytes())
+        _core.set_scratch_cache(config.scratch_cache())
+        _core.set_wait_spin(config.wait_spin())
+        _core.set_shm_stream_bytes(config.shm_stream_bytes())
+        atexit.register(_shutdown)
+        timeline.start_from_env()

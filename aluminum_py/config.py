@@ -4,6 +4,7 @@ Read once at import; call :func:`reload` after changing ``os.environ`` in a runn
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -34,13 +35,36 @@ def _number(name: str, default, lo: float, hi: float, expected: str, whole: bool
     except ValueError:
         x = math.nan
     if not lo <= x <= hi or (whole and x != int(x)):        # NaN fails the comparison
-        _reject(name, expected)
+        return _reject(name, expected, default)
     return int(x) if whole else x
 
 
-def _reject(name: str, expected: str):
-    """The one error of a bad value."""
-    raise ValueError(f"environment variable {name}={os.environ.get(name)!r}: expected {expected}")
+_deferred: list[str] = []       # errors of the variables read at import (construction_error)
+_deferring = False
+
+
+def _reject(name: str, expected: str, default=None):
+    """The one error of a bad value: raised, or while reading at import (:func:`deferred`)
+    remembered, and `default` used instead."""
+    message = f"environment variable {name}={os.environ.get(name)!r}: expected {expected}"
+    if not _deferring:
+        raise ValueError(message)
+    _deferred.append(message)
+    return default
+
+
+@contextlib.contextmanager
+def deferred():
+    """Read variables at import (or exit): a bad value is remembered and its default used, and
+    :func:`construction_error` reports it, so ``Communicator()`` raises it on every rank at once.
+    Raised at import it would end only the ranks that have it, and their peers would wait in
+    their first collective for ever."""
+    global _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
 
 
 def _seconds(name: str, default, hi: float, lo: float = 0.0, note: str = ""):
@@ -212,7 +236,9 @@ def construction_error() -> str | None:
     """The error of the first bad variable among those a Communicator's construction reads
     (None: all good).  The host backend gathers every rank's answer first, so that a value bad
     on some ranks only fails the construction on every rank instead of leaving the others
-    waiting for them."""
+    waiting for them.  A bad variable read at import comes first."""
+    if _deferred:
+        return _deferred[0]
     try:
         engine_yield()
         node_layout()
@@ -271,4 +297,5 @@ def shm_model_params() -> tuple[float, float]:
     return (_model("AL_SHM_SYNC", 2.0e-7), _model("AL_SHM_BYTE", 2.7e-11))
 
 
-reload()
+with deferred():
+    reload()

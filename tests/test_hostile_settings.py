@@ -223,3 +223,28 @@ def test_timeline_file_never_follows_a_link_and_is_private(tmp_path):
     timeline.stop()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert json.loads(open(path).read())["otherData"]["rank"] == 0
+
+
+@pytest.mark.parametrize("name,value", [("AL_HANG_TIMEOUT", "nan"), ("AL_ENGINE_SPIN", "1e300"),
+                                        ("AL_EXIT_GRACE", "nan")])
+def test_a_variable_read_at_import_bad_on_one_rank_fails_communicator_on_every_rank(name, value):
+    """A variable read at import, bad on rank 1 only: the import takes the default, and
+    Communicator() raises the variable's error on both ranks (raised at import, it ended rank 1
+    alone and rank 0 waited in Communicator() for ever)."""
+    import subprocess
+    import sys
+    from test_reliability_launch import mpiexec, run
+    prog = ("import aluminum_py as al\n"
+            "import sys\n"
+            "try:\n    al.Communicator()\n    sys.stdout.write('MADE\\n')\n"
+            "except ValueError as e:\n    sys.stdout.write(f'RAISED {e}\\n')\n")
+    cmd = [mpiexec(), "-n", "1", sys.executable, "-c", prog, ":",
+           "-n", "1", "-env", name, value, sys.executable, "-c", prog]
+    try:
+        proc, _ = run(cmd, 60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name}={value} on one rank: the job hung")
+    raised = f"RAISED environment variable {name}={value!r}"
+    assert proc.stdout.count(raised) == 2 and proc.stdout.count("(rank 1)") == 2, \
+        proc.stdout[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:]
