@@ -120,26 +120,22 @@ def test_slot_that_overflows_the_segment_is_refused(monkeypatch):
 
 
 @pytest.mark.skipif(WORLD.size < 2, reason="needs a rank with another setting")
-def test_setting_bad_on_one_rank_fails_the_construction_on_every_rank(monkeypatch):
+@pytest.mark.parametrize("who,name,value,says,ends", [
+    # a value bad on the last rank only: its error, naming that rank
+    ("last", "AL_ENGINE_YIELD", "nan", "AL_ENGINE_YIELD='nan': expected a whole number",
+     "(rank {last})"),
+    # AL_CHECK=1 adds a collective per call (and a duplicated communicator at construction):
+    # set on some ranks only, it must fail Communicator() on every rank, not hang it
+    (0, "AL_CHECK", "1", "AL_CHECK: 1 on ranks [0] only", ""),
+])
+def test_setting_on_one_rank_only_fails_the_construction_on_every_rank(monkeypatch, who, name,
+                                                                       value, says, ends):
     last = WORLD.size - 1
-    if WORLD.rank == last:
-        monkeypatch.setenv("AL_ENGINE_YIELD", "nan")
+    if WORLD.rank == (last if who == "last" else who):
+        monkeypatch.setenv(name, value)
     how, what = within(60, al.Communicator)
-    ok = (how == "raised" and isinstance(what, ValueError)
-          and f"AL_ENGINE_YIELD='nan': expected a whole number" in str(what)
-          and str(what).endswith(f"(rank {last})"))
-    assert all_ranks_ok(ok), (how, what)
-
-
-@pytest.mark.skipif(WORLD.size < 2, reason="needs a rank with another setting")
-def test_al_check_set_on_some_ranks_only_fails_the_construction_on_every_rank(monkeypatch):
-    """AL_CHECK=1 adds a collective per call (and a duplicated communicator at construction):
-    set on some ranks only, it must fail Communicator() on every rank, not hang it."""
-    if WORLD.rank == 0:
-        monkeypatch.setenv("AL_CHECK", "1")
-    how, what = within(60, al.Communicator)
-    ok = (how == "raised" and isinstance(what, ValueError)
-          and "AL_CHECK: 1 on ranks [0] only" in str(what))
+    ok = (how == "raised" and isinstance(what, ValueError) and says in str(what)
+          and str(what).endswith(ends.format(last=last)))
     assert all_ranks_ok(ok), (how, what)
 
 
