@@ -26,7 +26,17 @@ cdef enum:                  # al_kind
     K_SHM_REDUCE_SCATTER = 17
     K_SHM_BARRIER = 18
     K_HIER_SHM = 19         # hierarchical over the node's segment: inner ops in turn (hier_shm.pxi)
-    K_NKINDS = 20
+    K_ALLGATHERV = 20       # up to K_EXSCAN: more of the MPI library's own calls (passthrough.pxi);
+    K_GATHERV = 21          # the v-forms read their counts and displacements from al_op.v
+    K_SCATTERV = 22
+    K_ALLTOALLV = 23
+    K_REDUCE_SCATTERV = 24  # MPI_Ireduce_scatter: per-rank receive counts (v.rcounts)
+    K_SCAN = 25
+    K_EXSCAN = 26
+    K_SHM_ALLGATHERV = 27   # v-collectives over the shared-memory segment (shm.pxi)
+    K_SHM_ALLTOALL = 28
+    K_SHM_ALLTOALLV = 29
+    K_NKINDS = 30
 
 # What the engine needs to know about a kind, in one table (KIND_INFO, filled below) instead of
 # tests on the enum's order.
@@ -48,7 +58,7 @@ cdef inline const al_kind_info* kind_info(int kind) noexcept nogil:
 
 cdef inline int is_shm_kind(int kind) noexcept nogil:
     """The op runs over the communicator's shared-memory segment (shm.pxi)."""
-    return K_SHM_ALLREDUCE <= kind <= K_SHM_BARRIER
+    return K_SHM_ALLREDUCE <= kind <= K_SHM_BARRIER or K_SHM_ALLGATHERV <= kind <= K_SHM_ALLTOALLV
 
 cdef void set_kind_info(int kind, const char* name, int mpi_collective, int allreduce_bytes,
                         int point_to_point, int recv_first) noexcept:
@@ -83,6 +93,16 @@ set_kind_info(K_SHM_BARRIER,     "shm_barrier",    0,    0,     0,   0)
 # its inner ops: shm ops over the node's segment (ordered by shm_gate, like the others), and
 # schedules between nodes (tagged point-to-point, no MPI collective)
 set_kind_info(K_HIER_SHM,        "hier_shm",       0,    1,     0,   0)
+set_kind_info(K_ALLGATHERV,      "allgatherv",     1,    0,     0,   0)
+set_kind_info(K_GATHERV,         "gatherv",        1,    0,     0,   0)
+set_kind_info(K_SCATTERV,        "scatterv",       1,    0,     0,   0)
+set_kind_info(K_ALLTOALLV,       "alltoallv",      1,    0,     0,   0)
+set_kind_info(K_REDUCE_SCATTERV, "reduce_scatterv", 1,   0,     0,   0)
+set_kind_info(K_SCAN,            "scan",           1,    0,     0,   0)
+set_kind_info(K_EXSCAN,          "exscan",         1,    0,     0,   0)
+set_kind_info(K_SHM_ALLGATHERV,  "shm_allgatherv", 0,    0,     0,   0)
+set_kind_info(K_SHM_ALLTOALL,    "shm_alltoall",   0,    0,     0,   0)
+set_kind_info(K_SHM_ALLTOALLV,   "shm_alltoallv",  0,    0,     0,   0)
 
 # op phases (al_op.phase)
 cdef enum:                  # al_phase
@@ -187,6 +207,12 @@ ctypedef struct al_mpi_args:     # MPI pass-through kinds: the call's arguments 
     int peer2            # source for sendrecv
     int64_t count2       # elements sendrecv receives
 
+ctypedef struct al_vargs:       # v-collectives (K_*V, K_SHM_ALLGATHERV/ALLTOALLV): per-rank
+    int* scounts         # elements, as MPI takes them (int); arrays of `size` entries owned by
+    int* sdispls         # the NativeOp's keep (int32 numpy arrays), NULL where the call has
+    int* rcounts         # none (e.g. a non-root's receive side of Gatherv)
+    int* rdispls
+
 ctypedef struct al_result:       # reductions: this rank's result region (op_finish)
     double avg_div       # > 0: divide buf[:count] by it at the end (AVG), or each
                          # owned block after its step when avg_in_steps
@@ -232,6 +258,7 @@ cdef struct al_op:
     al_op* next
     al_sched_state sched
     al_mpi_args mpi
+    al_vargs v           # K_*V: counts and displacements
     al_result result
     al_ht_state ht
     al_shm_op shm        # K_SHM_*: where the protocol stands (al_shm.h)
