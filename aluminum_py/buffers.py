@@ -4,6 +4,8 @@ argument; and the argument checks every host op shares (dtypes, lengths, overlap
 A GPU buffer given where a host buffer is expected is refused here."""
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from . import _core
@@ -93,3 +95,99 @@ def no_overlap(a: np.ndarray, b: np.ndarray, aname: str, bname: str,
     Sendrecv) where MPI forbids aliased buffers and in place is only ever recvbuf=None."""
     if a.size and b.size and np.may_share_memory(a, b):
         raise ValueError(f"{aname} and {bname} overlap; {hint}")
+
+
+# ---- v-collectives (Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with counts):
+# mpi4py's message forms, buf / [buf, counts] / [buf, counts, displs] / [buf, (counts, displs)],
+# split here, and the per-rank counts and displacements checked once for every backend.
+
+def vspec(spec, name: str, counts=None, displs=None):
+    """Split a v-message argument into (buf, counts, displs), either None where not given.
+    `counts` / `displs`: the call's keywords (recvcounts=, displs=, ...), which may not be given
+    together with the same part inside the list form."""
+    buf = spec
+    if isinstance(spec, (list, tuple)) and not isinstance(spec, _ndarray):
+        if not 1 <= len(spec) <= 3:
+            raise TypeError(f"{name}: expected buf, [buf, counts] or [buf, counts, displs], got "
+                            f"a {type(spec).__name__} of {len(spec)} items")
+        buf, c, d = (list(spec) + [None, None])[:3]
+        if len(spec) == 2 and isinstance(c, tuple) and len(c) == 2 and not _is_int(c[0]):
+            c, d = c                                    # [buf, (counts, displs)]
+        if c is not None and counts is not None:
+            raise TypeError(f"{name}: counts given twice (in the list and as a keyword)")
+        if d is not None and displs is not None:
+            raise TypeError(f"{name}: displacements given twice (in the list and as a keyword)")
+        counts = c if c is not None else counts
+        displs = d if d is not None else displs
+    return buf, counts, displs
+
+
+def _is_int(v) -> bool:
+    try:
+        operator.index(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _int_list(values, name: str, size: int, what: str) -> np.ndarray:
+    """`values` as `size` ints of MPI's int range (an int32 array), else a clear error."""
+    if isinstance(values, (str, bytes)) or values is None:
+        raise TypeError(f"{name}: expected a sequence of {size} int {what}, got "
+                        f"{type(values).__name__}")
+    try:
+        seq = list(values)
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of {size} int {what}, got "
+                        f"{type(values).__name__}") from None
+    if len(seq) != size:
+        raise ValueError(f"{name}: {len(seq)} {what} given, one per rank needed ({size})")
+    out = np.empty(size, dtype=np.int32)
+    for i, v in enumerate(seq):
+        if isinstance(v, (bool, np.bool_)) or not _is_int(v):
+            raise TypeError(f"{name}: {what} of rank {i} is {v!r}, not an int")
+        v = operator.index(v)
+        if v < 0:
+            raise ValueError(f"{name}: {what} of rank {i} is negative ({v})")
+        if v > MAX_COUNT:
+            raise ValueError(f"{name}: {what} of rank {i} ({v}) exceeds 2**31-1")
+        out[i] = v
+    return out
+
+
+def vlayout(counts, displs, size: int, name: str, elems: int):
+    """Checked per-rank (counts, displs) of a v-message over a buffer of `elems` elements, as two
+    int32 arrays of `size` entries. `displs` None: the blocks packed in rank order (the exclusive
+    prefix sum of counts). Every block must lie inside the buffer; blocks may not overlap where
+    they are written (`elems` is the buffer's length; use vno_overlap for a receive side)."""
+    c = _int_list(counts, f"{name} counts", size, "counts")
+    if displs is None:
+        d = np.zeros(size, dtype=np.int64)
+        np.cumsum(c[:-1], out=d[1:])
+        if size and int(d[-1]) + int(c[-1]) > MAX_COUNT:
+            raise ValueError(f"{name} counts: their sum ({int(c.sum())}) exceeds 2**31-1")
+        d = d.astype(np.int32)
+    else:
+        d = _int_list(displs, f"{name} displs", size, "displacement")
+    ends = d.astype(np.int64) + c
+    if size:
+        worst = int(np.argmax(ends))
+        if int(ends[worst]) > elems:
+            raise ValueError(f"{name}: the block of rank {worst} (displacement {int(d[worst])}, "
+                             f"count {int(c[worst])}) ends at element {int(ends[worst])}, past "
+                             f"the buffer's {elems} elements")
+    return c, d
+
+
+def vno_overlap(counts: np.ndarray, displs: np.ndarray, name: str) -> None:
+    """Raise if two non-empty blocks of a receive layout overlap (each element is written once)."""
+    order = np.argsort(displs, kind="stable")
+    end, prev = -1, -1
+    for i in order:
+        if counts[i] == 0:
+            continue
+        if displs[i] < end:
+            raise ValueError(f"{name}: the blocks of ranks {prev} and {int(i)} overlap (a "
+                             f"receive layout writes each element once)")
+        if displs[i] + counts[i] > end:
+            end, prev = int(displs[i]) + int(counts[i]), int(i)
