@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _core, config, timeline
-from .backends.gpu import GpuBackend
+from .backends.gpu_backend import GpuBackend
 from .backends.host import HostBackend, rank_arg
-from .backends.host_transfer import HostTransfer
+from .backends.ht_enqueue import HostTransfer
 from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
 from .ops import SUM, Op, as_op

@@ -2,7 +2,7 @@
 ``__cuda_array_interface__``), stream handles, and what outlives a GPU op (its request, the
 buffers kept until its completion event has fired).
 
-The GPU backend that runs ops on them is :mod:`aluminum_py.backends.gpu`; the semantics are in
+The GPU backend that runs ops on them is :mod:`aluminum_py.backends.gpu_backend`; the semantics are in
 docs/gpu.md and docs/semantics.md.
 """
 from __future__ import annotations

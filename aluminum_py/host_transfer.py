@@ -2,7 +2,7 @@
 threads), a communicator's host-transfer allreduce on it, and a GPU backend bound to it, so that
 the GPU code paths run without a GPU (tests/mpi/test_host_transfer.py,
 tests/mpi/test_gpu_backend_cpu.py). The algorithm is in docs/gpu.md, "The host-transfer
-allreduce step by step"; the backend that runs it is :mod:`aluminum_py.backends.host_transfer`.
+allreduce step by step"; the backend that runs it is :mod:`aluminum_py.backends.ht_enqueue`.
 """
 from __future__ import annotations
 

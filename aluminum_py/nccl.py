@@ -1,7 +1,7 @@
 """NCCL for aluminum_py: finding and loading the library, and the Python layer over the thin
 binding (`_nccl`): dtype and op names, one error check, communicators on raw device pointers and
 stream handles. Where the library is looked for and how to use it: docs/gpu.md ("The low-level
-aluminum_py.nccl module"). The GPU backend's NCCL rules are in :mod:`aluminum_py.backends.nccl`.
+aluminum_py.nccl module"). The GPU backend's NCCL rules are in :mod:`aluminum_py.backends.nccl_rules`.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ include "core/scratch.pxi"          # the scratch buffer pool
 include "core/op.pxi"               # the op state machine: op_start, op_step, op_finish, op_cancel
 include "core/schedule.pxi"         # the schedule interpreter (our allreduce algorithms)
 include "core/passthrough.pxi"      # MPI pass-through ops (the MPI library's own calls)
-include "core/host_transfer.pxi"    # the host-transfer state machine
+include "core/ht_op.pxi"            # the host-transfer state machine
 include "core/engine.pxi"           # the progress engine thread, submission, waiting
 include "core/mpitypes.pxi"         # MPI datatypes and ops for our dtype and op codes
 include "core/helpers.pxi"          # addr, thread level, reduce_into

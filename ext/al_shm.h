@@ -407,7 +407,7 @@ static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
 
 /* The segment's health word (the header's fourth 64-bit word, 0 when the segment is made): a
  * rank that gives up an op over the segment in the middle of the sequence of rounds (a
- * host-transfer allreduce abandoned at the hang timeout: shm.pxi, host_transfer.pxi) stores its
+ * host-transfer allreduce abandoned at the hang timeout: shm.pxi, ht_op.pxi) stores its
  * rank + 1 there, as the ranks' rounds and flags are then out of step for good; every rank
  * checks it before an op starts and while it waits, and fails the op instead of waiting for, or
  * reading, a round that will never match.  The first rank to store it is kept. */

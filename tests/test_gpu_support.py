@@ -5,7 +5,7 @@ import pytest
 
 import aluminum_py as al
 from aluminum_py import gpu
-from aluminum_py.backends import gpu as gpu_backend
+from aluminum_py.backends import gpu_backend
 
 
 class FakeCudaArray:
@@ -67,7 +67,7 @@ def test_no_cuda_device_errors():
 
 def test_nccl_point_to_point_argument_rules():
     from mpi4py import MPI
-    from aluminum_py.backends.nccl import check_p2p_args as _nccl_p2p_args
+    from aluminum_py.backends.nccl_rules import check_p2p_args as _nccl_p2p_args
     _nccl_p2p_args(0, 1, MPI.ANY_SOURCE)
     with pytest.raises(ValueError, match="^tag"):
         _nccl_p2p_args(3, 1, MPI.ANY_SOURCE)

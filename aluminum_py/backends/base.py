@@ -3,7 +3,7 @@ buffers of its kind, ``choose`` (what ``algorithm=`` runs) and ``close``.
 
 A Communicator checks what does not depend on the buffers (ranks, roots), picks the backend from
 the buffer (:class:`~aluminum_py.backends.host.HostBackend` for host buffers,
-:class:`~aluminum_py.backends.gpu.GpuBackend` for GPU buffers) and calls it. A backend gets
+:class:`~aluminum_py.backends.gpu_backend.GpuBackend` for GPU buffers) and calls it. A backend gets
 everything it uses through its constructor (MPI communicators, rank and size, the native
 launcher, the device and stream) and never sees the Communicator. Every operation takes
 ``blocking``: True runs it to completion (host buffers) or enqueues it on the bound stream (GPU

@@ -623,7 +623,7 @@ def optimal_groups(t_f, t_b, m, cost: Cost) -> list[tuple[int, int]]:
 
 # ---------------------------------------------------------------------- explicit groupings
 @dataclass
-class Schedule:
+class IterationTimeline:
     """The timeline of one iteration for an explicit grouping (seconds from the start of the
     forward pass; per group, in BACKWARD order)."""
 
@@ -658,7 +658,7 @@ def _check_groups(groups, n):
     return out
 
 
-def schedule(t_f, t_b, m, cost: Cost, groups, delays=None) -> Schedule:
+def schedule(t_f, t_b, m, cost: Cost, groups, delays=None) -> IterationTimeline:
     """Timeline for explicit fusion groups (inclusive ranges in BACKWARD order).
 
     A group's all-reduce starts when its last gradient exists plus its delay (``delays``,
@@ -682,7 +682,7 @@ def schedule(t_f, t_b, m, cost: Cost, groups, delays=None) -> Schedule:
     for g in range(len(groups)):
         start[g] = max(free, ready[g] + dl[g])
         end[g] = free = start[g] + u[g]
-    return Schedule(groups, nb, ready, start, end, float(f.sum() + b.sum()))
+    return IterationTimeline(groups, nb, ready, start, end, float(f.sum() + b.sum()))
 
 
 def predict_iteration(t_f, t_b, m, cost: Cost, groups, delays=None) -> float:

@@ -1,7 +1,7 @@
 # The op state machine: op_start and op_step are non-blocking and return 1 once the op is
 # complete; the caller (blocking calls) and the engine thread drive every kind with them.
 # Each kind's machine lives in its own file (schedule.pxi, passthrough.pxi,
-# host_transfer.pxi); op_finish is where every op ends.
+# ht_op.pxi); op_finish is where every op ends.
 
 cdef inline int set_mpi_error(al_op* op, int rc, const char* where) noexcept nogil:
     cdef char msg[512]

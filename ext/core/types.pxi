@@ -19,7 +19,7 @@ cdef enum:                  # al_kind
     K_SEND = 10
     K_RECV = 11
     K_SENDRECV = 12
-    K_HOST_TRANSFER = 13    # device copies around an inner host allreduce (host_transfer.pxi)
+    K_HOST_TRANSFER = 13    # device copies around an inner host allreduce (ht_op.pxi)
     K_SHM_ALLREDUCE = 14    # allreduce over the communicator's shared-memory segment (shm.pxi)
     K_SHM_ALLGATHER = 15    # up to K_SHM_BARRIER: the other collectives over the segment
     K_SHM_BCAST = 16
@@ -220,7 +220,7 @@ ctypedef struct al_result:       # reductions: this rank's result region (op_fin
     int64_t count
     int avg_in_steps     # the schedule divides its owned blocks (Step.owned), not op_finish
 
-ctypedef struct al_ht_state:     # K_HOST_TRANSFER (host_transfer.pxi)
+ctypedef struct al_ht_state:     # K_HOST_TRANSFER (ht_op.pxi)
     al_device* dev
     void* stream
     char* pinned         # host staging buffer (count * esize bytes) + three words, from the

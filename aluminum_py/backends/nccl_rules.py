@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from .. import config
 
-OPS = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}   # al -> NCCL
+# al.Op name -> NCCL's name of the reduction
+NCCL_OP_NAMES = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
 
 
 def op_name(op, hint: str = "") -> str:
     """NCCL's name of the reduction `op` (an al.Op), or TypeError: NCCL has no such op."""
-    name = OPS.get(op.name)
+    name = NCCL_OP_NAMES.get(op.name)
     if name is None:
         raise TypeError(f"op: NCCL has no {op.name}{hint}")
     return name

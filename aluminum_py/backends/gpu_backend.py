@@ -1,6 +1,6 @@
 """The GPU backend: collectives and point-to-point on GPU buffers of one communicator, bound to
 one stream; NCCL runs them (:mod:`aluminum_py.nccl`), or, for allreduce, the host-transfer
-algorithms (:mod:`.host_transfer`). Semantics: docs/gpu.md and docs/semantics.md."""
+algorithms (:mod:`.ht_enqueue`). Semantics: docs/gpu.md and docs/semantics.md."""
 from __future__ import annotations
 
 import threading
@@ -16,8 +16,8 @@ from ..gpu import (GpuArray, GpuRequest, InFlight, _retain_if_abandoned, _retire
                    stream_handle)
 from ..ops import DTYPE_CODES, Op, as_op, check_op
 from ..request import Request
-from . import nccl as nccl_rules
-from .host_transfer import HostTransfer
+from . import nccl_rules
+from .ht_enqueue import HostTransfer
 
 
 class GpuBackend:
@@ -247,7 +247,7 @@ class GpuBackend:
         op = op if isinstance(op, Op) else as_op(op)
         check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
         alg = self.choose(algorithm, s.nbytes, s.dtype.itemsize)
-        if alg == "nccl" and algorithm == "auto" and (op.name not in nccl_rules.OPS
+        if alg == "nccl" and algorithm == "auto" and (op.name not in nccl_rules.NCCL_OP_NAMES
                                                        or str(s.dtype) not in nccl.DTYPES):
             alg = "ht_auto"                 # NCCL lacks this op or dtype: host transfer can
         keep = (s.obj, r.obj)

@@ -1,8 +1,9 @@
-"""The host-transfer allreduce (Aluminum paper section IV, Figs. 5-6) on one device: copy to
-pinned host memory on the stream, a host allreduce algorithm run by the progress engine, copy
-back (docs/gpu.md, "The host-transfer allreduce step by step"). The state machine is native
-(``_core.Launcher.host_transfer_allreduce``), written against the device interface of
-``ext/al_device.h``; the device is a CUDA device or the CPU device of the tests."""
+"""The enqueue of the host-transfer allreduce (Aluminum paper section IV, Figs. 5-6) on one
+device: copy to pinned host memory on the stream, a host allreduce algorithm run by the progress
+engine, copy back (docs/gpu.md, "The host-transfer allreduce step by step"). The state machine
+is native (``ext/core/ht_op.pxi``, enqueued by ``_core.Launcher.host_transfer_allreduce``),
+written against the device interface of ``ext/al_device.h``; the device is a CUDA device or the
+CPU device of the tests.  The public CPU-device entry points are :mod:`aluminum_py.host_transfer`."""
 from __future__ import annotations
 
 from .. import config
