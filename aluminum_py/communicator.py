@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _core, config, timeline
+from . import _core, config, timeline, topology
 from .backends.gpu_backend import GpuBackend
 from .backends.host import HostBackend, rank_arg
 from .backends.ht_enqueue import HostTransfer
@@ -83,12 +83,11 @@ class Communicator:
             _warn_thread_level()
         self.rank: int = self._state.rank
         self.size: int = self._state.size
-        node = base.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank: int = node.Get_rank()
-        self.local_size: int = node.Get_size()
+        self._topology = topology.compute(base)     # where the ranks run: once, collective
+        self.local_rank: int = self._topology.local_rank
+        self.local_size: int = self._topology.local_size
         self._any_source = MPI.ANY_SOURCE
-        self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG,
-                                 node)          # kept for "shm" on one node, else freed
+        self._host = HostBackend(self._state, base, self._topology, MPI.ANY_SOURCE, MPI.ANY_TAG)
         self._allreduce = self._host.fast_allreduce
         self._shm_allgather = self._host.shm_allgather          # numpy arrays, "shm": native
         self._shm_bcast = self._host.shm_bcast
@@ -103,7 +102,7 @@ class Communicator:
         timeline.on_communicator(self)      # recording: the clock sync (collective)
 
     def _make_gpu(self, stream, device=None) -> GpuBackend:
-        return GpuBackend(self._host.launcher, self._p2p, self.rank, self.size, self.local_size,
+        return GpuBackend(self._host.launcher, self._p2p, self.rank, self.size, self._topology,
                           stream, device)
 
     def _backend_for(self, buf, name: str):

@@ -199,8 +199,9 @@ def tuning_file() -> str | None:
 
 
 def cuda_library() -> str | None:
-    """AL_CUDA_LIBRARY: the CUDA driver library the native core dlopens (read there, in C, each
-    time it opens the driver); here for the NCCL search (None: unset)."""
+    """AL_CUDA_LIBRARY: the CUDA driver library to dlopen (None: unset; :func:`cuda_driver` is
+    what the native core is given), also the NCCL search's first candidate when it is the
+    stand-in."""
     return _raw("AL_CUDA_LIBRARY")
 
 
@@ -212,7 +213,7 @@ def nccl_library() -> str | None:
 def node_layout() -> list[str] | None:
     """AL_NODE_LAYOUT: per rank a node label, comma-separated (``0,0,1,1``); None when unset.
     Whether there is one label per rank is checked where the communicator is known
-    (topology.node_layout)."""
+    (topology.compute)."""
     v = _raw("AL_NODE_LAYOUT")
     if v is None:
         return None
@@ -245,6 +246,7 @@ def construction_error() -> str | None:
         shm_slot_bytes()
         shm_small_bytes()
         shm_named()
+        shm_test_faults()
         model_params()
         shm_model_params()
         check()
@@ -299,3 +301,43 @@ def shm_model_params() -> tuple[float, float]:
 
 with deferred():
     reload()
+
+
+# ---------------------------------------------------------------- values passed to the native
+# core, and the environment of other libraries (issue 29: every variable is read here; the C and
+# Cython code is given the values, it never reads the environment)
+CUDA_DRIVER = "libcuda.so.1"    # the driver's soname
+
+
+def cuda_driver() -> str:
+    """The CUDA driver library the native core opens (``_core.CudaDevice``,
+    ``cuda_device_count``, ``cuda_current_device`` take it): AL_CUDA_LIBRARY, else
+    libcuda.so.1."""
+    return cuda_library() or CUDA_DRIVER
+
+
+def shm_test_faults() -> tuple[int, int]:
+    """TESTING AIDS ONLY, read at each shared-memory setup (``_core.shm_attach``'s `faults`):
+    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE), the rank that ``os._exit``\ s in the
+    middle of the setup (tests/test_shm_segment.py) and the rank that expects another nonce
+    than rank 0 sent, as if it had opened a file that is not rank 0's segment
+    (tests/mpi/test_hostile.py); -1: none."""
+    return (_count("AL_SHM_TEST_DIE_IN_SETUP", -1, 0, MAX_INT, "ranks"),
+            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"))
+
+
+def cuda_standin_dir() -> str | None:
+    """AL_CUDA_STANDIN_DIR: where aluminum_py.testing.cuda_standin builds its library (None:
+    the per-user cache)."""
+    return _raw("AL_CUDA_STANDIN_DIR")
+
+
+def nccl_nthreads() -> int:
+    """NCCL_NTHREADS, NCCL's own variable (threads per CTA, default 512), read here too: a
+    thread budget becomes NCCL's maxCTAs with it (``gpu.threads_to_ctas``)."""
+    return _count("NCCL_NTHREADS", 512, 1, MAX_INT, "threads")
+
+
+def cache_home() -> str:
+    """XDG_CACHE_HOME, else ~/.cache: where the per-user tuning table lives."""
+    return _raw("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -2,13 +2,12 @@
 ``__cuda_array_interface__``), stream handles, and what outlives a GPU op (its request, the
 buffers kept until its completion event has fired).
 
-The GPU backend that runs ops on them is :mod:`aluminum_py.backends.gpu_backend`; the semantics are in
-docs/gpu.md and docs/semantics.md.
+The GPU backend that runs ops on them is :mod:`aluminum_py.backends.gpu_backend`; the semantics
+are in docs/gpu.md and docs/semantics.md.
 """
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from dataclasses import dataclass
 
@@ -50,7 +49,7 @@ def cuda_device_count() -> int:
     driver library, e.g. the stand-in of aluminum_py.testing.cuda_standin)."""
     global _device_count
     if _device_count is None:
-        _device_count = _core.cuda_device_count()
+        _device_count = _core.cuda_device_count(config.cuda_driver())
     return _device_count
 
 
@@ -59,7 +58,7 @@ def cuda_device(ordinal: int):
     pinned-buffer pool per device; its primary context is retained once)."""
     dev = _devices.get(ordinal)
     if dev is None:
-        dev = _devices[ordinal] = _core.CudaDevice(ordinal)
+        dev = _devices[ordinal] = _core.CudaDevice(ordinal, config.cuda_driver())
     return dev
 
 
@@ -90,7 +89,7 @@ def current_device() -> int:
     (``torch.cuda.set_device``, ``cupy.cuda.Device(i).use()`` and ``cudaSetDevice`` make one
     current), else CuPy's current device if CuPy imports, else 0."""
     try:
-        ordinal = _core.cuda_current_device()
+        ordinal = _core.cuda_current_device(config.cuda_driver())
         if ordinal is not None:
             return ordinal
     except Error:
@@ -109,8 +108,8 @@ def require_cuda(what: str) -> None:
 
 def threads_to_ctas(threads: int, nthreads_per_cta: int | None = None) -> int:
     """A thread budget (e.g. from a LIBRA plan) as NCCL's maxCTAs, with NCCL_NTHREADS threads
-    per CTA (env NCCL_NTHREADS, default 512)."""
-    per = nthreads_per_cta or int(os.environ.get("NCCL_NTHREADS", "512"))
+    per CTA (env NCCL_NTHREADS, default 512: ``config.nccl_nthreads``)."""
+    per = nthreads_per_cta or config.nccl_nthreads()
     return max(1, math.ceil(threads / per))
 
 

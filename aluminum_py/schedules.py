@@ -26,7 +26,7 @@ Algorithms (p ranks, n elements; paper section III-B and Thakur et al. 2005):
   ring from there), binomial-tree broadcast inside each node; from :data:`HIER_SPLIT_FROM`
   elements ring reduce-scatter inside the node, allreduce across nodes of each rank's block,
   ring allgather inside the node.  It needs the node layout (the node of every rank,
-  :func:`node_layout`); with one node there is no inter-node phase, with one rank per node it is
+  ``topology.canonical_layout``); with one node there is no inter-node phase, with one rank per node it is
   the flat inner algorithm.  Steps carry no owned marker: AVG divides at the end.
   Where the nodes have shared-memory segments its inside-a-node phases run over them instead:
   :func:`hierarchical_shm` lists those phases (``hierarchical_p2p`` names this schedule always).
@@ -50,6 +50,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import _core
+from .topology import canonical_layout
 
 # the codes the native interpreter reads (ext/core/types.pxi), from the extension itself
 FROM_SEND, FROM_RECV = _core.STEP_SOURCES["send"], _core.STEP_SOURCES["recv"]
@@ -252,13 +253,6 @@ def ring(p: int, rank: int, count: int, inplace: bool):
     return b.finish()
 
 
-def node_layout(nodes) -> tuple[int, ...]:
-    """The layout of a communicator: per rank, its node as a small int numbered by first
-    appearance (``["b", "a", "b"]`` -> ``(0, 1, 0)``), so equal layouts compare equal."""
-    seen: dict = {}
-    return tuple(seen.setdefault(n, len(seen)) for n in nodes)
-
-
 def _tree_reduce(b: _Builder, members: list[int], i: int):
     """Binomial-tree reduce of the whole vector to members[0] (i: this rank's index)."""
     mask = 1
@@ -303,7 +297,7 @@ def _flat(b: _Builder, group: list[int], rank: int, lo: int, cnt: int, valid: bo
 
 def _nodes(p: int, layout) -> list[list[int]]:
     """The ranks of each node (numbered by first appearance), in rank order; None: one node."""
-    layout = node_layout(layout if layout is not None else [0] * p)
+    layout = canonical_layout(layout if layout is not None else [0] * p)
     if len(layout) != p:
         raise ValueError(f"layout: {len(layout)} entries for {p} ranks")
     return [[r for r in range(p) if layout[r] == n] for n in range(max(layout) + 1)]

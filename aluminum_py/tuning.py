@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config
+from . import config, topology
 from .files import open_private, read_regular
 from .algorithms import MODELLED, ShmCost, model_time, model_times, shm_terms
-from .topology import node_layout
 
 FORMAT = "aluminum_py.tuning"
 VERSION = 2                 # 2: entries record their topology (nodes, ranks per node)
@@ -36,18 +35,7 @@ def default_path() -> str:
     path = config.tuning_file()
     if path:
         return path
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "aluminum_py", "tuning.json")
-
-
-def topology(layout) -> tuple[int, ...]:
-    """Ranks per node, in node order, of a layout (per rank its node numbered by first
-    appearance: ``topology.node_layout``, from ``MPI_Comm_split_type(SHARED)``):
-    ``(0, 0, 1, 1)`` -> ``(2, 2)``."""
-    counts = [0] * (max(layout) + 1 if len(layout) else 0)
-    for node in layout:
-        counts[node] += 1
-    return tuple(counts)
+    return os.path.join(config.cache_home(), "aluminum_py", "tuning.json")
 
 
 def describe_topology(comm_size: int, ranks_per_node) -> str:
@@ -298,9 +286,9 @@ def win_ranges(sizes, times: dict) -> list[dict]:
 
 
 def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times) -> dict:
-    """A table entry; `ranks_per_node`: the ranks of each node in node order (:func:`topology`),
-    rank 0's node first. ``topology`` is for people reading the file; ``local_size`` (rank 0's
-    node) is what version 1 readers keyed by."""
+    """A table entry; `ranks_per_node`: the ranks of each node in node order
+    (``topology.ranks_per_node``), rank 0's node first. ``topology`` is for people reading the
+    file; ``local_size`` (rank 0's node) is what version 1 readers keyed by."""
     rpn = [int(n) for n in ranks_per_node]
     if sum(rpn) != comm_size or not rpn or min(rpn) < 1:
         raise ValueError(f"ranks_per_node {rpn}: not a topology of {comm_size} ranks")
@@ -524,15 +512,13 @@ class TuningData:
     shm_params: tuple | None = None     # the "shm" formula's default (sync, byte)
 
 
-def shared_data(mpi_comm, buffer: str, layout=None) -> TuningData:
+def shared_data(mpi_comm, buffer: str, layout) -> TuningData:
     """The tuning data for `buffer` ("host"/"cuda") on the communicator `mpi_comm`, whose
-    node layout is `layout` (per rank its node; None: computed here from
-    ``MPI_Comm_split_type(SHARED)``, ``topology.node_layout``): rank 0 reads the tuning
-    table and broadcasts what applies, so every rank chooses alike (collective; an error on rank
-    0 is raised on every rank, or the others would wait forever)."""
-    if layout is None:
-        layout = node_layout(mpi_comm)
-    rpn = topology(layout)
+    node layout is `layout` (per rank its node, canonical: the Communicator's
+    ``topology.Topology.layout``): rank 0 reads the tuning table and broadcasts what applies, so
+    every rank chooses alike (collective; an error on rank 0 is raised on every rank, or the
+    others would wait forever)."""
+    rpn = topology.ranks_per_node(layout)
     data = None
     if mpi_comm.Get_rank() == 0:
         try:

@@ -534,8 +534,10 @@ static al_device *al_cpu_device_new_strict(int strict, int queues) {
 static al_device *al_cpu_device_new(void) { return al_cpu_device_new_strict(0, 0); }
 
 /* ------------------------------------------------------------------ CUDA implementation
- * The driver API through dlopen: no link-time CUDA dependency. The library is AL_CUDA_LIBRARY
- * when set (e.g. the driver stand-in of aluminum_py.testing.cuda_standin), else libcuda.so.1.
+ * The driver API through dlopen: no link-time CUDA dependency. The library's path is an argument
+ * of the three entry points below (aluminum_py.config.cuda_driver(): AL_CUDA_LIBRARY when set,
+ * e.g. the driver stand-in of aluminum_py.testing.cuda_standin, else libcuda.so.1); nothing
+ * here reads the environment.
  * Device pointers and host-mapped pinned memory share one address space (UVA), so
  * cuMemcpyAsync copies in either direction and the flag's host address is its device address.
  *
@@ -583,11 +585,6 @@ static __thread int al_cuda_engine_thread = 0;
 
 /* Called once by the progress engine's thread: it keeps the contexts it sets current. */
 static void al_cuda_mark_engine_thread(void) { al_cuda_engine_thread = 1; }
-
-static const char *al_cuda_library(void) {
-  const char *p = getenv("AL_CUDA_LIBRARY");
-  return (p && *p) ? p : "libcuda.so.1";
-}
 
 /* Make the device's context current for one call: returns 0 with *pushed telling whether
  * al_cuda_leave must pop it, or the CUresult of the failed push. */
@@ -672,23 +669,23 @@ static void al_cuda_describe(void *ctx, int code, char *buf, size_t n) {
  * cuCtxGetDevice_v2 and the undocumented cuEventRecord_v2 have other meanings. */
 #define AL_CU_SYM_AS(field, symbol)                                                  \
   do { *(void **)(&c->field) = dlsym(c->lib, symbol);                                \
-       if (!c->field) { snprintf(err, errlen, "%s has no %s", al_cuda_library(), symbol); goto fail; } } while (0)
+       if (!c->field) { snprintf(err, errlen, "%s has no %s", path, symbol); goto fail; } } while (0)
 #define AL_CU_SYM(name) AL_CU_SYM_AS(name, #name)
 #define AL_CU_SYM_V2(name) AL_CU_SYM_AS(name, #name "_v2")
 
 /* The number of CUDA devices (cuInit + cuDeviceGetCount: no context is created or retained).
  * The probes below keep the library loaded (libcuda must not be unloaded after cuInit).
  * Returns 0 with *count set, or -1 with a message in err (no driver, or cuInit failed). */
-static int al_cuda_device_count(int *count, char *err, size_t errlen) {
+static int al_cuda_device_count(const char *path, int *count, char *err, size_t errlen) {
   al_CUresult (*init)(unsigned int);
   al_CUresult (*get_count)(int *);
   al_CUresult r;
-  void *lib = dlopen(al_cuda_library(), RTLD_NOW | RTLD_LOCAL);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   *count = 0;
   if (!lib) { snprintf(err, errlen, "no CUDA driver (%s)", dlerror()); return -1; }
   *(void **)(&init) = dlsym(lib, "cuInit");
   *(void **)(&get_count) = dlsym(lib, "cuDeviceGetCount");
-  if (!init || !get_count) { snprintf(err, errlen, "%s lacks cuInit/cuDeviceGetCount", al_cuda_library()); return -1; }
+  if (!init || !get_count) { snprintf(err, errlen, "%s lacks cuInit/cuDeviceGetCount", path); return -1; }
   if ((r = init(0)) != 0) {
     /* CUDA_ERROR_NO_DEVICE (100): a driver without devices */
    
@@ -702,13 +699,13 @@ static int al_cuda_device_count(int *count, char *err, size_t errlen) {
 
 /* The CUDA device for device ordinal `ordinal` (its primary context is retained); NULL with a
  * message in err when there is no driver or no such device. */
-static al_device *al_cuda_device_new(int ordinal, char *err, size_t errlen) {
+static al_device *al_cuda_device_new(const char *path, int ordinal, char *err, size_t errlen) {
   al_cuda_ctx *c = (al_cuda_ctx *)calloc(1, sizeof(al_cuda_ctx));
   al_device *d = (al_device *)calloc(1, sizeof(al_device));
   int n = 0, dev = 0;
   al_CUresult r;
   if (!c || !d) { snprintf(err, errlen, "out of memory"); goto fail; }
-  c->lib = dlopen(al_cuda_library(), RTLD_NOW | RTLD_LOCAL);
+  c->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!c->lib) { snprintf(err, errlen, "no CUDA driver (%s)", dlerror()); goto fail; }
   AL_CU_SYM(cuInit); AL_CU_SYM(cuDeviceGet); AL_CU_SYM(cuDeviceGetCount);
   AL_CU_SYM(cuDevicePrimaryCtxRetain); AL_CU_SYM(cuCtxGetCurrent); AL_CU_SYM(cuCtxSetCurrent);
@@ -736,14 +733,14 @@ fail:
  * torch.cuda.set_device or cupy's Device.use() made current): 1 with *ordinal set, 0 when no
  * context is current, -1 with a message in err without a driver or when a call fails.
  * cuCtxGetDevice is resolved by its exact name: CUDA 13's cuCtxGetDevice_v2 takes a context. */
-static int al_cuda_current_device(int *ordinal, char *err, size_t errlen) {
+static int al_cuda_current_device(const char *path, int *ordinal, char *err, size_t errlen) {
   al_CUresult (*cuInit)(unsigned int);
   al_CUresult (*cuCtxGetCurrent)(void **);
   al_CUresult (*cuCtxGetDevice)(int *);
   al_CUresult (*cuDeviceGetCount)(int *);
   al_CUresult (*cuDeviceGet)(int *, int);
   void *ctx = NULL; int dev = -1, n = 0, i, h, found = -1; al_CUresult r;
-  void *lib = dlopen(al_cuda_library(), RTLD_NOW | RTLD_LOCAL);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) { snprintf(err, errlen, "no CUDA driver (%s)", dlerror()); return -1; }
   *(void **)(&cuInit) = dlsym(lib, "cuInit");
   *(void **)(&cuCtxGetCurrent) = dlsym(lib, "cuCtxGetCurrent");
@@ -751,7 +748,7 @@ static int al_cuda_current_device(int *ordinal, char *err, size_t errlen) {
   *(void **)(&cuDeviceGetCount) = dlsym(lib, "cuDeviceGetCount");
   *(void **)(&cuDeviceGet) = dlsym(lib, "cuDeviceGet");
   if (!cuInit || !cuCtxGetCurrent || !cuCtxGetDevice || !cuDeviceGetCount || !cuDeviceGet) {
-    snprintf(err, errlen, "%s lacks cuCtxGetCurrent/cuCtxGetDevice", al_cuda_library()); return -1; }
+    snprintf(err, errlen, "%s lacks cuCtxGetCurrent/cuCtxGetDevice", path); return -1; }
   if ((r = cuInit(0)) != 0) { snprintf(err, errlen, "cuInit failed (CUresult %d)", r); return -1; }
   if ((r = cuCtxGetCurrent(&ctx)) != 0) { snprintf(err, errlen, "cuCtxGetCurrent failed (CUresult %d)", r); return -1; }
   if (ctx == NULL) { return 0; }

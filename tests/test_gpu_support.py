@@ -49,7 +49,7 @@ def test_no_cuda_device_errors():
     with pytest.raises(al.UnavailableError, match="no CUDA device is available"):
         al.Communicator(stream=0)
     with pytest.raises(al.UnavailableError, match="no CUDA driver|no CUDA device"):
-        al._core.CudaDevice(0)
+        al._core.CudaDevice(0, al.config.cuda_driver())
     comm = al.Communicator()
     with pytest.raises(al.UnavailableError, match="^sendbuf is a GPU buffer: no CUDA device"):
         comm.Allreduce(FakeCudaArray((4,)))
@@ -211,18 +211,18 @@ def test_current_device_fallbacks(monkeypatch):
     import types
     if gpu.cuda_device_count() == 0:
         with pytest.raises(al.UnavailableError, match="no CUDA driver|no CUDA device"):
-            al._core.cuda_current_device()
-    monkeypatch.setattr(al._core, "cuda_current_device", lambda: None)   # no current context
+            al._core.cuda_current_device(al.config.cuda_driver())
+    monkeypatch.setattr(al._core, "cuda_current_device", lambda library: None)  # no current context
     monkeypatch.setitem(sys.modules, "cupy", None)                       # no CuPy
     assert gpu.current_device() == 0
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=3)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
     assert gpu.current_device() == 3                                     # CuPy's current device
-    monkeypatch.setattr(al._core, "cuda_current_device", lambda: 1)
+    monkeypatch.setattr(al._core, "cuda_current_device", lambda library: 1)
     assert gpu.current_device() == 1                                     # the driver's answer wins
 
-    def broken():
+    def broken(library):
         raise al.Error("cuCtxGetDevice failed (CUresult 201)")
     monkeypatch.setattr(al._core, "cuda_current_device", broken)
     assert gpu.current_device() == 3

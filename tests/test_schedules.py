@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from aluminum_py import schedules
+from aluminum_py.topology import canonical_layout
 from aluminum_py.schedules import (FROM_RECV, RECV_INTO, RECV_INTO_REDUCE, RECV_TMP_REDUCE,
                                    block_bounds, build, simulate)
 
@@ -220,8 +221,8 @@ def test_hierarchical_traffic_by_layout():
     assert sum(s.send_peer >= 0 for s in big) == 2 * (3 - 1)
 
 
-def test_node_layout_numbering():
-    assert schedules.node_layout(["b", "a", "b"]) == (0, 1, 0)
-    assert schedules.node_layout([7, 7, 3]) == (0, 0, 1)
+def test_canonical_layout_numbering():
+    assert canonical_layout(["b", "a", "b"]) == (0, 1, 0)
+    assert canonical_layout([7, 7, 3]) == (0, 0, 1)
     with pytest.raises(ValueError, match="layout"):
         build("hierarchical", 3, 0, 4, False, (0, 1))

@@ -9,6 +9,7 @@ from aluminum_py import tuning
 from aluminum_py.algorithms import MODELLED, model_time
 from aluminum_py.bench.plots import crossover_map, format_map
 from aluminum_py.bench.timing import parse_bytes, size_sweep
+from aluminum_py.topology import ranks_per_node
 from aluminum_py.tuning import Chooser, TuningWarning
 
 from cost_reference import cheapest
@@ -232,9 +233,9 @@ def test_merge_into_file_locks_and_keeps_entries(tmp_path):
 
 # ----------------------------------------------------------------- topology (issue 17)
 def test_topology_of_a_layout_and_its_names():
-    assert tuning.topology((0, 0, 1, 1)) == (2, 2)
-    assert tuning.topology((0, 1, 0)) == (2, 1)
-    assert tuning.topology((0, 1, 2, 3)) == (1, 1, 1, 1)
+    assert ranks_per_node((0, 0, 1, 1)) == (2, 2)
+    assert ranks_per_node((0, 1, 0)) == (2, 1)
+    assert ranks_per_node((0, 1, 2, 3)) == (1, 1, 1, 1)
     assert tuning.describe_topology(4, (2, 2)) == "4 ranks as 2 nodes x 2"
     assert tuning.describe_topology(4, (4,)) == "4 ranks as 1 node x 4"
     assert tuning.describe_topology(3, (2, 1)) == "3 ranks as 2 nodes (2+1)"

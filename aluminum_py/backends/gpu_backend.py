@@ -28,18 +28,21 @@ class GpuBackend:
             part of host-transfer ops on the communicator's MPI communicator.
         p2p_comm: the communicator's point-to-point MPI communicator; the backend's control
             communicator (NCCL unique id, tuning data) is duplicated from it on first use.
-        rank, size, local_size: this rank, the communicator's size, the ranks on this node.
+        rank, size: this rank, the communicator's size.
+        topo: where the ranks run (``topology.Topology``, made once by the Communicator):
+            the ranks on this node, the node layout that keys the tuning table.
         stream: the bound stream (a cupy/torch stream or a raw handle; None: the default).
         device: the device interface (default: the CUDA device of `current_device()`); the
             tests pass an ``aluminum_py.host_transfer.CpuDevice`` and a CPU stream's handle.
     """
 
-    def __init__(self, launcher, p2p_comm, rank: int, size: int, local_size: int, stream,
+    def __init__(self, launcher, p2p_comm, rank: int, size: int, topo, stream,
                  device=None):
         if device is None:
             require_cuda("GPU communicator")
             device = cuda_device(current_device())
-        self.rank, self.size, self.local_size = rank, size, local_size
+        self.rank, self.size, self.local_size = rank, size, topo.local_size
+        self.topology = topo
         self._p2p = p2p_comm
         self._any_source = MPI.ANY_SOURCE
         self.stream = stream_handle(stream)
@@ -227,7 +230,7 @@ class GpuBackend:
             raise ValueError(f"algorithm: {algorithm!r} is not a GPU algorithm; GPU buffers take "
                              f"{', '.join(GPU_ALLREDUCE)}")
         if self._chooser is None:         # collective, on the first GPU "auto" call
-            data = tuning.shared_data(self.control_comm(), "cuda")
+            data = tuning.shared_data(self.control_comm(), "cuda", self.topology.layout)
             # only measured entries: the host cost model knows nothing of NCCL
             self._chooser = tuning.Chooser.from_data(data, GPU_CANDIDATES, fitted=False)
         choice = self._chooser.explain(nbytes, itemsize)

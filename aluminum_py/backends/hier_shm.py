@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from .. import _core, config, schedules
 from ..errors import Error, TimeoutError
-from ..topology import machine_id
 
 K = _core.KINDS
 
@@ -33,13 +32,15 @@ class NodeSegments:
         self.split_from = None
 
     @classmethod
-    def setup(cls, state, comm, layout):
+    def setup(cls, state, comm, topo):
         """Map every node's segment (collective over `comm`, the ranks of `state` in the same
-        order): split `comm` by node, check that each node's ranks share a kernel, and run the
-        "shm" setup (``_core.shm_attach``) on each node of more than one rank.  Every rank's
-        report is allgathered, so all take the same path: (NodeSegments, None), or (None, why)
-        when there is nothing to do (one node, one rank per node) or some node failed."""
-        nodes = len(set(layout))
+        order, placed as `topo` says: ``topology.Topology``): split `comm` by node, check that
+        each node's ranks share a kernel, and run the "shm" setup (``_core.shm_attach``) on each
+        node of more than one rank.  Every rank's report is allgathered, so all take the same
+        path: (NodeSegments, None), or (None, why) when there is nothing to do (one node, one
+        rank per node) or some node failed."""
+        layout = topo.layout
+        nodes = topo.nodes
         if nodes == 1:
             return None, "the communicator is one node"
         if nodes == len(layout):
@@ -47,7 +48,7 @@ class NodeSegments:
         rank = state.rank
         sub = comm.Split(layout[rank], key=rank)
         err = None
-        if len(set(sub.allgather(machine_id()))) > 1:
+        if len({topo.machines[r] for r in topo.node_members()}) > 1:
             err = (f"the ranks of node {layout[rank]} are on different machines (boot ids "
                    f"differ; AL_NODE_LAYOUT names one node for them?)")
         node_state = _core.CommState(sub, sub)
@@ -55,7 +56,8 @@ class NodeSegments:
             slot = config.shm_slot_bytes()
             try:
                 _core.shm_attach(node_state, sub, slot, min(config.shm_small_bytes(), slot),
-                                 config.hang_timeout_native(), config.shm_named())
+                                 config.hang_timeout_native(), config.shm_named(),
+                                 config.shm_test_faults())
             except TimeoutError:
                 raise
             except Error as e:

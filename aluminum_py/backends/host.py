@@ -17,7 +17,6 @@ from ..errors import Error, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
 from ..request import Request, _check
-from ..topology import machine_ranks, node_layout
 from .hier_shm import NodeSegments
 
 K = _core.KINDS
@@ -151,19 +150,17 @@ class HostBackend:
             point-to-point MPI communicators, which this backend frees at ``close``).
         tuning_comm: the MPI communicator whose rank 0 reads the tuning table for "auto"
             (collective: construction is).
-        local_size: ranks on this node (with the ranks sharing this machine, machine_ranks:
-            whether the engine and blocking calls yield the core, AL_ENGINE_YIELD).
-        The node of every rank (:func:`node_layout`, collective over `tuning_comm`) is gathered
-        here once, for the layout-aware schedules (``hierarchical``) and the tuning table's
-        key (its topology: ranks of each node).
+        topo: where the ranks of `tuning_comm` run (``topology.compute``, made once by the
+            Communicator): the ranks on this node and this machine (whether the engine and
+            blocking calls yield the core, AL_ENGINE_YIELD), the node of every rank (the
+            layout-aware schedules, ``hierarchical``; the tuning table's key), and the node
+            communicator, which this backend takes: kept (freed at ``close``) when it holds
+            every rank and the layout is one node (the "shm" algorithm sets up its segment over
+            it), else freed here, and "shm" raises.
         any_source, any_tag: MPI.ANY_SOURCE and MPI.ANY_TAG.
-        node_comm: ``MPI_Comm_split_type(SHARED)`` of `tuning_comm` (ranks in the same order);
-            kept (freed at ``close``) when it holds every rank and the layout is one node: the
-            "shm" algorithm sets up its segment over it. Else freed here, and "shm" raises.
     """
 
-    def __init__(self, state, tuning_comm, local_size: int, any_source: int, any_tag: int,
-                 node_comm=None):
+    def __init__(self, state, tuning_comm, topo, any_source: int, any_tag: int):
         self.state = state
         self.rank = state.rank
         self.size = state.size
@@ -180,13 +177,13 @@ class HostBackend:
                              f"{[r for r, a in enumerate(answers) if a]} only; it must be the "
                              f"same on every rank (AL_CHECK=1 adds a collective per call)")
         self.check_calls: bool = answers[0]     # AL_CHECK, the same on every rank
-        set_engine_yield(max(local_size, machine_ranks(tuning_comm)))
-        self.layout = node_layout(tuning_comm)
+        set_engine_yield(max(topo.local_size, topo.machine_ranks))
+        self.topology = topo
+        self.layout = topo.layout
         # several nodes: a segment per node, for "hierarchical" (None: its point-to-point form,
         # and why in _no_hier_shm)
-        self._node_segments, self._no_hier_shm = NodeSegments.setup(state, tuning_comm,
-                                                                    self.layout)
-        self._node_comm = self._shm_comm(node_comm)
+        self._node_segments, self._no_hier_shm = NodeSegments.setup(state, tuning_comm, topo)
+        self._node_comm = self._shm_comm(topo.take_node_comm())
         data = tuning.shared_data(tuning_comm, "host", self.layout)
         if self._node_comm is not None and self.size > 1:
             self._make_shm_segment()
@@ -229,8 +226,8 @@ class HostBackend:
     def _shm_comm(self, node_comm):
         """`node_comm` if the communicator is one node's (else it is freed): the "shm" setup's
         communicator.  Why not otherwise is kept for the error of "shm"."""
-        nodes = len(set(self.layout))
-        forced = config.node_layout()
+        nodes = self.topology.nodes
+        forced = self.topology.forced
         self._no_shm = None
         if node_comm is not None and node_comm.Get_size() == self.size and nodes == 1:
             return node_comm
@@ -252,7 +249,7 @@ class HostBackend:
         try:
             _core.shm_attach(self.state, self._node_comm, slot,
                              min(config.shm_small_bytes(), slot), config.hang_timeout_native(),
-                             config.shm_named())
+                             config.shm_named(), config.shm_test_faults())
         except TimeoutError:
             raise
         except Error as e:

@@ -190,12 +190,13 @@ def sent_bytes(tc_output: str) -> int:
 
 def expected_nic_bytes(algorithm: str, layout, count: int, itemsize: int,
                        inplace: bool = False) -> list[tuple[int, int]]:
-    """Per node (numbered as in :func:`schedules.node_layout`), the payload bytes its NIC must
+    """Per node (numbered as in :func:`topology.canonical_layout`), the payload bytes its NIC must
     send and receive for one allreduce of `count` elements: the sum over every rank's schedule
     (``schedules.build``) of the transfers between ranks on different nodes.  Headers (TCP, IP,
     Ethernet) come on top on the wire."""
     from .. import schedules
-    layout = schedules.node_layout(layout)
+    from ..topology import canonical_layout
+    layout = canonical_layout(layout)
     p = len(layout)
     sent = [0] * (max(layout) + 1)
     received = [0] * len(sent)

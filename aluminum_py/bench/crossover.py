@@ -50,10 +50,9 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
     ``MPI_Comm_split_type(SHARED)`` or AL_NODE_LAYOUT, as the hierarchical algorithm sees it), dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
     lists (one value per size) under median / min / max (seconds) and busbw (bytes/s), plus
     fastest (one algorithm name per size). GPU buffers: every call ends with a stream sync."""
-    from ..topology import node_layout
-    from ..tuning import mpi_version, topology
+    from ..tuning import mpi_version
     dt = np.dtype(dtype)
-    rpn = list(topology(node_layout(world)))
+    rpn = list(comm._topology.ranks_per_node)      # computed once, at the Communicator's making
     run = {"ranks": comm.size, "local_size": rpn[0], "ranks_per_node": rpn,
            "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": buffer,
            "mpi": mpi_version(),

@@ -40,6 +40,8 @@ from ctypes import POINTER, c_char_p, c_int, c_long, c_size_t, c_uint, c_uint32,
 
 import numpy as np
 
+from .. import config
+
 __all__ = ["path", "load", "error_name", "CudaStandinError", "make_current", "stream_create",
            "stream_synchronize", "stream_destroy", "primary_ctx_refcount", "current_ctx",
            "live_streams", "calls", "pinned_live", "sync_waits", "blocked_streams",
@@ -115,7 +117,7 @@ class CudaStandinError(RuntimeError):
 
 # ------------------------------------------------------------------ build and load
 def _cache_dir() -> str:
-    d = os.environ.get("AL_CUDA_STANDIN_DIR")
+    d = config.cuda_standin_dir()
     if d:
         return os.path.abspath(d)
     d = os.path.join(os.path.expanduser("~"), ".cache", "aluminum_py")

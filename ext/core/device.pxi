@@ -171,40 +171,46 @@ cdef class CpuDevice(Device):
 
 
 cdef class CudaDevice(Device):
-    """The CUDA implementation of the device interface (driver API via dlopen of
-    libcuda.so.1, or AL_CUDA_LIBRARY), for device `ordinal`; it retains the device's primary
-    context. Raises UnavailableError without a driver or device."""
+    """The CUDA implementation of the device interface (driver API via dlopen of `library`:
+    ``aluminum_py.config.cuda_driver()``, libcuda.so.1 or AL_CUDA_LIBRARY), for device
+    `ordinal`; it retains the device's primary context. Raises UnavailableError without a
+    driver or device."""
     cdef readonly int ordinal
 
-    def __cinit__(self, int ordinal=0):
+    def __cinit__(self, int ordinal, str library):
         cdef char err[256]
+        cdef bytes path = library.encode()
         err[0] = 0
-        self.dev = al_cuda_device_new(ordinal, err, sizeof(err))
+        self.dev = al_cuda_device_new(path, ordinal, err, sizeof(err))
         if self.dev == NULL:
             _hooks.unavailable((<bytes>err).decode("utf-8", "replace"))
         self.kind = "cuda"
         self.ordinal = ordinal
 
 
-def cuda_device_count():
-    """CUDA devices visible to this process: cuInit + cuDeviceGetCount only (no context is
+def cuda_device_count(str library):
+    """CUDA devices visible to this process, through the driver library `library`
+    (``aluminum_py.config.cuda_driver()``): cuInit + cuDeviceGetCount only (no context is
     created or retained). 0 without a driver."""
     cdef char err[256]
     cdef int n = 0
+    cdef bytes path = library.encode()
     err[0] = 0
-    if al_cuda_device_count(&n, err, sizeof(err)) != 0:
+    if al_cuda_device_count(path, &n, err, sizeof(err)) != 0:
         return 0
     return n
 
 
-def cuda_current_device():
+def cuda_current_device(str library):
     """The ordinal of the device of this thread's current CUDA context (cuCtxGetCurrent,
-    cuCtxGetDevice), or None when no context is current. UnavailableError without a driver,
-    aluminum_py.Error when a driver call fails."""
+    cuCtxGetDevice; the driver library `library`: ``aluminum_py.config.cuda_driver()``), or
+    None when no context is current. UnavailableError without a driver, aluminum_py.Error when
+    a driver call fails."""
     cdef char err[256]
     cdef int ordinal = -1, rc
+    cdef bytes path = library.encode()
     err[0] = 0
-    rc = al_cuda_current_device(&ordinal, err, sizeof(err))
+    rc = al_cuda_current_device(path, &ordinal, err, sizeof(err))
     if rc < 0:
         msg = (<bytes>err).decode("utf-8", "replace")
         if msg.startswith("no CUDA driver"):

@@ -231,23 +231,23 @@ def _shm_finish(req, deadline, double timeout, what):
 DEF SHM_MEMFD = 1                   # the setup's modes (al_shm.h): an anonymous memory file,
 DEF SHM_NAMED = 2                   # or the named fallback in /dev/shm
 
-def _shm_test_die(int rank):
-    """TESTING AID ONLY (tests/test_shm_segment.py): AL_SHM_TEST_DIE_IN_SETUP=<rank> makes that
-    rank os._exit in the middle of the setup: rank 0 right after it created the segment, any
-    other rank after it received what to open and before opening it."""
-    import os
-    if os.environ.get("AL_SHM_TEST_DIE_IN_SETUP", "") == str(rank):
+def _shm_test_die(int rank, faults):
+    """TESTING AID ONLY (tests/test_shm_segment.py): faults[0] (AL_SHM_TEST_DIE_IN_SETUP, read
+    by aluminum_py.config.shm_test_faults) == rank makes that rank os._exit in the middle of
+    the setup: rank 0 right after it created the segment, any other rank after it received
+    what to open and before opening it."""
+    if faults[0] == rank:
+        import os
         os._exit(9)
 
-def _shm_test_nonce(int rank, nonce):
-    """TESTING AID ONLY (tests/mpi/test_hostile.py): AL_SHM_TEST_BAD_NONCE=<rank> makes that
-    rank expect another nonce than rank 0 sent, as if it had opened a file that is not rank 0's
-    segment."""
-    import os
-    return nonce ^ 1 if os.environ.get("AL_SHM_TEST_BAD_NONCE", "") == str(rank) else nonce
+def _shm_test_nonce(int rank, nonce, faults):
+    """TESTING AID ONLY (tests/mpi/test_hostile.py): faults[1] (AL_SHM_TEST_BAD_NONCE) == rank
+    makes that rank expect another nonce than rank 0 sent, as if it had opened a file that is
+    not rank 0's segment."""
+    return nonce ^ 1 if faults[1] == rank else nonce
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
-               bint named=False):
+               bint named=False, tuple faults=(-1, -1)):
     """Create and map the communicator's segment (at construction: collective over
     `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
     other traffic uses it).  Rank 0 creates an anonymous memory file (memfd_create), every rank
@@ -259,7 +259,7 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     once every rank has reported (al_shm.h).  Rank 0's `slot` (bytes per rank per buffer, a
     multiple of 4096) and `small` (the symmetric protocol's limit) are used by all.  Raises
     aluminum_py.Error naming every rank's failure, or TimeoutError after `timeout` seconds
-    (< 0: none)."""
+    (< 0: none).  `faults`: testing aids (``aluminum_py.config.shm_test_faults``)."""
     cdef int size = cs.c.size, rank = cs.c.rank
     cdef int mode = SHM_NAMED if named else SHM_MEMFD
     if cs.c.shm != NULL:
@@ -271,11 +271,11 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
                     f"{size}")
     import time
     deadline = time.monotonic() + timeout if timeout >= 0 else None
-    if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode) == SHM_NAMED:
-        _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED)
+    if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults) == SHM_NAMED:
+        _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults)
 
 cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
-                  int mode) except -1:
+                  int mode, tuple faults) except -1:
     """One attempt of shm_attach in `mode` (rank 0's: it may fall back to SHM_NAMED by itself
     when memfd_create is missing).  Returns 0 with the segment attached, or SHM_NAMED on every
     rank (they all see the same reports) when the memory file failed only where the named path
@@ -328,19 +328,19 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
                 base = al_shm_create(cname, length, size, slot, nonce, err, SHM_MSG)
         params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0), nonce)
         name[:len(bname)] = np.frombuffer(bname, np.uint8)
-        _shm_test_die(rank)
+        _shm_test_die(rank, faults)
     try:
         what = "receiving where the segment is"
         _shm_finish(node_comm.Ibcast(params, root=0), deadline, timeout, what)
         _shm_finish(node_comm.Ibcast(name, root=0), deadline, timeout, what)
         slot, small, mode = int(params[0]), int(params[1]), int(params[3])
         pid, fd = int(params[4]), int(params[5])
-        nonce = _shm_test_nonce(rank, int(params[6]))
+        nonce = _shm_test_nonce(rank, int(params[6]), faults)
         length = al_shm_bytes(size, slot)
         bname = name.tobytes().rstrip(b"\0")
         cname = bname
         if rank != 0:
-            _shm_test_die(rank)
+            _shm_test_die(rank, faults)
         if rank != 0 and params[2] and (length == 0 or small > slot):
             snprintf(err, SHM_MSG, "rank 0's slots of %zu bytes (%zu symmetric) make no segment",
                      slot, small)

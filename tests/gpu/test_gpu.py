@@ -751,7 +751,7 @@ def test_device_of_the_current_context(comm, gpu_index):
     from aluminum_py import gpu
     c, _ = comm
     assert cp.cuda.Device().id == gpu_index
-    assert al._core.cuda_current_device() == cp.cuda.Device().id == gpu.current_device()
+    assert al._core.cuda_current_device(al.config.cuda_driver()) == cp.cuda.Device().id == gpu.current_device()
     assert c._gpu.device.ordinal == cp.cuda.Device().id
 
 

@@ -10,6 +10,7 @@ import pytest
 
 import aluminum_py as al
 from aluminum_py import schedules
+from aluminum_py.topology import canonical_layout
 from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gather_all, ramp,
                       ramp_reference, wait_for)
 from test_allreduce import matrix_failures
@@ -67,7 +68,7 @@ def test_segments_where_a_node_has_several_ranks():
 def test_matrix(emulated, dtype):
     """Every op (AVG included) of `dtype`, every count, in place or not, blocking or not: every
     dtype on the first layout (2 x 2, 2 + 1), three on the others (time)."""
-    first = schedules.node_layout(layouts(WORLD.Get_size())[0].split(","))
+    first = canonical_layout(layouts(WORLD.Get_size())[0].split(","))
     if emulated._host.layout != first and dtype not in ("int8", "float16", "float64"):
         pytest.skip("every dtype on the first layout only")
     failures = matrix_failures(emulated, "hierarchical", [dtype], SIZES)

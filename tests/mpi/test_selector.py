@@ -37,8 +37,10 @@ def test_choice_follows_rank0_even_with_divergent_files(tmp_path_factory, monkey
 
 def world_topology() -> tuple:
     """MPI.COMM_WORLD's ranks per node, as a Communicator over it sees them (collective)."""
-    from aluminum_py.topology import node_layout
-    return tuning.topology(node_layout(WORLD))
+    from aluminum_py import topology
+    topo = topology.compute(WORLD)
+    topo.take_node_comm().Free()
+    return topo.ranks_per_node
 
 
 def test_table_of_another_topology_is_not_used(tmp_path_factory, monkeypatch):
@@ -79,8 +81,10 @@ def test_table_of_another_topology_is_not_used(tmp_path_factory, monkeypatch):
 def test_machine_ranks_counts_the_ranks_sharing_this_kernel():
     """The engine's yield policy counts the ranks on this machine: every rank of the suite
     runs here (whatever MPI calls a node; bench cluster's nodes are namespaces of one kernel)."""
-    from aluminum_py.topology import machine_ranks
-    assert machine_ranks(WORLD) == WORLD.size
+    from aluminum_py import topology
+    topo = topology.compute(WORLD)
+    topo.take_node_comm().Free()
+    assert topo.machine_ranks == WORLD.size
 
 
 def test_auto_choices_agree_without_table(comm):
