@@ -318,7 +318,7 @@ def cuda_driver() -> str:
 
 def shm_test_faults() -> tuple[int, int]:
     """TESTING AIDS ONLY, read at each shared-memory setup (``_core.shm_attach``'s `faults`):
-    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE), the rank that ``os._exit``\ s in the
+    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE), the rank that calls ``os._exit`` in the
     middle of the setup (tests/test_shm_segment.py) and the rank that expects another nonce
     than rank 0 sent, as if it had opened a file that is not rank 0's segment
     (tests/mpi/test_hostile.py); -1: none."""
