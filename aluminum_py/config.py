@@ -255,6 +255,18 @@ def construction_error() -> str | None:
     return None
 
 
+def first_error(errors) -> str | None:
+    """The one error of settings gathered from every rank (per rank an error text, or anything
+    else for none): the first, naming its rank and how many more ranks have one; None when no
+    rank has one.  Raised on every rank, so that a value bad on some ranks only fails the
+    construction everywhere."""
+    bad = [(r, e) for r, e in enumerate(errors) if isinstance(e, str)]
+    if not bad:
+        return None
+    return (f"{bad[0][1]} (rank {bad[0][0]}"
+            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})")
+
+
 def check() -> bool:
     """AL_CHECK: a debugging aid; 1 makes every collective call of the point-to-point
     algorithms and "mpi" exchange its signature (kind, count, dtype, op, root, call number)

@@ -91,13 +91,27 @@ class Topology:
         return comm
 
 
+def _forced_layout(size: int):
+    """This rank's ``AL_NODE_LAYOUT``: (labels or None, None), or (None, its error text)."""
+    try:
+        labels = config.node_layout()
+    except ValueError as e:
+        return None, str(e)
+    if labels is not None and len(labels) != size:
+        return None, (f"environment variable AL_NODE_LAYOUT={','.join(labels)!r}: expected one "
+                      f"node label per rank ({size} ranks), comma-separated")
+    return labels, None
+
+
 def compute(comm) -> Topology:
     """The topology of the mpi4py communicator `comm` (collective): two exchanges, the
-    ``MPI_Comm_split_type(SHARED)`` and one allgather of (node leader, boot id).  The node's
-    leader (its lowest rank of `comm`, which names it) is found locally, by translating rank 0 of
-    the node communicator (ordered by rank of `comm`) to `comm`'s group.  ``AL_NODE_LAYOUT`` (per
-    rank a node label, comma-separated: ``0,0,1,1``) replaces the layout: a testing and emulation
-    aid that makes the layout-aware algorithms treat one machine as several nodes."""
+    ``MPI_Comm_split_type(SHARED)`` and one allgather of (node leader, boot id, this rank's
+    ``AL_NODE_LAYOUT``).  The node's leader (its lowest rank of `comm`, which names it) is found
+    locally, by translating rank 0 of the node communicator (ordered by rank of `comm`) to
+    `comm`'s group.  ``AL_NODE_LAYOUT`` (per rank a node label, comma-separated: ``0,0,1,1``)
+    replaces the layout: a testing and emulation aid that makes the layout-aware algorithms treat
+    one machine as several nodes.  A value bad on some rank, or not the same on every rank,
+    raises ValueError on every rank (the ranks must agree on the layout)."""
     from mpi4py import MPI
     rank, size = comm.Get_rank(), comm.Get_size()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -107,13 +121,23 @@ def compute(comm) -> Topology:
     finally:
         node_group.Free()
         group.Free()
-    everyone = comm.allgather((leader, machine_id()))
-    labels = config.node_layout()
-    if labels is not None and len(labels) != size:
+    labels, error = _forced_layout(size)
+    everyone = comm.allgather((leader, machine_id(), error or labels))
+    forced = [f for _, _, f in everyone]
+    error = config.first_error(forced)
+    other = next((r for r, f in enumerate(forced) if f != forced[0]), None)
+    if error is None and other is not None:
+        error = (f"environment variable AL_NODE_LAYOUT: not the same on every rank (rank 0: "
+                 f"{_shown(forced[0])}, rank {other}: {_shown(forced[other])}); set it the "
+                 f"same on every rank")
+    if error is not None:
         node.Free()
-        raise ValueError(f"environment variable AL_NODE_LAYOUT={','.join(labels)!r}: "
-                         f"expected one node label per rank ({size} ranks), comma-separated")
-    layout = canonical_layout(labels if labels is not None else [n for n, _ in everyone])
+        raise ValueError(error)
+    layout = canonical_layout(labels if labels is not None else [n for n, _, _ in everyone])
     return Topology(rank, size, layout, node.Get_rank(), node.Get_size(),
-                    canonical_layout([m for _, m in everyone]), node,
+                    canonical_layout([m for _, m, _ in everyone]), node,
                     None if labels is None else tuple(labels))
+
+
+def _shown(labels) -> str:
+    return "unset" if labels is None else repr(",".join(labels))

@@ -168,10 +168,9 @@ class HostBackend:
         self._any_tag = any_tag
         # every rank's verdict on its settings (an error text, else its AL_CHECK), gathered
         answers = tuning_comm.allgather(config.construction_error() or config.check())
-        bad = [(r, e) for r, e in enumerate(answers) if isinstance(e, str)]
+        bad = config.first_error(answers)
         if bad:                     # on every rank, before anything else is set up
-            raise ValueError(f"{bad[0][1]} (rank {bad[0][0]}"
-                             f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})")
+            raise ValueError(bad)
         if len(set(answers)) > 1:
             raise ValueError(f"environment variable AL_CHECK: 1 on ranks "
                              f"{[r for r, a in enumerate(answers) if a]} only; it must be the "

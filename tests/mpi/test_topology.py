@@ -8,6 +8,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from aluminum_py import topology
 from conftest import WORLD, all_ranks_ok
+from test_hostile import within
 from test_shm import with_env
 
 COLLECTIVES = ["Dup", "Split", "Split_type", "Create_group", "allgather", "allreduce", "bcast",
@@ -95,3 +96,24 @@ def test_communicator_computes_it_once():
           and comm._host.layout == comm._topology.layout)
     comm.Free()
     assert all_ranks_ok(ok), dict(counts)
+
+
+@pytest.mark.skipif(WORLD.size < 2, reason="needs a rank with another setting")
+@pytest.mark.parametrize("value,says", [
+    ("0,,1",
+     "AL_NODE_LAYOUT='0,,1': expected one node label per rank, comma-separated (rank {last})"),
+    ("{ones}", "AL_NODE_LAYOUT: not the same on every rank (rank 0: unset, rank {last}: '{ones}')"),
+])
+def test_node_layout_on_one_rank_only_fails_the_construction_on_every_rank(monkeypatch, value,
+                                                                            says):
+    """A bad AL_NODE_LAYOUT, or a good one set on the last rank only (the ranks would disagree
+    on the layout, and so on every layout-aware schedule), fails Communicator() on every rank
+    with the same error, never hangs it."""
+    last = WORLD.size - 1
+    ones = ",".join(["0"] * WORLD.size)
+    if WORLD.rank == last:
+        monkeypatch.setenv("AL_NODE_LAYOUT", value.format(ones=ones))
+    how, what = within(60, al.Communicator)
+    ok = (how == "raised" and isinstance(what, ValueError)
+          and says.format(last=last, ones=ones) in str(what))
+    assert all_ranks_ok(ok), (how, what)
