@@ -10,7 +10,8 @@ from mpi4py import MPI
 
 from .. import nccl, timeline, tuning
 from ..algorithms import GPU_ALLREDUCE, GPU_CANDIDATES, REGISTRY
-from ..errors import Error, TimeoutError
+from ..buffers import MAX_COUNT, vlayout, vno_overlap
+from ..errors import Error, TimeoutError, UnavailableError
 from ..gpu import (GpuArray, GpuRequest, InFlight, _retain_if_abandoned, _retire_freed,
                    as_gpu_array, cuda_device, current_device, require_cuda, retire_later,
                    stream_handle)
@@ -41,7 +42,7 @@ class GpuBackend:
             device = cuda_device(current_device())
         self.rank, self.size, self.local_size = rank, size, local_size
         self._p2p = p2p_comm
-        self._any_source = MPI.ANY_SOURCE
+        self._any_source, self._any_tag = MPI.ANY_SOURCE, MPI.ANY_TAG
         self.stream = stream_handle(stream)
         self.device = device
         self._state = launcher.state        # the communicator's: the threading rule
@@ -346,15 +347,18 @@ class GpuBackend:
                 self.device.memcpy(s.ptr, dst, nb, st)
         return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
 
-    def exchange(self, sends, recvs, blocking: bool, keep):
-        """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype)."""
+    def exchange(self, sends, recvs, blocking: bool, keep, copies=(), name: str = "exchange"):
+        """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype); then
+        `copies`, (dst, src, nbytes) device copies on the same stream (a rank's own block)."""
         def launch(c, st):
             with nccl.group():
                 for peer, ptr, count, dt in sends:
                     c.send(ptr, count, dt, peer, st)
                 for peer, ptr, count, dt in recvs:
                     c.recv(ptr, count, dt, peer, st)
-        return self._run("exchange", blocking, keep, launch)
+            for dst, src, nbytes in copies:
+                self.device.memcpy(dst, src, nbytes, st)
+        return self._run(name, blocking, keep, launch)
 
     def alltoall(self, sendbuf, recvbuf, blocking: bool):
         s, r = self._pair(sendbuf, recvbuf)
@@ -400,7 +404,7 @@ class GpuBackend:
         return self.exchange([(dest, b.ptr, b.count, str(b.dtype))], [], blocking, (b.obj,))
 
     def recv(self, buf, source: int, tag, blocking: bool):
-        nccl_rules.check_p2p_args(tag, source, self._any_source)
+        nccl_rules.check_p2p_args(tag, source, self._any_source, self._any_tag)
         b = self._arr(buf, "buf", writable=True)
         return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
 
@@ -413,3 +417,206 @@ class GpuBackend:
             raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
         return self.exchange([(dest, s.ptr, s.count, str(s.dtype))],
                              [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))
+
+    # ==================================================================================
+    # Issue 29: Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
+    # Scan and Exscan on GPU buffers (docs/gpu.md, "V-collectives, Alltoallv and Scan on GPU
+    # buffers"). NCCL has no v-collectives: the data-moving ones are grouped ncclSend/ncclRecv
+    # of each peer's block and a device copy of the rank's own block, as NCCL users write them
+    # (PyTorch's all_to_all_single with splits, Horovod's alltoall). Blocks travel as bytes, so
+    # every dtype moves. Counts and displacements are the user's values, checked here by
+    # buffers.vlayout against the GPU buffer's element count before anything is enqueued; zero
+    # counts enqueue nothing for that peer (both sides know the count).
+
+    # "auto" and "nccl" run NCCL; "mpi", the default algorithm of the host forms of
+    # Reduce_scatter and Alltoall (and what al.algorithms(<collective>, "cuda") lists), has
+    # always run NCCL for GPU buffers.
+    V_ALGORITHMS = ("auto", "nccl", "mpi")
+
+    def _v_algorithm(self, name: str, algorithm) -> None:
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        if algorithm not in self.V_ALGORITHMS:
+            raise ValueError(f"algorithm: {algorithm!r} cannot run {name} on GPU buffers, which "
+                             f"take {', '.join(map(repr, self.V_ALGORITHMS))} (NCCL)")
+
+    @staticmethod
+    def _apart(s: GpuArray, r: GpuArray, in_place: str = "sendbuf=None") -> None:
+        """Send and receive buffers of one dtype that share no memory (MPI forbids aliasing
+        them; the in-place form is `in_place`)."""
+        if r.dtype != s.dtype:
+            raise TypeError(f"recvbuf has dtype {r.dtype} but sendbuf has dtype {s.dtype}")
+        if s.nbytes and r.nbytes and s.ptr < r.ptr + r.nbytes and r.ptr < s.ptr + s.nbytes:
+            raise ValueError(f"sendbuf and recvbuf overlap; pass {in_place} for the in-place form")
+
+    def _own_count(self, buf: GpuArray, name: str, want: int, counts: str) -> None:
+        """This rank's own block: `buf` (`name`) must hold exactly counts[rank] elements."""
+        if buf.count != want:
+            raise ValueError(f"{name} has {buf.count} elements but {counts}[{self.rank}] is "
+                             f"{want} (the count of this rank's block)")
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking: bool, algorithm="auto"):
+        """Every rank's block into recvbuf (block j: counts[j] elements at displs[j]); sendbuf
+        None: in place, this rank's block already at displs[rank]."""
+        self._v_algorithm("allgatherv", algorithm)
+        r = self._arr(recvbuf, "recvbuf", writable=True)
+        c, d = vlayout(counts, displs, self.size, "recvbuf", r.count)
+        vno_overlap(c, d, "recvbuf")
+        me, es = self.rank, r.dtype.itemsize
+        mine, nb = r.ptr + int(d[me]) * es, int(c[me]) * es
+        src, copies, keep = mine, [], (r.obj,)
+        if sendbuf is not None:
+            s = self._arr(sendbuf, "sendbuf")
+            self._apart(s, r)
+            self._own_count(s, "sendbuf", int(c[me]), "recvcounts")
+            src, keep = s.ptr, (s.obj, r.obj)
+            if nb:
+                copies.append((mine, s.ptr, nb))
+        peers = [j for j in range(self.size) if j != me]
+        sends = [(j, src, nb, "uint8") for j in peers if nb]
+        recvs = [(j, r.ptr + int(d[j]) * es, int(c[j]) * es, "uint8") for j in peers if c[j]]
+        return self.exchange(sends, recvs, blocking, keep, copies, "allgatherv")
+
+    def gatherv(self, sendbuf, recvbuf, counts, displs, root: int, blocking: bool,
+                algorithm="auto"):
+        """sendbuf of every rank into the root's recvbuf (rank j's block: counts[j] elements at
+        displs[j]); recvbuf, counts, displs matter at the root only; at the root sendbuf None
+        is in place. A rank's sendbuf must hold the root's counts[rank] elements (NCCL sends
+        are matched by size; nothing checks that across ranks)."""
+        self._v_algorithm("gatherv", algorithm)
+        if self.rank != root:
+            s = self._arr(sendbuf, "sendbuf")
+            sends = [(root, s.ptr, s.nbytes, "uint8")] if s.nbytes else []
+            return self.exchange(sends, [], blocking, (s.obj,), name="gatherv")
+        r = self._arr(recvbuf, "recvbuf", writable=True)
+        c, d = vlayout(counts, displs, self.size, "recvbuf", r.count)
+        vno_overlap(c, d, "recvbuf")
+        es, copies, keep = r.dtype.itemsize, [], (r.obj,)
+        if sendbuf is not None:
+            s = self._arr(sendbuf, "sendbuf")
+            self._apart(s, r)
+            self._own_count(s, "sendbuf", int(c[root]), "recvcounts")
+            keep = (s.obj, r.obj)
+            if s.nbytes:
+                copies.append((r.ptr + int(d[root]) * es, s.ptr, s.nbytes))
+        recvs = [(j, r.ptr + int(d[j]) * es, int(c[j]) * es, "uint8")
+                 for j in range(self.size) if j != root and c[j]]
+        return self.exchange([], recvs, blocking, keep, copies, "gatherv")
+
+    def scatterv(self, sendbuf, recvbuf, counts, displs, root: int, blocking: bool,
+                 algorithm="auto"):
+        """Block j of the root's sendbuf (counts[j] elements at displs[j]) into rank j's
+        recvbuf; sendbuf, counts, displs matter at the root only; at the root recvbuf None is
+        in place. A rank's recvbuf must hold the root's counts[rank] elements."""
+        self._v_algorithm("scatterv", algorithm)
+        if self.rank != root:
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            recvs = [(root, r.ptr, r.nbytes, "uint8")] if r.nbytes else []
+            return self.exchange([], recvs, blocking, (r.obj,), name="scatterv")
+        s = self._arr(sendbuf, "sendbuf")
+        c, d = vlayout(counts, displs, self.size, "sendbuf", s.count)
+        es, copies, keep = s.dtype.itemsize, [], (s.obj,)
+        if recvbuf is not None:
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            self._apart(s, r, in_place="recvbuf=None at the root")
+            self._own_count(r, "recvbuf", int(c[root]), "sendcounts")
+            keep = (s.obj, r.obj)
+            if r.nbytes:
+                copies.append((r.ptr, s.ptr + int(d[root]) * es, r.nbytes))
+        sends = [(j, s.ptr + int(d[j]) * es, int(c[j]) * es, "uint8")
+                 for j in range(self.size) if j != root and c[j]]
+        return self.exchange(sends, [], blocking, keep, copies, "scatterv")
+
+    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking: bool,
+                  algorithm="auto"):
+        """Block j of sendbuf (scounts[j] elements at sdispls[j]) to rank j, rank j's block
+        into recvbuf (rcounts[j] at rdispls[j]). No in-place form (ValueError)."""
+        self._v_algorithm("alltoallv", algorithm)
+        if sendbuf is None:
+            raise ValueError("sendbuf: GPU Alltoallv has no in-place form (NCCL would send each "
+                             "block from the memory it receives into, and the library holds no "
+                             "device scratch memory); pass a separate sendbuf")
+        s = self._arr(sendbuf, "sendbuf")
+        r = self._arr(recvbuf, "recvbuf", writable=True)
+        self._apart(s, r, in_place="a separate sendbuf (GPU Alltoallv has no in-place form)")
+        sc, sd = vlayout(scounts, sdispls, self.size, "sendbuf", s.count)
+        rc, rd = vlayout(rcounts, rdispls, self.size, "recvbuf", r.count)
+        vno_overlap(rc, rd, "recvbuf")
+        me, es = self.rank, s.dtype.itemsize
+        if sc[me] != rc[me]:
+            raise ValueError(f"recvbuf counts: this rank sends itself {int(sc[me])} elements "
+                             f"(sendcounts[{me}]) but receives {int(rc[me])} (recvcounts[{me}])")
+        copies = [(r.ptr + int(rd[me]) * es, s.ptr + int(sd[me]) * es, int(sc[me]) * es)] \
+            if sc[me] else []
+        peers = [j for j in range(self.size) if j != me]
+        sends = [(j, s.ptr + int(sd[j]) * es, int(sc[j]) * es, "uint8") for j in peers if sc[j]]
+        recvs = [(j, r.ptr + int(rd[j]) * es, int(rc[j]) * es, "uint8") for j in peers if rc[j]]
+        return self.exchange(sends, recvs, blocking, (s.obj, r.obj), copies, "alltoallv")
+
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool, algorithm="auto"):
+        """MPI_Reduce_scatter: sendbuf holds sum(counts) elements, block i (counts[i]
+        elements, in rank order) reduced over the ranks into rank i's recvbuf; recvbuf None:
+        in place, the result in the first counts[rank] elements of sendbuf.
+
+        NCCL's ReduceScatter has equal blocks only. This is one ncclReduce per rank (rooted
+        there) inside one group, as PyTorch's ProcessGroupNCCL runs a reduce_scatter of uneven
+        tensors: each rank sends about sum(counts) elements, needs no scratch memory, and the
+        group lets NCCL run the reductions concurrently. An ncclAllReduce of the whole buffer
+        and a copy would move about twice the data (2(p-1)/p of it) and need a device buffer
+        of sum(counts) elements for the out-of-place form."""
+        self._v_algorithm("reduce_scatter", algorithm)
+        s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+        c, d = vlayout(counts, None, self.size, "recvbuf", MAX_COUNT)
+        total, me = int(c.sum()), self.rank
+        if total != s.count:
+            raise ValueError(f"sendbuf has {s.count} elements but the recvcounts add up to "
+                             f"{total} (sendbuf holds recvcounts[i] elements for each rank i, "
+                             f"in rank order)")
+        r = s
+        if recvbuf is not None:
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            self._apart(s, r)
+            if r.count < c[me]:
+                raise ValueError(f"recvbuf is too short: {r.count} elements, needs {int(c[me])} "
+                                 f"(recvcounts[{me}])")
+        op = op if isinstance(op, Op) else as_op(op)
+        check_op(op, DTYPE_CODES[s.dtype][0], s.dtype)
+        nccl_op = nccl_rules.op_name(op)
+        dt, es = str(s.dtype), s.dtype.itemsize
+        nccl._dtype(dt)                     # TypeError before the group: not an NCCL datatype
+        blocks = [(j, s.ptr + int(d[j]) * es, int(c[j])) for j in range(self.size) if c[j]]
+
+        def launch(comm, st):
+            with nccl.group():
+                for j, src, n in blocks:    # the receive pointer matters at the root only
+                    comm.reduce(src, r.ptr if j == me and r is not s else src, n, dt, nccl_op,
+                                j, st)
+            if r is s:                      # in place: the result moves to the front
+                self._move_down(s.ptr, s.ptr + int(d[me]) * es, int(c[me]) * es, st)
+        return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
+
+    def _move_down(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Move `nbytes` from `src` down to `dst` < `src` on `stream`. Device copies may not
+        overlap: where the ranges do, the move is ascending copies of (src - dst) bytes, each
+        reading what no earlier one wrote (one copy for layouts with counts[rank] <= the
+        elements before this rank's block; the library holds no device scratch memory)."""
+        gap = src - dst
+        if not nbytes or not gap:
+            return
+        for at in range(0, nbytes, gap):
+            self.device.memcpy(dst + at, src + at, min(gap, nbytes - at), stream)
+
+    def _no_scan(self, name: str) -> None:
+        self.usable(name.lower())
+        raise UnavailableError(f"{name} on GPU buffers: NCCL has no prefix reduction and there "
+                               f"is no host-transfer {name}; copy the data to host memory (e.g. "
+                               f"cupy.asnumpy, tensor.cpu()) and call {name} on the host "
+                               f"arrays")
+
+    def scan(self, sendbuf, recvbuf, op, blocking: bool, algorithm="auto"):
+        """Unavailable: aluminum_py.UnavailableError, on every rank before anything runs."""
+        self._no_scan("Scan")
+
+    def exscan(self, sendbuf, recvbuf, op, blocking: bool, algorithm="auto"):
+        """Unavailable: aluminum_py.UnavailableError, on every rank before anything runs."""
+        self._no_scan("Exscan")
