@@ -458,3 +458,129 @@ def test_shm_collectives_refuse_gpu_buffers(bound):
         with pytest.raises(ValueError, match="'shm' is for host buffers; .* is a GPU buffer"):
             call()
     assert comm._state.pending == 0
+
+
+# ---------------------------------------------------------------- issue 29: v-collectives
+def _v_bad_cases(p: int, me: int):
+    """name -> (method, args builder, exception, match): bad calls of the GPU backend's
+    v-collectives, refused before anything is enqueued (and so before NCCL, which this CPU
+    device does not have). Every rank gets the same error: the rooted calls use root=me, so
+    every rank checks what a root checks."""
+    def f(n, dt=np.float32):
+        return np.full(n, 3, dt)
+    ones = [1] * p
+    neg = ones[:-1] + [-1]
+    cases = {
+        "allgatherv-negative-count": ("allgatherv", lambda: (f(1), f(p), neg, None),
+                                      ValueError, r"^recvbuf counts: counts of rank \d+ is negative"),
+        "allgatherv-counts-per-rank": ("allgatherv", lambda: (f(1), f(p + 1), ones + [1], None),
+                                       ValueError, "one per rank needed"),
+        "allgatherv-block-past-end": ("allgatherv", lambda: (f(1), f(p), ones, [0] * (p - 1) + [p]),
+                                      ValueError, r"^recvbuf: the block of rank .* past the buffer"),
+        "allgatherv-sendbuf-count": ("allgatherv", lambda: (f(2), f(p), ones, None),
+                                     ValueError, r"^sendbuf has 2 elements but recvcounts\[\d+\] is 1"),
+        "allgatherv-dtype": ("allgatherv", lambda: (f(1, np.float64), f(p), ones, None),
+                             TypeError, "dtype"),
+        "allgatherv-readonly": ("allgatherv", lambda: (f(1), ReadOnly(f(p)), ones, None),
+                                ValueError, "read-only"),
+        "allgatherv-aliased": ("allgatherv", lambda: (Alias(0, 1), Alias(0, p), ones, None),
+                               ValueError, "overlap; pass sendbuf=None"),
+        "allgatherv-algorithm": ("allgatherv", lambda: (f(1), f(p), ones, None, "ring"),
+                                 ValueError, r"^algorithm: 'ring' cannot run allgatherv on GPU"),
+        "gatherv-recvbuf-short": ("gatherv", lambda: (f(1), f(p - 1), ones, None, me),
+                                  ValueError, r"^recvbuf: the block of rank"),
+        "gatherv-sendbuf-count": ("gatherv", lambda: (f(3), f(p), ones, None, me),
+                                  ValueError, r"^sendbuf has 3 elements but recvcounts"),
+        "scatterv-sendbuf-short": ("scatterv", lambda: (f(p - 1), f(1), ones, None, me),
+                                   ValueError, r"^sendbuf: the block of rank"),
+        "scatterv-recvbuf-count": ("scatterv", lambda: (f(p), f(3), ones, None, me),
+                                   ValueError, r"^recvbuf has 3 elements but sendcounts"),
+        "alltoallv-in-place": ("alltoallv", lambda: (None, ones, None, f(p), ones, None),
+                               ValueError, "no in-place form"),
+        "alltoallv-self-count": ("alltoallv", lambda: (f(p), ones, None, f(p + 1),
+                                                       [2 if j == me else 1 for j in range(p)], None),
+                                 ValueError, r"sends itself 1 elements .* receives 2"),
+        "alltoallv-send-past-end": ("alltoallv", lambda: (f(p - 1), ones, None, f(p), ones, None),
+                                    ValueError, r"^sendbuf: the block of rank"),
+        "reduce_scatterv-sum": ("reduce_scatterv", lambda: (f(p + 1), f(1), ones, al.SUM),
+                                ValueError, r"^sendbuf has \d+ elements but the recvcounts add up"),
+        "reduce_scatterv-recvbuf-short": ("reduce_scatterv", lambda: (f(2 * p), f(1), [2] * p, al.SUM),
+                                          ValueError, r"^recvbuf is too short: 1 elements, needs 2"),
+        "reduce_scatterv-int-avg": ("reduce_scatterv", lambda: (f(p, np.int32), f(1, np.int32), ones, al.AVG),
+                                    TypeError, "op: AVG is not defined"),
+        "reduce_scatterv-band": ("reduce_scatterv", lambda: (f(p, np.int32), f(1, np.int32), ones, al.BAND),
+                                 TypeError, "NCCL has no BAND"),
+        "reduce_scatterv-int16": ("reduce_scatterv", lambda: (f(p, np.int16), f(1, np.int16), ones, al.SUM),
+                                  TypeError, "not an NCCL datatype"),
+        "reduce_scatterv-readonly-in-place": ("reduce_scatterv", lambda: (ReadOnly(f(p)), None, ones, al.SUM),
+                                              ValueError, "read-only"),
+        "reduce_scatterv-algorithm": ("reduce_scatterv", lambda: (f(p), f(1), ones, al.SUM, "shm"),
+                                      ValueError, r"^algorithm: 'shm' cannot run reduce_scatter"),
+        "scan": ("scan", lambda: (f(4), f(4), al.SUM), al.UnavailableError,
+                 r"^Scan on GPU buffers: NCCL has no prefix reduction"),
+        "exscan": ("exscan", lambda: (f(4), None, al.MAX), al.UnavailableError,
+                   r"^Exscan on GPU buffers: .* call Exscan on the host arrays"),
+        "recv-any-source": ("recv", lambda: (f(4), ANY, 0), al.UnavailableError,
+                            r"^source: GPU buffers go through NCCL, which cannot receive from ANY_SOURCE"),
+        "sendrecv-any-source": ("sendrecv", lambda: (f(4), me, f(4), ANY, 0), al.UnavailableError,
+                                "ANY_SOURCE"),
+        "recv-tag": ("recv", lambda: (f(4), me, 5), ValueError, "^tag: .* no tags"),
+    }
+    if p > 1:
+        cases["allgatherv-overlapping-blocks"] = (
+            "allgatherv", lambda: (f(1), f(p), ones, [0] * p), ValueError, "overlap")
+        cases["alltoallv-overlapping-recv"] = (
+            "alltoallv", lambda: (f(p), ones, None, f(p), ones, [0] * p), ValueError, "overlap")
+    return cases
+
+
+ANY = object()      # MPI.ANY_SOURCE in a case's arguments
+
+
+class ReadOnly:
+    def __init__(self, a):
+        self.a = a
+
+
+class Alias:
+    """Views of one shared array (start, length), for aliased-buffer cases."""
+    base = np.full(64, 3, np.float32)
+
+    def __init__(self, start, n):
+        self.a = self.base[start:start + n]
+
+
+def _as_device(v):
+    from mpi4py import MPI
+    if v is ANY:
+        return MPI.ANY_SOURCE
+    if isinstance(v, ReadOnly):
+        return ReadOnlyDeviceArray(v.a)
+    if isinstance(v, Alias):
+        return DeviceArray(v.a)
+    if isinstance(v, np.ndarray):
+        return DeviceArray(v)
+    return v
+
+
+@pytest.mark.parametrize("case", sorted(_v_bad_cases(4, 0)))
+def test_gpu_v_collectives_refuse_bad_input(bound, case):
+    """The GPU backend's v-collectives, Reduce_scatter with counts, Scan/Exscan and wildcard
+    receives: a clear error naming the argument, on every rank, before anything is enqueued;
+    the buffers are untouched and nothing is pending."""
+    comm, stream = bound
+    cases = _v_bad_cases(comm.size, comm.rank)
+    if case not in cases:
+        pytest.skip("needs two ranks")
+    method, build, exc, match = cases[case]
+    args, kw = build(), {}
+    if isinstance(args[-1], str):
+        args, kw = args[:-1], {"algorithm": args[-1]}
+    arrays = [a.a if isinstance(a, (ReadOnly, Alias)) else a for a in args]
+    before = [a.copy() for a in arrays if isinstance(a, np.ndarray)]
+    with pytest.raises(exc, match=match):
+        getattr(comm._gpu, method)(*[_as_device(a) for a in args], True, **kw)
+    after = [a for a in arrays if isinstance(a, np.ndarray)]
+    assert all(np.array_equal(a, b) for a, b in zip(after, before))
+    assert comm._state.pending == 0
+    assert stream.synchronize(timeout=60)
