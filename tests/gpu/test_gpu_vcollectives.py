@@ -314,6 +314,32 @@ def test_reduce_scatterv_in_place_overlapping_move(comm):
     ck.settle()
 
 
+def test_al_check_lets_matching_calls_run(comm, monkeypatch):
+    """With AL_CHECK=1 the v-collectives first agree over the control communicator; calls
+    whose ranks agree then run as without it."""
+    c, stream = comm
+    ck = Checks()
+    monkeypatch.setattr(c._gpu, "_check", True)
+    p, me = c.size, c.rank
+    counts = counts_of("uneven", p)
+    mine = payload("float32", np.dtype(np.float32), me, counts[me])
+    exp = np.concatenate(ragged(mine))
+    y = to_gpu(np.zeros(sum(counts), np.float32), stream)
+    run(c, stream, True, "allgatherv", to_gpu(mine, stream), y, counts, None)
+    ck.same(fetch(stream, y)[0], exp, "allgatherv under AL_CHECK")
+    y = to_gpu(np.zeros(sum(counts), np.float32), stream)
+    run(c, stream, False, "gatherv", to_gpu(mine, stream), y if me == 0 else None, counts, None, 0)
+    if me == 0:
+        ck.same(fetch(stream, y)[0], exp, "gatherv under AL_CHECK")
+    total = np.arange(sum(counts), dtype=np.float32)
+    x = to_gpu(total * (me + 1), stream)
+    run(c, stream, True, "reduce_scatterv", x, None, counts, al.SUM)
+    at = packed_displs(counts)[me]
+    ck.same(fetch(stream, x)[0][:counts[me]], total[at:at + counts[me]] * (p * (p + 1) // 2),
+            "reduce_scatterv under AL_CHECK")
+    ck.settle()
+
+
 # ----------------------------------------------------------------------------- what reaches NCCL
 def test_launches_are_grouped_peer_blocks_and_rooted_reduces(comm):
     """On the NCCL stand-in, which records every launch: Alltoallv is one group of byte sends

@@ -563,12 +563,15 @@ def _as_device(v):
     return v
 
 
+@pytest.mark.parametrize("check", [False, True], ids=["", "AL_CHECK"])
 @pytest.mark.parametrize("case", sorted(_v_bad_cases(4, 0)))
-def test_gpu_v_collectives_refuse_bad_input(bound, case):
+def test_gpu_v_collectives_refuse_bad_input(bound, case, check, monkeypatch):
     """The GPU backend's v-collectives, Reduce_scatter with counts, Scan/Exscan and wildcard
     receives: a clear error naming the argument, on every rank, before anything is enqueued;
-    the buffers are untouched and nothing is pending."""
+    the buffers are untouched and nothing is pending. With AL_CHECK the same (every rank
+    refuses, so each raises its own error after the agreement)."""
     comm, stream = bound
+    monkeypatch.setattr(comm._gpu, "_check", check)
     cases = _v_bad_cases(comm.size, comm.rank)
     if case not in cases:
         pytest.skip("needs two ranks")
@@ -584,3 +587,36 @@ def test_gpu_v_collectives_refuse_bad_input(bound, case):
     assert all(np.array_equal(a, b) for a, b in zip(after, before))
     assert comm._state.pending == 0
     assert stream.synchronize(timeout=60)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_al_check_stops_v_collectives_whose_ranks_disagree(bound, monkeypatch):
+    """AL_CHECK=1: the v-collectives agree over the control communicator before any NCCL call,
+    so calls that NCCL could never match fail on every rank (al.Error naming the ranks) instead
+    of hanging the streams: a rank whose sendbuf differs from the root's count, a root that
+    refuses its arguments, Reduce_scatter counts that differ between ranks. Buffers untouched."""
+    comm, stream = bound
+    monkeypatch.setattr(comm._gpu, "_check", True)
+    p, me, gpu = comm.size, comm.rank, comm._gpu
+    last = p - 1
+    x = np.full(3 if me == last else 1, 5.0, np.float32)       # the last rank sends 3, not 1
+    y = np.zeros(p, np.float32)
+    with pytest.raises(al.Error, match=rf"^gatherv: rank {last} sends 12 bytes to rank 0, which "
+                                       rf"expects 4 from it \(AL_CHECK"):
+        gpu.gatherv(DeviceArray(x), DeviceArray(y) if me == 0 else None, [1] * p, None, 0, True)
+    short = np.zeros(p - 1, np.float32)
+    x = np.ones(1, np.float32)
+    if me == 0:
+        with pytest.raises(ValueError, match="^recvbuf: the block of rank"):
+            gpu.gatherv(DeviceArray(x), DeviceArray(short), [1] * p, None, 0, True)
+    else:
+        with pytest.raises(al.Error, match=r"^gatherv: rank 0 refused its arguments \(ValueError: "
+                                           r"recvbuf: the block"):
+            gpu.gatherv(DeviceArray(x), None, None, None, 0, True)
+    counts = [1] * p if me else [2] + [1] * (p - 1)
+    s = np.ones(sum(counts), np.float32)
+    with pytest.raises(al.Error, match=r"^reduce_scatter: rank 1 calls with \(\(1, "):
+        gpu.reduce_scatterv(DeviceArray(s), DeviceArray(np.zeros(2, np.float32)), counts, al.SUM,
+                            True)
+    assert np.all(y == 0) and np.all(short == 0) and np.all(s == 1)
+    assert comm._state.pending == 0
