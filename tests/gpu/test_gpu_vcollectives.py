@@ -212,10 +212,10 @@ def test_scatterv(comm, place, dtype, pattern, form):
         source = payload(dtype, dt, root, extent)          # the root's sendbuf, known to all
         exp = source[d[c.rank]:d[c.rank] + counts[c.rank]]
         if c.rank != root:
-            y = to_gpu(placed(dt, counts[c.rank], []), stream)[:counts[c.rank]]
-            run(c, stream, blocking, "scatterv", None, y, None, None, root)
-            (out,) = fetch(stream, y)
-            ck.same(out, exp, what)
+            full = to_gpu(placed(dt, counts[c.rank], []), stream)
+            run(c, stream, blocking, "scatterv", None, full[:counts[c.rank]], None, None, root)
+            (out,) = fetch(stream, full)
+            ck.same(out, np.concatenate([exp, tail(dt)]), what)
             continue
         x = to_gpu(source, stream)
         if place == "inplace":
@@ -311,6 +311,48 @@ def test_reduce_scatterv_in_place_overlapping_move(comm):
     run(c, stream, True, "reduce_scatterv", x, None, counts, al.SUM)
     (out,) = fetch(stream, x)
     ck.same(out[:n], exp, f"in-place reduce_scatterv rank {c.rank}")
+    ck.settle()
+
+
+def test_nonblocking_v_collectives_in_flight_together(comm):
+    """Nonblocking Allgatherv, Alltoallv, Reduce_scatter with counts and Gatherv, all started
+    before any is waited for (on the internal stream, in call order), then al.Waitall; the bound
+    stream then sees every result."""
+    c, stream = comm
+    ck = Checks()
+    p, me = c.size, c.rank
+    counts = counts_of("uneven", p, salt=4)
+    matrix = [counts_of("uneven", p, salt=i + 5) for i in range(p)]
+    mine = payload("int32", np.dtype(np.int32), me, 64)
+    everyone = ragged(mine)
+    a_exp = np.concatenate([everyone[j][:counts[j]] for j in range(p)])
+    sd, rd = packed_displs(matrix[me]), packed_displs([matrix[i][me] for i in range(p)])
+    t_exp = np.concatenate([everyone[i][packed_displs(matrix[i])[me]:][:matrix[i][me]]
+                            for i in range(p)])
+    r_in = mine[:sum(counts)]
+    at = packed_displs(counts)[me]
+    r_exp = gather_inputs(r_in).sum(axis=0, dtype=np.int32)[at:at + counts[me]]
+    with stream:
+        a = to_gpu(np.zeros(sum(counts), np.int32), stream)
+        t = to_gpu(np.zeros(sum(matrix[i][me] for i in range(p)), np.int32), stream)
+        r = to_gpu(np.zeros(counts[me], np.int32), stream)
+        g = to_gpu(np.zeros(sum(counts), np.int32), stream)
+        x = to_gpu(mine, stream)
+        gpu = c._gpu
+        reqs = [gpu.allgatherv(x[:counts[me]], a, counts, None, False),
+                gpu.alltoallv(x[:sum(matrix[me])], matrix[me], sd, t,
+                              [matrix[i][me] for i in range(p)], rd, False),
+                gpu.reduce_scatterv(x[:sum(counts)], r, counts, al.SUM, False),
+                gpu.gatherv(x[:counts[me]], g if me == p - 1 else None, counts, None, p - 1,
+                            False)]
+        al.Waitall(reqs)
+    outs = fetch(stream, a, t, r, g, x)
+    ck.same(outs[0], a_exp, "Iallgatherv")
+    ck.same(outs[1], t_exp, "Ialltoallv")
+    ck.same(outs[2], r_exp, "Ireduce_scatter with counts")
+    if me == p - 1:
+        ck.same(outs[3], a_exp, "Igatherv")
+    ck.same(outs[4], mine, "sendbuf changed")
     ck.settle()
 
 
