@@ -15,9 +15,9 @@ complex128) move too. Every call runs blocking, then nonblocking (GpuRequest, wa
 import numpy as np
 import pytest
 
-from test_gpu import (NCCL_DTYPES, assert_reduced, assert_same, cast, comparable,
-                      expected_reduction, fetch, gather_inputs, need_cupy, np_dtype, payload,
-                      reduction_input, tail, to_gpu)
+from test_gpu import comm  # noqa: F401  (the fixture: a communicator bound to a CuPy stream)
+from test_gpu import (assert_reduced, assert_same, cast, comparable, expected_reduction, fetch,
+                      gather_inputs, np_dtype, payload, reduction_input, tail, to_gpu)
 
 import aluminum_py as al
 
@@ -29,17 +29,6 @@ FORMS = ["packed", "gaps"]
 FILL = 101          # initial value of outputs: no payload value equals it
 RS_CASES = [("SUM", "float32"), ("SUM", "int64"), ("PROD", "int32"), ("MIN", "uint8"),
             ("MAX", "float16"), ("AVG", "float64"), ("SUM", "bfloat16")]
-
-
-@pytest.fixture(scope="module")
-def comm(gpu_index):
-    need_cupy()
-    import cupy as cp
-    stream = cp.cuda.Stream(non_blocking=True)
-    c = al.Communicator(stream=stream)
-    yield c, stream
-    stream.synchronize()
-    c.Free()
 
 
 def counts_of(pattern: str, p: int, salt: int = 0) -> list:
@@ -124,6 +113,35 @@ def ragged(mine: np.ndarray) -> list:
 
 
 # ----------------------------------------------------------------------------- data movement
+def gathered(c, dtype: str, pattern: str, form: str, salt: int):
+    """A gather-like call's layout: (dtype, counts, displs or None, extent, displs, this rank's
+    block, the expected recvbuf with every rank's block placed)."""
+    dt = np_dtype(dtype)
+    counts = counts_of(pattern, c.size, salt)
+    displs, extent = displs_of(counts, form)
+    d = displs or packed_displs(counts)
+    mine = payload(dtype, dt, c.rank, counts[c.rank])
+    blocks = ragged(mine)
+    return dt, counts, displs, extent, d, mine, placed(dt, extent, [(d[j], blocks[j])
+                                                                    for j in range(c.size)])
+
+
+def into_recvbuf(c, stream, ck, blocking, method, place, layout, what, *root):
+    """`method` (allgatherv, gatherv at its root) into a fresh recvbuf, in place (sendbuf None,
+    this rank's block already in recvbuf) or from sendbuf (which must not change), checked."""
+    dt, counts, displs, extent, d, mine, exp = layout
+    if place == "inplace":
+        y = to_gpu(placed(dt, extent, [(d[c.rank], mine)]), stream)
+        run(c, stream, blocking, method, None, y, counts, displs, *root)
+        (out,) = fetch(stream, y)
+    else:
+        x, y = to_gpu(mine, stream), to_gpu(placed(dt, extent, []), stream)
+        run(c, stream, blocking, method, x, y, counts, displs, *root)
+        out, sent = fetch(stream, y, x)
+        ck.same(sent, mine, what + ": sendbuf changed")
+    ck.same(out, exp, what)
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("dtype", MOVE_DTYPES)
@@ -133,25 +151,11 @@ def test_allgatherv(comm, place, dtype, pattern, form):
     rank's block is already there."""
     c, stream = comm
     ck = Checks()
-    dt = np_dtype(dtype)
-    counts = counts_of(pattern, c.size)
-    displs, extent = displs_of(counts, form)
-    d = displs or packed_displs(counts)
-    mine = payload(dtype, dt, c.rank, counts[c.rank])
-    blocks = ragged(mine)
-    exp = placed(dt, extent, [(d[j], blocks[j]) for j in range(c.size)])
+    layout = gathered(c, dtype, pattern, form, salt=0)
     for blocking in (True, False):
-        what = f"allgatherv {place} blocking={blocking} {dtype} {pattern} {form} rank {c.rank}"
-        if place == "inplace":
-            y = to_gpu(placed(dt, extent, [(d[c.rank], mine)]), stream)
-            run(c, stream, blocking, "allgatherv", None, y, counts, displs)
-            (out,) = fetch(stream, y)
-        else:
-            x, y = to_gpu(mine, stream), to_gpu(placed(dt, extent, []), stream)
-            run(c, stream, blocking, "allgatherv", x, y, counts, displs)
-            out, sent = fetch(stream, y, x)
-            ck.same(sent, mine, what + ": sendbuf changed")
-        ck.same(out, exp, what)
+        into_recvbuf(c, stream, ck, blocking, "allgatherv", place, layout,
+                     f"allgatherv {place} blocking={blocking} {dtype} {pattern} {form} "
+                     f"rank {c.rank}")
     ck.settle()
 
 
@@ -164,32 +168,18 @@ def test_gatherv(comm, place, dtype, pattern, form):
     (sendbuf None) its block is already in recvbuf; recvbuf matters at the root only."""
     c, stream = comm
     ck = Checks()
-    dt = np_dtype(dtype)
-    counts = counts_of(pattern, c.size, salt=1)
-    displs, extent = displs_of(counts, form)
-    d = displs or packed_displs(counts)
-    mine = payload(dtype, dt, c.rank, counts[c.rank])
-    blocks = ragged(mine)
-    exp = placed(dt, extent, [(d[j], blocks[j]) for j in range(c.size)])
+    layout = gathered(c, dtype, pattern, form, salt=1)
+    mine = layout[5]
     for blocking, root in ((True, c.size - 1), (False, 0)):
         what = f"gatherv {place} root {root} blocking={blocking} {dtype} {pattern} {form} " \
                f"rank {c.rank}"
-        x = to_gpu(mine, stream)
-        if c.rank != root:
-            run(c, stream, blocking, "gatherv", x, None, None, None, root)
-            (sent,) = fetch(stream, x)
-            ck.same(sent, mine, what + ": sendbuf changed")
+        if c.rank == root:
+            into_recvbuf(c, stream, ck, blocking, "gatherv", place, layout, what, root)
             continue
-        if place == "inplace":
-            y = to_gpu(placed(dt, extent, [(d[root], mine)]), stream)
-            run(c, stream, blocking, "gatherv", None, y, counts, displs, root)
-            (out,) = fetch(stream, y)
-        else:
-            y = to_gpu(placed(dt, extent, []), stream)
-            run(c, stream, blocking, "gatherv", x, y, counts, displs, root)
-            out, sent = fetch(stream, y, x)
-            ck.same(sent, mine, what + ": sendbuf changed")
-        ck.same(out, exp, what)
+        x = to_gpu(mine, stream)
+        run(c, stream, blocking, "gatherv", x, None, None, None, root)
+        (sent,) = fetch(stream, x)
+        ck.same(sent, mine, what + ": sendbuf changed")
     ck.settle()
 
 
