@@ -475,9 +475,10 @@ class GpuBackend:
         NCCL matches sends with receives by order and expects the same size."""
         if not self._check:
             return plan()
+        self.usable(name)                   # before the control communicator: not freed
         try:
             out, failure = plan(), None
-        except (TypeError, ValueError, Error) as e:
+        except Exception as e:              # every rank must hear of it, or they would wait
             out, failure = None, e
         mine = (f"{type(failure).__name__}: {failure}" if failure is not None else None,
                 None if out is None else {peer: n for peer, _, n, _ in out[0]},
