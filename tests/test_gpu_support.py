@@ -71,8 +71,11 @@ def test_nccl_point_to_point_argument_rules():
     _nccl_p2p_args(0, 1, MPI.ANY_SOURCE)
     with pytest.raises(ValueError, match="^tag"):
         _nccl_p2p_args(3, 1, MPI.ANY_SOURCE)
-    with pytest.raises(ValueError, match="^source"):
+    with pytest.raises(al.UnavailableError, match="^source: .* cannot receive from ANY_SOURCE"):
         _nccl_p2p_args(0, MPI.ANY_SOURCE, MPI.ANY_SOURCE)
+    _nccl_p2p_args(MPI.ANY_TAG, 1, MPI.ANY_SOURCE, MPI.ANY_TAG)    # a receive: every tag matches
+    with pytest.raises(ValueError, match="^tag"):
+        _nccl_p2p_args(MPI.ANY_TAG, 1, MPI.ANY_SOURCE)                 # a send has no ANY_TAG
 
 
 def test_device_count_is_probed_once():

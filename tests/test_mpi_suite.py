@@ -155,8 +155,8 @@ def test_gpu_suite_on_standins(nranks):
     every GPU algorithm, written for CuPy) and tests/standin/test_nccl_path.py (what reaches
     NCCL: launch records, thread limits, nonblocking communicators) on the CUDA and NCCL
     stand-ins, with the CuPy stand-in as ``cupy`` (-p aluminum_py.testing.pytest_standins).
-    Four ranks run the NCCL-path file and the allreduce tests only: oversubscribed on two
-    cores, the whole suite takes minutes there."""
+    Four ranks run the NCCL-path file, the allreduce tests and the v-collectives' uneven
+    layouts only: oversubscribed on two cores, the whole suite takes minutes there."""
     from aluminum_py.testing import cuda_standin
     path = cuda_standin.path()
     env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_CUDA_LIBRARY=path,
@@ -168,7 +168,7 @@ def test_gpu_suite_on_standins(nranks):
             "-o", "console_output_style=classic"]
     if nranks > 2:
         args += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
-                       "(test_allreduce and float32)"]
+                       "(test_allreduce and float32) or (test_gpu_vcollectives and (uneven or launches))"]
     proc = run_suite(nranks, args, env, 1200)
     assert proc.returncode == 0, f"GPU suite on the stand-ins failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout

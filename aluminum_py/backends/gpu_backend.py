@@ -8,9 +8,10 @@ import time
 
 from mpi4py import MPI
 
-from .. import nccl, timeline, tuning
+from .. import config, nccl, timeline, tuning
 from ..algorithms import GPU_ALLREDUCE, GPU_CANDIDATES, REGISTRY
-from ..errors import Error, TimeoutError
+from ..buffers import MAX_COUNT, vlayout, vno_overlap
+from ..errors import Error, TimeoutError, UnavailableError
 from ..gpu import (GpuArray, GpuRequest, InFlight, _retain_if_abandoned, _retire_freed,
                    as_gpu_array, cuda_device, current_device, require_cuda, retire_later,
                    stream_handle)
@@ -44,7 +45,7 @@ class GpuBackend:
         self.rank, self.size, self.local_size = rank, size, topo.local_size
         self.topology = topo
         self._p2p = p2p_comm
-        self._any_source = MPI.ANY_SOURCE
+        self._any_source, self._any_tag = MPI.ANY_SOURCE, MPI.ANY_TAG
         self.stream = stream_handle(stream)
         self.device = device
         self._state = launcher.state        # the communicator's: the threading rule
@@ -56,6 +57,7 @@ class GpuBackend:
         self._nccl_pool: dict = {}
         self._ctl = None                    # control traffic (NCCL id, tuning data)
         self._unreported: list = []         # Requests of blocking host-transfer ops
+        self._check = config.check()        # AL_CHECK: v-collectives agree across ranks first
 
     def _arr(self, obj, name: str, writable: bool = False) -> GpuArray:
         """as_gpu_array with this backend's stream (DLPack producers sync to it); device memory
@@ -349,15 +351,18 @@ class GpuBackend:
                 self.device.memcpy(s.ptr, dst, nb, st)
         return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
 
-    def exchange(self, sends, recvs, blocking: bool, keep):
-        """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype)."""
+    def exchange(self, sends, recvs, blocking: bool, keep, copies=(), name: str = "exchange"):
+        """Grouped point-to-point: sends/recvs are lists of (peer, ptr, count, dtype); then
+        `copies`, (dst, src, nbytes) device copies on the same stream (a rank's own block)."""
         def launch(c, st):
             with nccl.group():
                 for peer, ptr, count, dt in sends:
                     c.send(ptr, count, dt, peer, st)
                 for peer, ptr, count, dt in recvs:
                     c.recv(ptr, count, dt, peer, st)
-        return self._run("exchange", blocking, keep, launch)
+            for dst, src, nbytes in copies:
+                self.device.memcpy(dst, src, nbytes, st)
+        return self._run(name, blocking, keep, launch)
 
     def alltoall(self, sendbuf, recvbuf, blocking: bool):
         s, r = self._pair(sendbuf, recvbuf)
@@ -403,7 +408,7 @@ class GpuBackend:
         return self.exchange([(dest, b.ptr, b.count, str(b.dtype))], [], blocking, (b.obj,))
 
     def recv(self, buf, source: int, tag, blocking: bool):
-        nccl_rules.check_p2p_args(tag, source, self._any_source)
+        nccl_rules.check_p2p_args(tag, source, self._any_source, self._any_tag)
         b = self._arr(buf, "buf", writable=True)
         return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
 
@@ -416,3 +421,262 @@ class GpuBackend:
             raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
         return self.exchange([(dest, s.ptr, s.count, str(s.dtype))],
                              [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))
+
+    # ==================================================================================
+    # Issue 29: Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
+    # Scan and Exscan on GPU buffers (docs/gpu.md, "V-collectives, Alltoallv and Scan on GPU
+    # buffers"). NCCL has no v-collectives: the data-moving ones are grouped ncclSend/ncclRecv
+    # of each peer's block and a device copy of the rank's own block, as NCCL users write them
+    # (PyTorch's all_to_all_single with splits, Horovod's alltoall). Blocks travel as bytes, so
+    # every dtype moves. Counts and displacements are the user's values, checked here by
+    # buffers.vlayout against the GPU buffer's element count before anything is enqueued; zero
+    # counts enqueue nothing for that peer (both sides know the count).
+
+    # "auto" and "nccl" run NCCL; "mpi", the default algorithm of the host forms of
+    # Reduce_scatter and Alltoall (and what al.algorithms(<collective>, "cuda") lists), has
+    # always run NCCL for GPU buffers.
+    V_ALGORITHMS = ("auto", "nccl", "mpi")
+
+    def _v_algorithm(self, name: str, algorithm) -> None:
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        if algorithm not in self.V_ALGORITHMS:
+            raise ValueError(f"algorithm: {algorithm!r} cannot run {name} on GPU buffers, which "
+                             f"take {', '.join(map(repr, self.V_ALGORITHMS))} (NCCL)")
+
+    @staticmethod
+    def _apart(s: GpuArray, r: GpuArray, in_place: str = "sendbuf=None") -> None:
+        """Send and receive buffers of one dtype that share no memory (MPI forbids aliasing
+        them; the in-place form is `in_place`)."""
+        if r.dtype != s.dtype:
+            raise TypeError(f"recvbuf has dtype {r.dtype} but sendbuf has dtype {s.dtype}")
+        if s.nbytes and r.nbytes and s.ptr < r.ptr + r.nbytes and r.ptr < s.ptr + s.nbytes:
+            raise ValueError(f"sendbuf and recvbuf overlap; pass {in_place} for the in-place form")
+
+    def _own_count(self, buf: GpuArray, name: str, want: int, counts: str) -> None:
+        """This rank's own block: `buf` (`name`) must hold exactly counts[rank] elements."""
+        if buf.count != want:
+            raise ValueError(f"{name} has {buf.count} elements but {counts}[{self.rank}] is "
+                             f"{want} (the count of this rank's block)")
+
+    def _exchange_v(self, name: str, algorithm, plan, blocking: bool):
+        """Run `plan` (this rank's checks; returns its sends, receives, device copies and what
+        to keep), agreed with the other ranks under AL_CHECK (_agreed), then enqueue it."""
+        def checked():
+            self._v_algorithm(name, algorithm)
+            return plan() + (None,)
+        sends, recvs, copies, keep, _ = self._agreed(name, checked)
+        return self.exchange(sends, recvs, blocking, keep, copies, name)
+
+    def _agreed(self, name: str, plan):
+        """`plan()` -> (sends, recvs, copies, keep, signature), after this rank's checks. With
+        AL_CHECK=1, every rank's outcome is gathered on the control communicator first, so that
+        no rank enqueues NCCL calls that its peers will never match: a rank's refused
+        arguments fail every rank (al.Error naming it there), and so do sends whose byte counts
+        differ from what their receivers expect, or signatures (Reduce_scatter's counts, dtype
+        and op) that differ between ranks. Without it (the default) nothing crosses ranks here:
+        NCCL matches sends with receives by order and expects the same size."""
+        if not self._check:
+            return plan()
+        self.usable(name)                   # before the control communicator: not freed
+        try:
+            out, failure = plan(), None
+        except Exception as e:              # every rank must hear of it, or they would wait
+            out, failure = None, e
+        mine = (f"{type(failure).__name__}: {failure}" if failure is not None else None,
+                None if out is None else {peer: n for peer, _, n, _ in out[0]},
+                None if out is None else {peer: n for peer, _, n, _ in out[1]},
+                None if out is None else out[4])
+        everyone = self.control_comm().allgather(mine)
+        if failure is not None:
+            raise failure
+        for i, (why, _, _, _) in enumerate(everyone):
+            if why is not None:
+                raise Error(f"{name}: rank {i} refused its arguments ({why}); AL_CHECK stopped "
+                            f"every rank before NCCL")
+        for i, (_, sends, _, sig) in enumerate(everyone):
+            if sig != everyone[0][3]:
+                raise Error(f"{name}: rank {i} calls with {sig} but rank 0 with "
+                            f"{everyone[0][3]} (AL_CHECK)")
+            for j in range(self.size):
+                n, m = sends.get(j, 0), everyone[j][2].get(i, 0)
+                if n != m:
+                    raise Error(f"{name}: rank {i} sends {n} bytes to rank {j}, which expects "
+                                f"{m} from it (AL_CHECK: the counts differ between ranks)")
+        return out
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking: bool, algorithm="auto"):
+        """Every rank's block into recvbuf (block j: counts[j] elements at displs[j]); sendbuf
+        None: in place, this rank's block already at displs[rank]."""
+        def plan():
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            c, d = vlayout(counts, displs, self.size, "recvbuf", r.count)
+            vno_overlap(c, d, "recvbuf")
+            me, es = self.rank, r.dtype.itemsize
+            mine, nb = r.ptr + int(d[me]) * es, int(c[me]) * es
+            src, copies, keep = mine, [], (r.obj,)
+            if sendbuf is not None:
+                s = self._arr(sendbuf, "sendbuf")
+                self._apart(s, r)
+                self._own_count(s, "sendbuf", int(c[me]), "recvcounts")
+                src, keep = s.ptr, (s.obj, r.obj)
+                if nb:
+                    copies.append((mine, s.ptr, nb))
+            peers = [j for j in range(self.size) if j != me]
+            sends = [(j, src, nb, "uint8") for j in peers if nb]
+            recvs = [(j, r.ptr + int(d[j]) * es, int(c[j]) * es, "uint8") for j in peers if c[j]]
+            return sends, recvs, copies, keep
+        return self._exchange_v("allgatherv", algorithm, plan, blocking)
+
+    def gatherv(self, sendbuf, recvbuf, counts, displs, root: int, blocking: bool,
+                algorithm="auto"):
+        """sendbuf of every rank into the root's recvbuf (rank j's block: counts[j] elements at
+        displs[j]); recvbuf, counts, displs matter at the root only; at the root sendbuf None
+        is in place. A rank's sendbuf must hold the root's counts[rank] elements (NCCL sends
+        are matched by size; checked across ranks only with AL_CHECK=1)."""
+        def plan():
+            if self.rank != root:
+                s = self._arr(sendbuf, "sendbuf")
+                return [(root, s.ptr, s.nbytes, "uint8")] if s.nbytes else [], [], [], (s.obj,)
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            c, d = vlayout(counts, displs, self.size, "recvbuf", r.count)
+            vno_overlap(c, d, "recvbuf")
+            es, copies, keep = r.dtype.itemsize, [], (r.obj,)
+            if sendbuf is not None:
+                s = self._arr(sendbuf, "sendbuf")
+                self._apart(s, r)
+                self._own_count(s, "sendbuf", int(c[root]), "recvcounts")
+                keep = (s.obj, r.obj)
+                if s.nbytes:
+                    copies.append((r.ptr + int(d[root]) * es, s.ptr, s.nbytes))
+            recvs = [(j, r.ptr + int(d[j]) * es, int(c[j]) * es, "uint8")
+                     for j in range(self.size) if j != root and c[j]]
+            return [], recvs, copies, keep
+        return self._exchange_v("gatherv", algorithm, plan, blocking)
+
+    def scatterv(self, sendbuf, recvbuf, counts, displs, root: int, blocking: bool,
+                 algorithm="auto"):
+        """Block j of the root's sendbuf (counts[j] elements at displs[j]) into rank j's
+        recvbuf; sendbuf, counts, displs matter at the root only; at the root recvbuf None is
+        in place. A rank's recvbuf must hold the root's counts[rank] elements (checked across
+        ranks only with AL_CHECK=1)."""
+        def plan():
+            if self.rank != root:
+                r = self._arr(recvbuf, "recvbuf", writable=True)
+                return [], [(root, r.ptr, r.nbytes, "uint8")] if r.nbytes else [], [], (r.obj,)
+            s = self._arr(sendbuf, "sendbuf")
+            c, d = vlayout(counts, displs, self.size, "sendbuf", s.count)
+            es, copies, keep = s.dtype.itemsize, [], (s.obj,)
+            if recvbuf is not None:
+                r = self._arr(recvbuf, "recvbuf", writable=True)
+                self._apart(s, r, in_place="recvbuf=None at the root")
+                self._own_count(r, "recvbuf", int(c[root]), "sendcounts")
+                keep = (s.obj, r.obj)
+                if r.nbytes:
+                    copies.append((r.ptr, s.ptr + int(d[root]) * es, r.nbytes))
+            sends = [(j, s.ptr + int(d[j]) * es, int(c[j]) * es, "uint8")
+                     for j in range(self.size) if j != root and c[j]]
+            return sends, [], copies, keep
+        return self._exchange_v("scatterv", algorithm, plan, blocking)
+
+    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking: bool,
+                  algorithm="auto"):
+        """Block j of sendbuf (scounts[j] elements at sdispls[j]) to rank j, rank j's block
+        into recvbuf (rcounts[j] at rdispls[j]). No in-place form (ValueError)."""
+        def plan():
+            if sendbuf is None:
+                raise ValueError("sendbuf: GPU Alltoallv has no in-place form (NCCL would send "
+                                 "each block from the memory it receives into, and the library "
+                                 "holds no device scratch memory); pass a separate sendbuf")
+            s = self._arr(sendbuf, "sendbuf")
+            r = self._arr(recvbuf, "recvbuf", writable=True)
+            self._apart(s, r, in_place="a separate sendbuf (GPU Alltoallv has no in-place form)")
+            sc, sd = vlayout(scounts, sdispls, self.size, "sendbuf", s.count)
+            rc, rd = vlayout(rcounts, rdispls, self.size, "recvbuf", r.count)
+            vno_overlap(rc, rd, "recvbuf")
+            me, es = self.rank, s.dtype.itemsize
+            if sc[me] != rc[me]:
+                raise ValueError(f"recvbuf counts: this rank sends itself {int(sc[me])} elements "
+                                 f"(sendcounts[{me}]) but receives {int(rc[me])} "
+                                 f"(recvcounts[{me}])")
+            copies = [(r.ptr + int(rd[me]) * es, s.ptr + int(sd[me]) * es, int(sc[me]) * es)] \
+                if sc[me] else []
+            peers = [j for j in range(self.size) if j != me]
+            sends = [(j, s.ptr + int(sd[j]) * es, int(sc[j]) * es, "uint8")
+                     for j in peers if sc[j]]
+            recvs = [(j, r.ptr + int(rd[j]) * es, int(rc[j]) * es, "uint8")
+                     for j in peers if rc[j]]
+            return sends, recvs, copies, (s.obj, r.obj)
+        return self._exchange_v("alltoallv", algorithm, plan, blocking)
+
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool, algorithm="auto"):
+        """MPI_Reduce_scatter: sendbuf holds sum(counts) elements, block i (counts[i]
+        elements, in rank order) reduced over the ranks into rank i's recvbuf; recvbuf None:
+        in place, the result in the first counts[rank] elements of sendbuf.
+
+        NCCL's ReduceScatter has equal blocks only. This is one ncclReduce per rank (rooted
+        there) inside one group, as PyTorch's ProcessGroupNCCL runs a reduce_scatter of uneven
+        tensors: each rank sends about sum(counts) elements, needs no scratch memory, and the
+        group lets NCCL run the reductions concurrently. An ncclAllReduce of the whole buffer
+        and a copy would move about twice the data (2(p-1)/p of it) and need a device buffer
+        of sum(counts) elements for the out-of-place form."""
+        def plan():
+            self._v_algorithm("reduce_scatter", algorithm)
+            s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+            c, d = vlayout(counts, None, self.size, "recvbuf", MAX_COUNT)
+            total, me = int(c.sum()), self.rank
+            if total != s.count:
+                raise ValueError(f"sendbuf has {s.count} elements but the recvcounts add up to "
+                                 f"{total} (sendbuf holds recvcounts[i] elements for each rank "
+                                 f"i, in rank order)")
+            r = s
+            if recvbuf is not None:
+                r = self._arr(recvbuf, "recvbuf", writable=True)
+                self._apart(s, r)
+                if r.count < c[me]:
+                    raise ValueError(f"recvbuf is too short: {r.count} elements, needs "
+                                     f"{int(c[me])} (recvcounts[{me}])")
+            rop = op if isinstance(op, Op) else as_op(op)
+            check_op(rop, DTYPE_CODES[s.dtype][0], s.dtype)
+            nccl_op = nccl_rules.op_name(rop)
+            nccl._dtype(str(s.dtype))       # TypeError before the group: not an NCCL datatype
+            return [], [], [], (s, r, c, d, nccl_op), (tuple(int(v) for v in c), str(s.dtype),
+                                                       rop.name)
+        _, _, _, (s, r, c, d, nccl_op), _ = self._agreed("reduce_scatter", plan)
+        me, dt, es = self.rank, str(s.dtype), s.dtype.itemsize
+        blocks = [(j, s.ptr + int(d[j]) * es, int(c[j])) for j in range(self.size) if c[j]]
+
+        def launch(comm, st):
+            with nccl.group():
+                for j, src, n in blocks:    # the receive pointer matters at the root only
+                    comm.reduce(src, r.ptr if j == me and r is not s else src, n, dt, nccl_op,
+                                j, st)
+            if r is s:                      # in place: the result moves to the front
+                self._move_down(s.ptr, s.ptr + int(d[me]) * es, int(c[me]) * es, st)
+        return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
+
+    def _move_down(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Move `nbytes` from `src` down to `dst` < `src` on `stream`. Device copies may not
+        overlap: where the ranges do, the move is ascending copies of (src - dst) bytes, each
+        reading what no earlier one wrote (one copy for layouts with counts[rank] <= the
+        elements before this rank's block; the library holds no device scratch memory)."""
+        gap = src - dst
+        if not nbytes or not gap:
+            return
+        for at in range(0, nbytes, gap):
+            self.device.memcpy(dst + at, src + at, min(gap, nbytes - at), stream)
+
+    def _no_scan(self, name: str) -> None:
+        self.usable(name.lower())
+        raise UnavailableError(f"{name} on GPU buffers: NCCL has no prefix reduction and there "
+                               f"is no host-transfer {name}; copy the data to host memory (e.g. "
+                               f"cupy.asnumpy, tensor.cpu()) and call {name} on the host "
+                               f"arrays")
+
+    def scan(self, sendbuf, recvbuf, op, blocking: bool, algorithm="auto"):
+        """Unavailable: aluminum_py.UnavailableError, on every rank before anything runs."""
+        self._no_scan("Scan")
+
+    def exscan(self, sendbuf, recvbuf, op, blocking: bool, algorithm="auto"):
+        """Unavailable: aluminum_py.UnavailableError, on every rank before anything runs."""
+        self._no_scan("Exscan")

@@ -4,6 +4,7 @@ and the communicator's blocking mode."""
 from __future__ import annotations
 
 from .. import config
+from ..errors import UnavailableError
 
 # al.Op name -> NCCL's name of the reduction
 NCCL_OP_NAMES = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
@@ -17,12 +18,16 @@ def op_name(op, hint: str = "") -> str:
     return name
 
 
-def check_p2p_args(tag, source, any_source) -> None:
-    """GPU point-to-point goes through NCCL, which has neither tags nor wildcard sources."""
-    if tag != 0:
+def check_p2p_args(tag, source, any_source, any_tag=None) -> None:
+    """GPU point-to-point goes through NCCL, which has neither tags nor wildcard sources: `tag`
+    must be 0, or, for a receive, `any_tag` (every NCCL message matches it); a receive from
+    `any_source` is unavailable (an NCCL receive names its peer; nothing can probe for one)."""
+    if tag != 0 and (any_tag is None or tag != any_tag):
         raise ValueError("tag: GPU buffers go through NCCL, which has no tags; use tag=0")
     if source is not None and source == any_source:
-        raise ValueError("source: NCCL cannot receive from MPI.ANY_SOURCE; name the rank")
+        raise UnavailableError("source: GPU buffers go through NCCL, which cannot receive from "
+                               "ANY_SOURCE (each receive names its peer, and Probe cannot see "
+                               "NCCL messages); pass the sending rank as source")
 
 
 def cta_limits(min_ctas, max_ctas) -> tuple[int | None, int | None]:

@@ -458,3 +458,169 @@ def test_shm_collectives_refuse_gpu_buffers(bound):
         with pytest.raises(ValueError, match="'shm' is for host buffers; .* is a GPU buffer"):
             call()
     assert comm._state.pending == 0
+
+
+# ---------------------------------------------------------------- issue 29: v-collectives
+def _v_bad_cases(p: int, me: int):
+    """name -> (method, args builder, exception, match): bad calls of the GPU backend's
+    v-collectives, refused before anything is enqueued (and so before NCCL, which this CPU
+    device does not have). Every rank gets the same error: the rooted calls use root=me, so
+    every rank checks what a root checks."""
+    def f(n, dt=np.float32):
+        return np.full(n, 3, dt)
+    ones = [1] * p
+    neg = ones[:-1] + [-1]
+    i32, i16 = np.int32, np.int16
+    rs, ag, at = "reduce_scatterv", "allgatherv", "alltoallv"
+    cases = {
+        "allgatherv-negative-count": (ag, lambda: (f(1), f(p), neg, None), ValueError,
+                                      r"^recvbuf counts: counts of rank \d+ is negative"),
+        "allgatherv-counts-per-rank": (ag, lambda: (f(1), f(p + 1), ones + [1], None),
+                                       ValueError, "one per rank needed"),
+        "allgatherv-block-past-end": (ag, lambda: (f(1), f(p), ones, [0] * (p - 1) + [p]),
+                                      ValueError, r"^recvbuf: the block of rank .* past the"),
+        "allgatherv-sendbuf-count": (ag, lambda: (f(2), f(p), ones, None), ValueError,
+                                     r"^sendbuf has 2 elements but recvcounts\[\d+\] is 1"),
+        "allgatherv-dtype": (ag, lambda: (f(1, np.float64), f(p), ones, None), TypeError,
+                             "dtype"),
+        "allgatherv-readonly": (ag, lambda: (f(1), ReadOnly(f(p)), ones, None), ValueError,
+                                "read-only"),
+        "allgatherv-aliased": (ag, lambda: (Alias(0, 1), Alias(0, p), ones, None), ValueError,
+                               "overlap; pass sendbuf=None"),
+        "allgatherv-algorithm": (ag, lambda: (f(1), f(p), ones, None, "ring"), ValueError,
+                                 r"^algorithm: 'ring' cannot run allgatherv on GPU"),
+        "gatherv-recvbuf-short": ("gatherv", lambda: (f(1), f(p - 1), ones, None, me),
+                                  ValueError, r"^recvbuf: the block of rank"),
+        "gatherv-sendbuf-count": ("gatherv", lambda: (f(3), f(p), ones, None, me),
+                                  ValueError, r"^sendbuf has 3 elements but recvcounts"),
+        "scatterv-sendbuf-short": ("scatterv", lambda: (f(p - 1), f(1), ones, None, me),
+                                   ValueError, r"^sendbuf: the block of rank"),
+        "scatterv-recvbuf-count": ("scatterv", lambda: (f(p), f(3), ones, None, me),
+                                   ValueError, r"^recvbuf has 3 elements but sendcounts"),
+        "alltoallv-in-place": (at, lambda: (None, ones, None, f(p), ones, None), ValueError,
+                               "no in-place form"),
+        "alltoallv-self-count": (at, lambda: (f(p), ones, None, f(p + 1),
+                                              [2 if j == me else 1 for j in range(p)], None),
+                                 ValueError, r"sends itself 1 elements .* receives 2"),
+        "alltoallv-send-past-end": (at, lambda: (f(p - 1), ones, None, f(p), ones, None),
+                                    ValueError, r"^sendbuf: the block of rank"),
+        "reduce_scatterv-sum": (rs, lambda: (f(p + 1), f(1), ones, al.SUM), ValueError,
+                                r"^sendbuf has \d+ elements but the recvcounts add up"),
+        "reduce_scatterv-recvbuf-short": (rs, lambda: (f(2 * p), f(1), [2] * p, al.SUM),
+                                          ValueError,
+                                          r"^recvbuf is too short: 1 elements, needs 2"),
+        "reduce_scatterv-int-avg": (rs, lambda: (f(p, i32), f(1, i32), ones, al.AVG),
+                                    TypeError, "op: AVG is not defined"),
+        "reduce_scatterv-band": (rs, lambda: (f(p, i32), f(1, i32), ones, al.BAND),
+                                 TypeError, "NCCL has no BAND"),
+        "reduce_scatterv-int16": (rs, lambda: (f(p, i16), f(1, i16), ones, al.SUM),
+                                  TypeError, "not an NCCL datatype"),
+        "reduce_scatterv-readonly-in-place": (rs, lambda: (ReadOnly(f(p)), None, ones, al.SUM),
+                                              ValueError, "read-only"),
+        "reduce_scatterv-algorithm": (rs, lambda: (f(p), f(1), ones, al.SUM, "shm"),
+                                      ValueError, r"^algorithm: 'shm' cannot run reduce_scatter"),
+        "scan": ("scan", lambda: (f(4), f(4), al.SUM), al.UnavailableError,
+                 r"^Scan on GPU buffers: NCCL has no prefix reduction"),
+        "exscan": ("exscan", lambda: (f(4), None, al.MAX), al.UnavailableError,
+                   r"^Exscan on GPU buffers: .* call Exscan on the host arrays"),
+        "recv-any-source": ("recv", lambda: (f(4), ANY, 0), al.UnavailableError,
+                            r"^source: GPU buffers go through NCCL, which cannot receive from "
+                            r"ANY_SOURCE"),
+        "sendrecv-any-source": ("sendrecv", lambda: (f(4), me, f(4), ANY, 0),
+                                al.UnavailableError, "ANY_SOURCE"),
+        "recv-tag": ("recv", lambda: (f(4), me, 5), ValueError, "^tag: .* no tags"),
+    }
+    if p > 1:
+        cases["allgatherv-overlapping-blocks"] = (
+            "allgatherv", lambda: (f(1), f(p), ones, [0] * p), ValueError, "overlap")
+        cases["alltoallv-overlapping-recv"] = (
+            "alltoallv", lambda: (f(p), ones, None, f(p), ones, [0] * p), ValueError, "overlap")
+    return cases
+
+
+ANY = object()      # MPI.ANY_SOURCE in a case's arguments
+
+
+class ReadOnly:
+    def __init__(self, a):
+        self.a = a
+
+
+class Alias:
+    """Views of one shared array (start, length), for aliased-buffer cases."""
+    base = np.full(64, 3, np.float32)
+
+    def __init__(self, start, n):
+        self.a = self.base[start:start + n]
+
+
+def _as_device(v):
+    from mpi4py import MPI
+    if v is ANY:
+        return MPI.ANY_SOURCE
+    if isinstance(v, ReadOnly):
+        return ReadOnlyDeviceArray(v.a)
+    if isinstance(v, Alias):
+        return DeviceArray(v.a)
+    if isinstance(v, np.ndarray):
+        return DeviceArray(v)
+    return v
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["", "AL_CHECK"])
+@pytest.mark.parametrize("case", sorted(_v_bad_cases(4, 0)))
+def test_gpu_v_collectives_refuse_bad_input(bound, case, check, monkeypatch):
+    """The GPU backend's v-collectives, Reduce_scatter with counts, Scan/Exscan and wildcard
+    receives: a clear error naming the argument, on every rank, before anything is enqueued;
+    the buffers are untouched and nothing is pending. With AL_CHECK the same (every rank
+    refuses, so each raises its own error after the agreement)."""
+    comm, stream = bound
+    monkeypatch.setattr(comm._gpu, "_check", check)
+    cases = _v_bad_cases(comm.size, comm.rank)
+    if case not in cases:
+        pytest.skip("needs two ranks")
+    method, build, exc, match = cases[case]
+    args, kw = build(), {}
+    if isinstance(args[-1], str):
+        args, kw = args[:-1], {"algorithm": args[-1]}
+    arrays = [a.a if isinstance(a, (ReadOnly, Alias)) else a for a in args]
+    before = [a.copy() for a in arrays if isinstance(a, np.ndarray)]
+    with pytest.raises(exc, match=match):
+        getattr(comm._gpu, method)(*[_as_device(a) for a in args], True, **kw)
+    after = [a for a in arrays if isinstance(a, np.ndarray)]
+    assert all(np.array_equal(a, b) for a, b in zip(after, before))
+    assert comm._state.pending == 0
+    assert stream.synchronize(timeout=60)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_al_check_stops_v_collectives_whose_ranks_disagree(bound, monkeypatch):
+    """AL_CHECK=1: the v-collectives agree over the control communicator before any NCCL call,
+    so calls that NCCL could never match fail on every rank (al.Error naming the ranks) instead
+    of hanging the streams: a rank whose sendbuf differs from the root's count, a root that
+    refuses its arguments, Reduce_scatter counts that differ between ranks. Buffers untouched."""
+    comm, stream = bound
+    monkeypatch.setattr(comm._gpu, "_check", True)
+    p, me, gpu = comm.size, comm.rank, comm._gpu
+    last = p - 1
+    x = np.full(3 if me == last else 1, 5.0, np.float32)       # the last rank sends 3, not 1
+    y = np.zeros(p, np.float32)
+    with pytest.raises(al.Error, match=rf"^gatherv: rank {last} sends 12 bytes to rank 0, which "
+                                       rf"expects 4 from it \(AL_CHECK"):
+        gpu.gatherv(DeviceArray(x), DeviceArray(y) if me == 0 else None, [1] * p, None, 0, True)
+    short = np.zeros(p - 1, np.float32)
+    x = np.ones(1, np.float32)
+    if me == 0:
+        with pytest.raises(ValueError, match="^recvbuf: the block of rank"):
+            gpu.gatherv(DeviceArray(x), DeviceArray(short), [1] * p, None, 0, True)
+    else:
+        with pytest.raises(al.Error, match=r"^gatherv: rank 0 refused its arguments \(ValueError: "
+                                           r"recvbuf: the block"):
+            gpu.gatherv(DeviceArray(x), None, None, None, 0, True)
+    counts = [1] * p if me else [2] + [1] * (p - 1)
+    s = np.ones(sum(counts), np.float32)
+    with pytest.raises(al.Error, match=r"^reduce_scatter: rank 1 calls with \(\(1, "):
+        gpu.reduce_scatterv(DeviceArray(s), DeviceArray(np.zeros(2, np.float32)), counts, al.SUM,
+                            True)
+    assert np.all(y == 0) and np.all(short == 0) and np.all(s == 1)
+    assert comm._state.pending == 0
