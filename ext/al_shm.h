@@ -872,9 +872,10 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
  *     peer's part out to its block.  end = max(counts): no round when every count is 0.
  *     The fingerprint's count is a hash of the counts: ranks whose counts differ fail.
  *   alltoall (count: elements per block, block j of sendbuf goes to rank j, block j of recvbuf
- *     comes from rank j): as reduce_scatter's rounds, `chunk` elements of each of the p blocks
- *     (p * chunk fit one slot, block j at j * chunk), and I copy block `me` of every peer's
- *     slot out; my own block straight from sendbuf.
+ *     comes from rank j): as reduce_scatter's rounds, `chunk` elements of each of the p - 1
+ *     blocks for my peers ((p - 1) * chunk fit one slot; the block for rank j at q * chunk,
+ *     q = al_shm_a2a_pos(me, j): my own block takes no room), and I copy my block of every
+ *     peer's slot out; my own block goes straight from sendbuf to recvbuf.
  *   alltoallv (scounts[j], sdispls[j]: what I send rank j; rcounts[j], rdispls[j]: what I
  *     receive from it): the counts are not known across ranks (I know my row and column of
  *     the matrix only), so my slot starts with a header of p + 1 int32 words, written in round
@@ -882,8 +883,8 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
  *     peer sends it what it expects (header word `me` == rcounts[peer], else
  *     AL_SHM_COUNTS_DIFFER: the op fails and breaks the segment, as a fingerprint mismatch) and
  *     takes end = the largest maximum, the same on every rank.  Round 0 always runs (it carries
- *     the header); the data follows the header, a fixed `cap` elements per block (block j at
- *     header + j * cap).  A block shorter than the round's range moves nothing in it.
+ *     the header); the data follows the header, a fixed `cap` elements per block (the block for
+ *     rank j at header + al_shm_a2a_pos(me, j) * cap).  A block shorter than the round's range moves nothing in it.
  *   In place (alltoall(v): sendbuf == recvbuf with recvbuf's layout, which MPI requires): a
  *     round copies elements [off, off + stride) of my blocks into my slot before it overwrites
  *     the same elements of recvbuf with the peers' data, and later rounds read only later
@@ -894,13 +895,17 @@ enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 /* The bytes of an alltoallv slot's header (p + 1 int32 words, whole cache lines). */
 static inline size_t al_shm_vheader(int p) { return al_shm_round_up((size_t)(p + 1) * 4, 64); }
 
-/* Elements of each block per round of an alltoall(v) of `esize`-byte elements (alltoallv:
- * after the header); 0 when not one fits (the entry refuses such an op). */
+/* Elements of each block per round of an alltoall(v) of `esize`-byte elements (p - 1 blocks
+ * a slot; alltoallv: after the header); 0 when not one fits (the entry refuses such an op). */
 static inline int64_t al_shm_a2a_cap(const al_shm_seg *s, int esize, int v) {
   size_t room = s->slot - (v ? al_shm_vheader(s->size) : 0);
   if (v && al_shm_vheader(s->size) >= s->slot) return 0;
-  return (int64_t)(room / (size_t)s->size / (size_t)esize);
+  return (int64_t)(room / (size_t)(s->size > 1 ? s->size - 1 : 1) / (size_t)esize);
 }
+
+/* Where writer i's slot holds its block for rank j (j != i): the p - 1 blocks in rank order,
+ * i's own left out. */
+static inline int al_shm_a2a_pos(int i, int j) { return j < i ? j : j - 1; }
 
 /* A 31-bit hash of p counts (FNV-1a): the fingerprint's count of an allgatherv. */
 static inline int64_t al_shm_counts_hash(const int *c, int p) {
@@ -983,7 +988,7 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     off = o->off;
     /* uniform blocks: `chunk` elements of each, packed (inline when small); v: `cap` apart */
     c = v ? cap : (n - off < cap ? n - off : cap);
-    span = v ? s->slot : (size_t)(c * es) * (size_t)p;
+    span = v ? s->slot : (size_t)(c * es) * (size_t)(p - 1);
     o->chunk = c;
     if (o->phase == AL_SHM_PUT) {
       char *mine;
@@ -1003,7 +1008,7 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
         const char *from = a->sbuf + ((v ? (int64_t)a->sdispls[j] : j * n) + off) * es;
         if (m == 0) continue;
         if (j != me)
-          memcpy(mine + j * c * es, from, (size_t)(m * es));
+          memcpy(mine + al_shm_a2a_pos(me, j) * c * es, from, (size_t)(m * es));
         else if (!inplace)
           memcpy(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es, from,
                  (size_t)(m * es));
@@ -1032,7 +1037,8 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
       int64_t m = v ? al_shm_part(a->rcounts[j], off, cap) : c;
       if (j == me || m == 0) continue;
       memcpy(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es,
-             al_shm_data(s, b, j, span) + hdr + me * c * es, (size_t)(m * es));
+             al_shm_data(s, b, j, span) + hdr + al_shm_a2a_pos(j, me) * c * es,
+             (size_t)(m * es));
     }
     s->round++;
     o->off += c;

@@ -154,7 +154,7 @@ def shm_alltoallv(Launcher L, s, scounts, sdispls, r, rcounts, rdispls, bint blo
             vself_counts(scounts, rcounts, me)                            # raises
     if p > 1 and al_shm_a2a_cap(L.state.c.shm, esize, 1) < 1:
         _hooks.fail(f"algorithm 'shm': Alltoallv of {esize}-byte elements on {p} ranks needs "
-                    f"slots of at least {al_shm_vheader(p) + p * esize} bytes, the segment's "
+                    f"slots of at least {al_shm_vheader(p) + (p - 1) * esize} bytes, the segment's "
                     f"have {L.state.c.shm.slot} (AL_SHM_SLOT_BYTES); use algorithm='mpi'")
     o = L.shm_op(K_SHM_ALLTOALLV, "alltoallv/shm",
                  rp if sb is None else <char*>cnp.PyArray_DATA(sb), rp,
