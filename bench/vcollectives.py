@@ -3,12 +3,14 @@ own calls (mpi4py's ``Allgatherv`` / ``Alltoallv``) and ours with ``algorithm="m
 run, interleaved.
 
     mpiexec -n 2 python bench/vcollectives.py [--sizes 4,1KiB,64KiB,1MiB,16MiB] [--dtype float32]
-        [--collectives allgatherv,alltoallv] [--direct] [--nonblocking] [--iters N] [--json FILE]
+        [--collectives allgatherv,alltoallv,alltoall] [--direct] [--nonblocking] [--iters N]
+        [--json FILE]
 
 The bytes of a row are what one rank sends (on average over the ranks): Allgatherv's rank j
 contributes `w_j` times that, with weights 1, 2, ..., p scaled to average 1 (so recvbuf is about
 p times larger); Alltoallv's rank i sends rank j `w_((i + j) % p)` times bytes / p (uneven
-splits: every rank's row and column hold every weight once).  The contenders:
+splits: every rank's row and column hold every weight once); Alltoall (not in the default
+list) sends bytes / p to every rank.  The contenders:
   * mpi4py: the MPI library's MPI_Allgatherv / MPI_Alltoallv through mpi4py;
   * shm, mpi, auto: ``comm.Allgatherv([...], algorithm=...)`` / ``comm.Alltoallv`` (the public
     calls; a contender this build lacks is left out with its reason);
@@ -75,6 +77,15 @@ def contenders(comm, native, what, nbytes, dtype, direct, nonblocking):
                                                   -1.0)
         public = getattr(comm, "Iallgatherv" if nonblocking else "Allgatherv", None)
         public_call = (lambda a, r: public(send, [r, (cnt, dsp)], algorithm=a))
+    elif what == "alltoall":
+        m = max(n // p, 1)                        # elements per block
+        send = np.repeat(np.arange(1, p + 1, dtype=dtype) * (me + 1), m)
+        recvs = {k: np.zeros(p * m, dtype) for k in ("mpi4py", "shm", "mpi", "auto")}
+        out["mpi4py"] = ((lambda: native.Ialltoall(send, recvs["mpi4py"]).Wait()) if nonblocking
+                         else (lambda: native.Alltoall(send, recvs["mpi4py"])), recvs["mpi4py"])
+        entry = lambda r, b: _core.shm_alltoall(comm._host.launcher, send, r, m, b, -1.0)  # noqa: E731
+        public = getattr(comm, "Ialltoall" if nonblocking else "Alltoall", None)
+        public_call = (lambda a, r: public(send, r, algorithm=a))
     else:
         scounts = alltoallv_counts(p, n, me)
         rcounts = [alltoallv_counts(p, n, j)[me] for j in range(p)]
@@ -92,8 +103,8 @@ def contenders(comm, native, what, nbytes, dtype, direct, nonblocking):
         public_call = (lambda a, r: public([send, (sc, sd)], [r, (rc, rd)], algorithm=a))
     if direct:
         r = recvs["shm"]
-        out["shm"] = ((lambda: entry(r, False).Wait()) if nonblocking else (lambda: entry(r, True)),
-                      r)
+        out["shm"] = ((lambda r=r: entry(r, False).Wait()) if nonblocking
+                      else (lambda r=r: entry(r, True)), r)
     for alg in (("mpi", "auto") if direct else ("shm", "mpi", "auto")):
         if public is None:
             skipped[alg] = f"this build has no Communicator.{what.capitalize()}"
