@@ -907,6 +907,13 @@ static inline int64_t al_shm_a2a_cap(const al_shm_seg *s, int esize, int v) {
  * i's own left out. */
 static inline int al_shm_a2a_pos(int i, int j) { return j < i ? j : j - 1; }
 
+/* al_shm_arrived, counting an unsuccessful poll (1: arrived, 0: wait, < 0: a mismatch). */
+static inline int al_shm_arrive_poll(const al_shm_seg *s, al_shm_op *o, int b) {
+  int rc = al_shm_arrived(s, o, b);
+  if (rc == 0) o->polls++;
+  return rc;
+}
+
 /* A 31-bit hash of p counts (FNV-1a): the fingerprint's count of an allgatherv. */
 static inline int64_t al_shm_counts_hash(const int *c, int p) {
   uint64_t h = 1469598103934665603ULL;
@@ -958,11 +965,8 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
-    if ((rc = al_shm_arrived(s, o, b)) != 1) {
-      if (rc < 0) return rc;
-      o->polls++;
-      return 0;
-    }
+    if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
+      return rc;
     s->owed = 0;
     for (j = 0; j < p; j++) {
       if (j == me || (c = al_shm_part(a->rcounts[j], off, cap)) == 0) continue;
@@ -1016,11 +1020,8 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
-    if ((rc = al_shm_arrived(s, o, b)) != 1) {
-      if (rc < 0) return rc;
-      o->polls++;
-      return 0;
-    }
+    if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
+      return rc;
     s->owed = 0;
     if (v && off == 0) {             /* the headers: the counts agree, and where the rounds end */
       for (j = 0; j < p; j++) {
