@@ -184,3 +184,46 @@ def model_choice(p: int, nbytes: int, params=None, shm: ShmCost | None = None) -
     "shm" only with `shm`, and last)."""
     times = model_times(p, nbytes, params, shm)
     return min(times, key=times.get)
+
+
+# ---- "auto" of Allgatherv, Alltoall and Alltoallv (issue 29): the shared-memory transport where
+# it measured faster than the MPI library's call (bench/vcollectives.py; docs/performance.md,
+# "Allgatherv and Alltoallv over the segment").
+
+SHM_VCOLLECTIVES = ("allgatherv", "alltoall", "alltoallv")
+SHM_ALLTOALL_MAX_BYTES = 1 << 20     # Alltoall: "shm" up to this many bytes sent per rank
+
+
+def shm_preferred(collective: str, nbytes_per_rank: int, size: int) -> bool:
+    """Whether ``algorithm="auto"`` runs `collective` ("allgatherv", "alltoall" or "alltoallv")
+    over the communicator's shared-memory segment rather than the MPI library's call: the
+    measured speed only (the caller uses "shm" where the communicator has a segment, or one rank).
+
+    Every rank must make the same choice (the two paths do not talk to each other), so the
+    arguments must be the same on every rank: `size` the communicator's, `nbytes_per_rank` the
+    bytes each rank sends on average: Allgatherv ``sum(counts) * itemsize // size``, Alltoall
+    ``size * count * itemsize`` (count per block). An Alltoallv's sizes are known to no rank whole
+    (each sees its own row and column of the count matrix), so its choice ignores
+    `nbytes_per_rank`.
+
+    The figures it rests on (bench/results/issue29_vcollectives_{2,4}ranks.txt: float32, MPICH
+    5.0.2, 2 and 4 ranks on a 2-core machine at load 9-11, so 4 ranks are oversubscribed; shm
+    time / mpi4py time of the same run, medians of the max over ranks, interleaved; three runs
+    each, their geometric mean per size):
+      * Allgatherv (uneven counts): 0.14x-0.69x at every size from 4 B to 16 MiB per rank, no
+        single run above 0.93x: always "shm".
+      * Alltoall: 0.34x-0.84x up to 1 MiB per rank; at 4 MiB 0.75x (2 ranks) and 1.02x (4); at
+        16 MiB 1.23x and 1.47x: "shm" up to SHM_ALLTOALL_MAX_BYTES.
+      * Alltoallv (uneven splits): 2 ranks 0.23x-0.81x at every size; 4 ranks 0.66x-0.78x from
+        64 B to 256 KiB, 1.13x-1.62x from 1 to 16 MiB (over the whole sweep about even, 0.96x);
+        at 4 B on 4 ranks every count is 0 and MPICH returns at once, while the segment's
+        round 0 still synchronises (10x-129x of MPICH's microsecond there, on oversubscribed
+        cores). As the size cannot count, "shm" at every size.
+    One rank: "shm" (a local copy, no MPI call).
+    """
+    if collective not in SHM_VCOLLECTIVES:
+        raise ValueError(f"collective: expected one of {', '.join(map(repr, SHM_VCOLLECTIVES))}, "
+                         f"got {collective!r}")
+    if size <= 1 or collective in ("allgatherv", "alltoallv"):
+        return True
+    return nbytes_per_rank <= SHM_ALLTOALL_MAX_BYTES

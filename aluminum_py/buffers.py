@@ -191,3 +191,12 @@ def vno_overlap(counts: np.ndarray, displs: np.ndarray, name: str) -> None:
                              f"receive layout writes each element once)")
         if displs[i] + counts[i] > end:
             end, prev = int(displs[i]) + int(counts[i]), int(i)
+
+
+def vself_counts(sendcounts, recvcounts, rank: int) -> None:
+    """Raise unless this rank's block to itself has one size on both sides of an Alltoallv
+    (sendcounts[rank] == recvcounts[rank]: MPI requires it; a mismatch would truncate)."""
+    s, r = int(sendcounts[rank]), int(recvcounts[rank])
+    if s != r:
+        raise ValueError(f"sendbuf counts: sendcounts[{rank}] is {s} but recvcounts[{rank}] is "
+                         f"{r}: what a rank sends itself must be what it receives from itself")

@@ -32,6 +32,7 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_PUT, AL_SHM_WAIT_IN, AL_SHM_WAIT_OUT, AL_SHM_END, AL_SHM_MAX_RANKS
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
+        AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
     ctypedef struct al_shm_seg:
         char* base
         size_t len
@@ -45,6 +46,7 @@ cdef extern from "al_shm.h" nogil:
         int waiting
         long polls
         uint64_t fp, theirs
+        int64_t end
     ctypedef struct al_shm_args:
         int dtype, rop, esize
         const char* sbuf
@@ -52,6 +54,10 @@ cdef extern from "al_shm.h" nogil:
         int64_t count
         double avg_div
         int coll, root
+        const int* scounts
+        const int* sdispls
+        const int* rcounts
+        const int* rdispls
     size_t al_shm_bytes(int size, size_t slot)
     int al_shm_header_check(const char* p, size_t len, int size, size_t slot, uint64_t nonce,
                             const char* what, char* err, size_t errlen)
@@ -70,6 +76,11 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     void al_shm_coll_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_coll_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    void al_shm_v_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    int al_shm_allgatherv_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    int al_shm_alltoall_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
+    int64_t al_shm_a2a_cap(const al_shm_seg*, int esize, int v)
+    size_t al_shm_vheader(int p)
     void al_shm_mark_broken(al_shm_seg*)
     void al_shm_mark_broken_why(al_shm_seg*, int why)
     int al_shm_broken_by(const al_shm_seg*)

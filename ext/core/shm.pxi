@@ -13,6 +13,12 @@ cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
     a.avg_div = op.result.avg_div if op.result.avg_in_steps else 0.0
     a.coll = op.kind - K_SHM_ALLREDUCE     # 0: allreduce, else AL_SHM_ALLGATHER ... (al_shm.h)
     a.root = op.mpi.root
+    if op.kind >= K_SHM_ALLGATHERV:        # the v-collectives (shm_vcollectives.pxi)
+        a.coll = AL_SHM_ALLGATHERV + op.kind - K_SHM_ALLGATHERV
+        a.scounts = op.v.scounts
+        a.sdispls = op.v.sdispls
+        a.rcounts = op.v.rcounts
+        a.rdispls = op.v.rdispls
 
 def set_shm_stream_bytes(size_t nbytes):
     """"shm" allreduces of at least `nbytes` write recvbuf with streaming stores (al_shm.h;
@@ -38,7 +44,7 @@ cdef int shm_broken(al_op* op) noexcept nogil:
 # names for the fingerprints' message (al_reduce.h's codes; al_shm.h's collective numbers)
 cdef const char* g_dtype_names[16]
 cdef const char* g_op_names[16]
-cdef const char* g_coll_names[5]
+cdef const char* g_coll_names[8]
 for _i, _n in enumerate((b"int8", b"int16", b"int32", b"int64", b"uint8", b"uint16", b"uint32",
                          b"uint64", b"float16", b"bfloat16", b"float32", b"float64",
                          b"complex64", b"complex128", b"?", b"?")):
@@ -46,7 +52,8 @@ for _i, _n in enumerate((b"int8", b"int16", b"int32", b"int64", b"uint8", b"uint
 for _i, _n in enumerate((b"SUM", b"PROD", b"MIN", b"MAX", b"LAND", b"LOR", b"LXOR", b"BAND",
                          b"BOR", b"BXOR", b"AVG", b"?", b"?", b"?", b"?", b"?")):
     g_op_names[_i] = _n
-for _i, _n in enumerate((b"Allreduce", b"Allgather", b"Bcast", b"Reduce_scatter", b"Barrier")):
+for _i, _n in enumerate((b"Allreduce", b"Allgather", b"Bcast", b"Reduce_scatter", b"Barrier",
+                         b"Allgatherv", b"Alltoall", b"Alltoallv")):
     g_coll_names[_i] = _n
 
 cdef int fp_describe(uint64_t fp, char* out, size_t n) noexcept nogil:
@@ -56,8 +63,12 @@ cdef int fp_describe(uint64_t fp, char* out, size_t n) noexcept nogil:
     cdef int64_t count
     cdef long number
     al_shm_fp_unpack(fp, &coll, &dtype, &rop, &root, &count, &number)
-    if coll > 4:
-        return snprintf(out, n, "an unknown op (fingerprint %llx)", <unsigned long long>fp)
+    if coll == AL_SHM_ALLGATHERV:
+        return snprintf(out, n, "%s(counts #%llx, %s, call #%ld)", g_coll_names[coll],
+                        <long long>count, g_dtype_names[dtype], number)
+    if coll == AL_SHM_ALLTOALLV:
+        return snprintf(out, n, "%s(%s, call #%ld)", g_coll_names[coll], g_dtype_names[dtype],
+                        number)
     if coll == 4:
         return snprintf(out, n, "%s(call #%ld)", g_coll_names[coll], number)
     if coll == 0 or coll == 3:
@@ -94,6 +105,10 @@ cdef int shm_step(al_op* op) noexcept nogil:
     shm_args(op, &a)
     if a.coll == 0:
         rc = al_shm_allreduce_advance(op.comm.shm, &op.shm, &a)
+    elif a.coll == AL_SHM_ALLGATHERV:
+        rc = al_shm_allgatherv_advance(op.comm.shm, &op.shm, &a)
+    elif a.coll >= AL_SHM_ALLTOALL:
+        rc = al_shm_alltoall_advance(op.comm.shm, &op.shm, &a)
     else:
         rc = al_shm_coll_advance(op.comm.shm, &op.shm, &a)
     if rc == 0 and shm_broken(op):
@@ -102,6 +117,8 @@ cdef int shm_step(al_op* op) noexcept nogil:
         return 0
     if rc == AL_SHM_MISMATCH:
         return shm_mismatch(op)
+    if rc == AL_SHM_COUNTS_DIFFER:
+        return shm_counts_differ(op)           # shm_vcollectives.pxi
     if rc < 0:
         op.err = -1
         snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
@@ -148,6 +165,8 @@ cdef int shm_alone(al_op* op) noexcept nogil:
 
 cdef int shm_start(al_op* op) noexcept nogil:
     cdef al_shm_args a
+    if op.comm.size == 1 and op.kind >= K_SHM_ALLGATHERV:
+        return shm_v_alone(op)            # shm_vcollectives.pxi
     if op.comm.size == 1:                 # nothing to exchange (and no segment)
         return shm_alone(op)
     if op.kind == K_SHM_REDUCE_SCATTER:
@@ -157,6 +176,8 @@ cdef int shm_start(al_op* op) noexcept nogil:
     shm_args(op, &a)
     if a.coll == 0:
         al_shm_allreduce_begin(op.comm.shm, &op.shm, &a)
+    elif a.coll >= AL_SHM_ALLGATHERV:
+        al_shm_v_begin(op.comm.shm, &op.shm, &a)
     else:
         al_shm_coll_begin(op.comm.shm, &op.shm, &a)
     return shm_step(op)
@@ -197,6 +218,9 @@ cdef str shm_describe(al_op* op):
            if (s.phase in (1, 2) or settling) and s.waiting < op.comm.size else "")
     how = (f"{'split' if s.split else 'symmetric'} protocol, " if op.kind == K_SHM_ALLREDUCE
            else "")
+    if op.kind >= K_SHM_ALLGATHERV:        # rounds over blocks of per-rank sizes
+        upto = f"{s.end}" if s.end >= 0 else "(round 0 tells)"
+        return f"elements {s.off}..{s.off + s.chunk} of each block, up to {upto}: {what}{who}"
     return f"{how}elements {s.off}..{s.off + s.chunk} of {op.count}: {what}{who}"
 
 
