@@ -191,3 +191,25 @@ def vno_overlap(counts: np.ndarray, displs: np.ndarray, name: str) -> None:
                              f"receive layout writes each element once)")
         if displs[i] + counts[i] > end:
             end, prev = int(displs[i]) + int(counts[i]), int(i)
+
+
+def unless_in_place(buf):
+    """None for an in-place marker (None or MPI.IN_PLACE), else `buf`: how the Communicator's
+    v-collectives pass "in place" on to a backend."""
+    if buf is None:
+        return None
+    from mpi4py import MPI
+    return None if buf is MPI.IN_PLACE else buf
+
+
+def vsame_count(arr: np.ndarray, n: int, name: str, what: str) -> None:
+    """Raise unless `arr` holds exactly `n` elements, the count `what` gives for it (a rank's
+    own message must match its own block of the layout, as MPI requires)."""
+    if arr.size != n:
+        raise ValueError(f"{name}: {arr.size} elements, but {what} is {n}; they must be equal")
+
+
+def not_vlayout(values, name: str, size: int) -> None:
+    """The native v-collective entries take what vlayout returns; anything else is refused."""
+    raise TypeError(f"{name}: expected an int32 array of {size} entries from buffers.vlayout, "
+                    f"got {type(values).__name__}")

@@ -45,4 +45,5 @@ include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
 include "core/nativeop.pxi"         # class NativeOp, make_op
 include "core/launcher.pxi"         # class Launcher: the allreduce fast path
+include "core/vcollectives.pxi"     # the v-collectives: one MPI pass-through op each
 include "core/hier_shm.pxi"         # hierarchical over the nodes' segments: one op, phases in turn
