@@ -217,7 +217,7 @@ def test_alltoallv(comm, dtype, pattern):
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("dtype", ["int32", "float32", "float64", "complex64", "int8"])
+@pytest.mark.parametrize("dtype", ["int32", "float32", "float64", "complex64", "int8", "float16"])
 def test_reduce_scatter_with_counts(comm, dtype, pattern):
     p, r = comm.size, comm.rank
     c = counts_of(pattern, p)
