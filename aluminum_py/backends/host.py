@@ -517,8 +517,10 @@ class HostBackend:
             row[at] = n
         return row
 
-    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
-        self._v_algorithm("allgatherv", algorithm)
+    def _v_gathered(self, sendbuf, recvbuf, counts, displs, what: str):
+        """The arguments of a gather into a v-layout (Allgatherv; Gatherv at the root): sendbuf
+        (None: in place) holding exactly this rank's count, recvbuf and its checked layout
+        (counts, displs), sharing no memory. Returns (s, r, counts, displs)."""
         s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)
         if s is not None:
@@ -526,10 +528,15 @@ class HostBackend:
         rc, rd = vlayout(counts, displs, self.size, "recvbuf", r.size)
         vno_overlap(rc, rd, "recvbuf")
         if s is not None:
-            vsame_count(s, int(rc[self.rank]), "sendbuf", f"recvcounts[{self.rank}] (this rank's "
-                        f"block)")
-            no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
-                       "in-place Allgatherv")
+            vsame_count(s, int(rc[self.rank]), "sendbuf", f"recvcounts[{self.rank}] (this "
+                        f"rank's block)")
+            no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) for an "
+                       f"in-place {what}")
+        return s, r, rc, rd
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
+        self._v_algorithm("allgatherv", algorithm)
+        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
         self._v_expect("allgatherv", self._v_rows(int(rc[self.rank])), rc)
         return _core.allgatherv(self.launcher, s, r, rc, rd, blocking,
                                 config.hang_timeout_native())
@@ -545,16 +552,7 @@ class HostBackend:
             self._v_expect("gatherv", self._v_rows(s.size, root), self._v_rows(at=root))
             return _core.gatherv(self.launcher, s, None, None, None, root, blocking,
                                  config.hang_timeout_native())
-        s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        if s is not None:
-            same_dtype(s, r, "sendbuf", "recvbuf")
-        rc, rd = vlayout(counts, displs, self.size, "recvbuf", r.size)
-        vno_overlap(rc, rd, "recvbuf")
-        if s is not None:
-            vsame_count(s, int(rc[root]), "sendbuf", f"recvcounts[{root}] (the root's block)")
-            no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) at the "
-                       "root for an in-place Gatherv")
+        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Gatherv at the root")
         self._v_expect("gatherv", self._v_rows(int(rc[root]), root), rc)
         return _core.gatherv(self.launcher, s, r, rc, rd, root, blocking,
                              config.hang_timeout_native())

@@ -76,6 +76,11 @@ def place(out, counts, displs, blocks):
     return out
 
 
+def gathered(rc, displs, n, dtype):
+    """Every rank's input of rc[i] elements at its block of a receive buffer of n elements."""
+    return place(np.full(n, FILL, dtype), rc, displs, [inp(i, c, dtype) for i, c in enumerate(rc)])
+
+
 def run(comm, blocking, name, *args, **kwargs):
     """comm.<name> blocking, or its I-form and Wait."""
     if blocking:
@@ -97,7 +102,7 @@ def test_allgatherv(comm, dtype, pattern):
     failures = []
     for blocking, gapped in MODES:
         displs, n = layout(rc, gapped)
-        expected = place(np.full(n, FILL, dtype), rc, displs, [inp(i, rc[i], dtype) for i in range(p)])
+        expected = gathered(rc, displs, n, dtype)
         for inplace in (False, True):
             out = np.full(n, FILL, dtype)
             send = inp(r, rc[r], dtype)
@@ -123,7 +128,7 @@ def test_gatherv(comm, dtype, pattern):
     for k, (blocking, gapped) in enumerate(MODES):
         root = k % p
         displs, n = layout(rc, gapped)
-        expected = place(np.full(n, FILL, dtype), rc, displs, [inp(i, rc[i], dtype) for i in range(p)])
+        expected = gathered(rc, displs, n, dtype)
         for inplace in (False, True):
             send = inp(r, rc[r], dtype)
             out = np.full(n, FILL, dtype)
@@ -298,7 +303,7 @@ def test_argument_forms(comm):
     p, r = comm.size, comm.rank
     c = (np.arange(p) % 2) + 1
     displs, n = layout(c, True)
-    want = place(np.full(n, FILL, np.float64), c, displs, [inp(i, c[i], "float64") for i in range(p)])
+    want = gathered(c, displs, n, "float64")
     forms = [lambda o: ((inp(r, c[r], "float64"), [o, c, displs]), {}),
              lambda o: ((inp(r, c[r], "float64"), [o, (c, displs)]), {}),
              lambda o: ((inp(r, c[r], "float64"), (o, list(c), tuple(displs))), {}),
