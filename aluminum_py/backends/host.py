@@ -501,13 +501,14 @@ class HostBackend:
             raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
         raise ValueError(f"algorithm: {what} takes 'auto' or 'mpi', got {algorithm!r}")
 
-    def _v_expect(self, kind: str, sends, recvs) -> None:
-        """AL_CHECK: what this rank sends to and receives from each rank in the coming
-        v-collective (-1: nothing MPI reads), compared across ranks before it starts
-        (check.CallChecker), so that a short message is caught as well as a truncation."""
+    def _v_expect(self, kind: str, rows) -> None:
+        """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
+        rank in the coming v-collective (-1: nothing MPI reads), compared across ranks before it
+        starts (check.CallChecker), so that a short message is caught as well as a truncation.
+        Built only under AL_CHECK."""
         checker = self.launcher.checker
         if checker is not None:
-            checker.expect_v(K[kind], sends, recvs)
+            checker.expect_v(K[kind], *rows())
 
     def _v_rows(self, n: int = -1, at: int | None = None):
         """A row of `size` ints, all `n`, or -1 except `n` at rank `at`."""
@@ -537,7 +538,7 @@ class HostBackend:
     def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
         self._v_algorithm("allgatherv", algorithm)
         s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
-        self._v_expect("allgatherv", self._v_rows(int(rc[self.rank])), rc)
+        self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
         return _core.allgatherv(self.launcher, s, r, rc, rd, blocking,
                                 config.hang_timeout_native())
 
@@ -549,11 +550,12 @@ class HostBackend:
                                 "form only)")
             s = as_array(sendbuf, "sendbuf")
             check_count(s.size, "sendbuf")
-            self._v_expect("gatherv", self._v_rows(s.size, root), self._v_rows(at=root))
+            self._v_expect("gatherv", lambda: (self._v_rows(s.size, root),
+                                               self._v_rows(at=root)))
             return _core.gatherv(self.launcher, s, None, None, None, root, blocking,
                                  config.hang_timeout_native())
         s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Gatherv at the root")
-        self._v_expect("gatherv", self._v_rows(int(rc[root]), root), rc)
+        self._v_expect("gatherv", lambda: (self._v_rows(int(rc[root]), root), rc))
         return _core.gatherv(self.launcher, s, r, rc, rd, root, blocking,
                              config.hang_timeout_native())
 
@@ -565,7 +567,8 @@ class HostBackend:
                                 "form only)")
             r = as_array(recvbuf, "recvbuf", writable=True)
             check_count(r.size, "recvbuf")
-            self._v_expect("scatterv", self._v_rows(at=root), self._v_rows(r.size, root))
+            self._v_expect("scatterv", lambda: (self._v_rows(at=root),
+                                                self._v_rows(r.size, root)))
             return _core.scatterv(self.launcher, None, r, None, None, root, blocking,
                                   config.hang_timeout_native())
         s = as_array(sendbuf, "sendbuf")
@@ -577,7 +580,7 @@ class HostBackend:
             at_least(r, int(sc[root]), "recvbuf", f"sendcounts[{root}] (the root's block)")
             no_overlap(s, r, "sendbuf", "recvbuf", "pass recvbuf=None (or MPI.IN_PLACE) at the "
                        "root for an in-place Scatterv")
-        self._v_expect("scatterv", sc, self._v_rows(int(sc[root]), root))
+        self._v_expect("scatterv", lambda: (sc, self._v_rows(int(sc[root]), root)))
         return _core.scatterv(self.launcher, s, r, sc, sd, root, blocking,
                               config.hang_timeout_native())
 
@@ -603,7 +606,7 @@ class HostBackend:
                                  f"be equal)")
             no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
                        "in-place Alltoallv")
-        self._v_expect("alltoallv", rc if sc is None else sc, rc)
+        self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
         return _core.alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
                                config.hang_timeout_native())
 
@@ -630,6 +633,7 @@ class HostBackend:
             at_least(r, int(c[self.rank]), "recvbuf", f"recvcounts[{self.rank}]")
             if no_partial_overlap(s, r, "sendbuf", "recvbuf"):
                 s, r = None, s           # the same start: in place, as the block form
-        self._v_expect("reduce_scatterv", c.astype("int64"), self._v_rows(int(c[self.rank])))
+        self._v_expect("reduce_scatterv", lambda: (c.astype("int64"),
+                                                   self._v_rows(int(c[self.rank]))))
         return _core.reduce_scatterv(self.launcher, s, r, c, op.code, blocking,
                                      config.hang_timeout_native())

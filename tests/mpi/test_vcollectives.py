@@ -268,7 +268,8 @@ def test_many_in_flight(comm):
         reqs, checks = [], []
         ag = np.full(int(c.sum()), FILL, np.float64)
         reqs.append(comm.Iallgatherv(inp(r, c[r], "float64"), [ag, c]))
-        checks.append(("allgatherv", ag, np.concatenate([inp(i, c[i], "float64") for i in range(p)])))
+        checks.append(("allgatherv", ag,
+                       np.concatenate([inp(i, c[i], "float64") for i in range(p)])))
         a2 = np.full(int(C[:, r].sum()), FILL, np.int32)
         reqs.append(comm.Ialltoallv([inp(r, int(C[r].sum()), "int32"), C[r]], [a2, C[:, r]]))
         checks.append(("alltoallv", a2, np.concatenate(
@@ -283,8 +284,8 @@ def test_many_in_flight(comm):
         if r == root:
             checks.append(("gatherv", gv, np.concatenate([inp(i, c[i], "int8") for i in range(p)])))
         sv = np.full(c[r], FILL, np.complex128)
-        reqs.append(comm.Iscatterv([inp(root, int(c.sum()), "complex128"), c] if r == root else None,
-                                   sv, root=root))
+        reqs.append(comm.Iscatterv([inp(root, int(c.sum()), "complex128"), c]
+                                   if r == root else None, sv, root=root))
         checks.append(("scatterv", sv, inp(root, int(c.sum()), "complex128")[packed(c)[r]:][:c[r]]))
         blk = np.full(2, FILL, np.float64)
         reqs.append(comm.Ireduce_scatter(np.arange(2.0 * p) + r, blk))
