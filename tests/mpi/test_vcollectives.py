@@ -139,8 +139,8 @@ def test_gatherv(comm, dtype, pattern):
             if inplace:
                 place(out, rc, displs, [send if i == r else np.full(rc[i], FILL, dtype)
                                         for i in range(p)])
-                run(comm, blocking, "Gatherv", MPI.IN_PLACE, out, root, recvcounts=rc,
-                    displs=displs)
+                run(comm, blocking, "Gatherv", MPI.IN_PLACE if blocking else None, out, root,
+                    recvcounts=rc, displs=displs)
             else:
                 run(comm, blocking, "Gatherv", send, [out, (rc, displs)] if gapped
                     else [out, rc], root)
@@ -169,7 +169,8 @@ def test_scatterv(comm, dtype, pattern):
                 continue
             send = source.copy()
             if inplace:
-                run(comm, blocking, "Scatterv", [send, sc, displs], None, root)
+                run(comm, blocking, "Scatterv", [send, sc, displs],
+                    MPI.IN_PLACE if blocking else None, root)
             else:
                 out = np.full(sc[r] + 2, FILL, dtype)       # longer: only sc[root] written
                 run(comm, blocking, "Scatterv", send, out, root, sendcounts=sc, displs=displs)
