@@ -318,6 +318,12 @@ def test_argument_forms(comm):
         args, kwargs = form(out)
         comm.Allgatherv(*args, algorithm=("auto", "mpi")[k % 2], **kwargs)
         failures += differences(f"form {k}", out, want)
+    # the request says what ran: "mpi" for "mpi"; "auto" may also choose "shm" (one node)
+    for alg, ran in (("mpi", ("mpi",)), ("auto", ("mpi", "shm"))):
+        req = comm.Iallgatherv(inp(r, c[r], "float64"), [np.empty(n), c, displs], algorithm=alg)
+        req.Wait(timeout=60)
+        if req.algorithm not in ran:
+            failures.append(f"{alg}: Request.algorithm is {req.algorithm!r}")
     # a bytearray receive buffer (bytes, uint8) and a memoryview send buffer
     raw = bytearray(int(c.sum()))
     comm.Allgatherv(memoryview(inp(r, c[r], "int8").view(np.uint8)), [raw, c])
