@@ -130,8 +130,15 @@ def _is_int(v) -> bool:
         return False
 
 
-def _int_list(values, name: str, size: int, what: str) -> np.ndarray:
-    """`values` as `size` ints of MPI's int range (an int32 array), else a clear error."""
+def _int_list(values, name: str, size: int, what: str) -> list:
+    """`values` as `size` Python ints of MPI's int range, else a clear error."""
+    if type(values) is np.ndarray and values.ndim == 1:
+        values = values.tolist()        # numpy ints as Python ints (a bool array stays bools)
+    if (type(values) is list or type(values) is tuple) and len(values) == size:
+        # the usual case, checked without a loop in Python: plain non-negative ints in range
+        if all(type(v) is int for v in values) and (
+                size == 0 or (min(values) >= 0 and max(values) <= MAX_COUNT)):
+            return list(values)
     if isinstance(values, (str, bytes)) or values is None:
         raise TypeError(f"{name}: expected a sequence of {size} int {what}, got "
                         f"{type(values).__name__}")
@@ -142,7 +149,7 @@ def _int_list(values, name: str, size: int, what: str) -> np.ndarray:
                         f"{type(values).__name__}") from None
     if len(seq) != size:
         raise ValueError(f"{name}: {len(seq)} {what} given, one per rank needed ({size})")
-    out = np.empty(size, dtype=np.int32)
+    out = []
     for i, v in enumerate(seq):
         if isinstance(v, (bool, np.bool_)) or not _is_int(v):
             raise TypeError(f"{name}: {what} of rank {i} is {v!r}, not an int")
@@ -151,7 +158,7 @@ def _int_list(values, name: str, size: int, what: str) -> np.ndarray:
             raise ValueError(f"{name}: {what} of rank {i} is negative ({v})")
         if v > MAX_COUNT:
             raise ValueError(f"{name}: {what} of rank {i} ({v}) exceeds 2**31-1")
-        out[i] = v
+        out.append(v)
     return out
 
 
@@ -159,38 +166,41 @@ def vlayout(counts, displs, size: int, name: str, elems: int):
     """Checked per-rank (counts, displs) of a v-message over a buffer of `elems` elements, as two
     int32 arrays of `size` entries. `displs` None: the blocks packed in rank order (the exclusive
     prefix sum of counts). Every block must lie inside the buffer; blocks may not overlap where
-    they are written (`elems` is the buffer's length; use vno_overlap for a receive side)."""
+    they are written (`elems` is the buffer's length; use vno_overlap for a receive side).
+    Python lists, not numpy, below: for the few ranks of a call numpy's per-call cost dominates."""
     c = _int_list(counts, f"{name} counts", size, "counts")
     if displs is None:
-        d = np.zeros(size, dtype=np.int64)
-        np.cumsum(c[:-1], out=d[1:])
-        if size and int(d[-1]) + int(c[-1]) > MAX_COUNT:
-            raise ValueError(f"{name} counts: their sum ({int(c.sum())}) exceeds 2**31-1")
-        d = d.astype(np.int32)
+        d, at = [], 0
+        for n in c:
+            d.append(at)
+            at += n
+        if at > MAX_COUNT and size:
+            raise ValueError(f"{name} counts: their sum ({at}) exceeds 2**31-1")
     else:
         d = _int_list(displs, f"{name} displs", size, "displacement")
-    ends = d.astype(np.int64) + c
     if size:
-        worst = int(np.argmax(ends))
-        if int(ends[worst]) > elems:
-            raise ValueError(f"{name}: the block of rank {worst} (displacement {int(d[worst])}, "
-                             f"count {int(c[worst])}) ends at element {int(ends[worst])}, past "
-                             f"the buffer's {elems} elements")
-    return c, d
+        ends = [x + n for x, n in zip(d, c)]
+        end = max(ends)
+        if end > elems:
+            worst = ends.index(end)
+            raise ValueError(f"{name}: the block of rank {worst} (displacement {d[worst]}, "
+                             f"count {c[worst]}) ends at element {end}, past the buffer's "
+                             f"{elems} elements")
+    return np.array(c, dtype=np.int32), np.array(d, dtype=np.int32)
 
 
 def vno_overlap(counts: np.ndarray, displs: np.ndarray, name: str) -> None:
     """Raise if two non-empty blocks of a receive layout overlap (each element is written once)."""
-    order = np.argsort(displs, kind="stable")
+    c, d = counts.tolist(), displs.tolist()
     end, prev = -1, -1
-    for i in order:
-        if counts[i] == 0:
+    for i in sorted(range(len(c)), key=d.__getitem__):      # stable: ties in rank order
+        if c[i] == 0:
             continue
-        if displs[i] < end:
-            raise ValueError(f"{name}: the blocks of ranks {prev} and {int(i)} overlap (a "
+        if d[i] < end:
+            raise ValueError(f"{name}: the blocks of ranks {prev} and {i} overlap (a "
                              f"receive layout writes each element once)")
-        if displs[i] + counts[i] > end:
-            end, prev = int(displs[i]) + int(counts[i]), int(i)
+        if d[i] + c[i] > end:
+            end, prev = d[i] + c[i], i
 
 
 def vself_counts(sendcounts, recvcounts, rank: int) -> None:
@@ -200,3 +210,25 @@ def vself_counts(sendcounts, recvcounts, rank: int) -> None:
     if s != r:
         raise ValueError(f"sendbuf counts: sendcounts[{rank}] is {s} but recvcounts[{rank}] is "
                          f"{r}: what a rank sends itself must be what it receives from itself")
+
+
+def unless_in_place(buf):
+    """None for an in-place marker (None or MPI.IN_PLACE), else `buf`: how the Communicator's
+    v-collectives pass "in place" on to a backend."""
+    if buf is None:
+        return None
+    from mpi4py import MPI
+    return None if buf is MPI.IN_PLACE else buf
+
+
+def vsame_count(arr: np.ndarray, n: int, name: str, what: str) -> None:
+    """Raise unless `arr` holds exactly `n` elements, the count `what` gives for it (a rank's
+    own message must match its own block of the layout, as MPI requires)."""
+    if arr.size != n:
+        raise ValueError(f"{name}: {arr.size} elements, but {what} is {n}; they must be equal")
+
+
+def not_vlayout(values, name: str, size: int) -> None:
+    """The native v-collective entries take what vlayout returns; anything else is refused."""
+    raise TypeError(f"{name}: expected an int32 array of {size} entries from buffers.vlayout, "
+                    f"got {type(values).__name__}")

@@ -17,6 +17,7 @@ from . import _core, config, timeline, topology
 from .backends.gpu_backend import GpuBackend
 from .backends.host import HostBackend, rank_arg
 from .backends.ht_enqueue import HostTransfer
+from .buffers import unless_in_place, vspec
 from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
 from .ops import SUM, Op, as_op
@@ -248,19 +249,28 @@ class Communicator:
         return self._shm_backend(sendbuf, "sendbuf", algorithm).reduce_scatter(
             sendbuf, recvbuf, op, blocking, algorithm)
 
-    def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> None:
+    def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
+                       recvcounts=None) -> None:
         """Block reduce-scatter: rank i gets block i (len(sendbuf)//size elements) of the
         reduction. recvbuf None: in place, the result lands in sendbuf[:len//size].
         algorithm: "mpi" (the MPI library's) or "shm" (the shared-memory transport: host
         buffers, ranks of one node; aluminum_py.UnavailableError otherwise); the same on every
-        rank. So for every collective below that takes it."""
+        rank. So for every collective below that takes it.
+        With per-rank counts (recvcounts=, or recvbuf as [buf, counts]): rank i gets
+        recvcounts[i] elements, sendbuf holds sum(recvcounts) (see _reduce_scatterv)."""
+        if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
+            self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, True, algorithm)
+            return
         if algorithm == "shm" and type(sendbuf) is _ndarray:
             self._shm_reduce_scatter(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
                                      True, config.hang_timeout_native())
             return
         self._reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
-    def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> Request:
+    def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
+                        recvcounts=None) -> Request:
+        if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
+            return self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, False, algorithm)
         if algorithm == "shm" and type(sendbuf) is _ndarray:
             return self._shm_reduce_scatter(sendbuf, recvbuf,
                                             op.code if type(op) is Op else as_op(op).code, False,
@@ -401,3 +411,103 @@ class Communicator:
 
     def Isendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> Request:
         return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False)
+
+    # ------------------------------------------------------------------ v-collectives
+    # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts (issue
+    # 29): mpi4py's argument forms ([buf, counts], [buf, counts, displs], [buf, (counts,
+    # displs)], or buf with the keywords) split once (buffers.vspec), MPI.IN_PLACE and None both
+    # mean in place; the backend of the first buffer given checks everything else.  Counts and
+    # displacements are in elements; displs None: the blocks packed in rank order.
+
+    def _vbackend(self, a, aname: str, b, bname: str):
+        """The backend of `a`, or of `b` where `a` is None (in place)."""
+        return self._backend_for(a, aname) if a is not None else self._backend_for(b, bname)
+
+    def _allgatherv(self, sendbuf, recvbuf, recvcounts, displs, algorithm, blocking):
+        rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
+        s = unless_in_place(sendbuf)
+        return self._vbackend(s, "sendbuf", rbuf, "recvbuf").allgatherv(
+            s, rbuf, counts, displs, blocking, algorithm=algorithm)
+
+    def Allgatherv(self, sendbuf, recvbuf, *, recvcounts=None, displs=None,
+                   algorithm: str = "auto") -> None:
+        """Every rank's sendbuf lands in every rank's recvbuf, rank i's block at displs[i]
+        with recvcounts[i] elements (recvbuf: buf, [buf, counts] or [buf, counts, displs]).
+        sendbuf None or MPI.IN_PLACE: in place, this rank's block already at displs[rank].
+        Out of place, len(sendbuf) must equal recvcounts[rank].  algorithm: "auto" or "mpi"."""
+        self._allgatherv(sendbuf, recvbuf, recvcounts, displs, algorithm, True)
+
+    def Iallgatherv(self, sendbuf, recvbuf, *, recvcounts=None, displs=None,
+                    algorithm: str = "auto") -> Request:
+        return self._allgatherv(sendbuf, recvbuf, recvcounts, displs, algorithm, False)
+
+    def _gatherv(self, sendbuf, recvbuf, root, recvcounts, displs, blocking):
+        root = self._rank_arg(root, "root")
+        rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
+        s = unless_in_place(sendbuf)
+        return self._vbackend(s, "sendbuf", rbuf, "recvbuf").gatherv(
+            s, rbuf, counts, displs, root, blocking)
+
+    def Gatherv(self, sendbuf, recvbuf=None, root: int = 0, *, recvcounts=None,
+                displs=None) -> None:
+        """Every rank's sendbuf lands in root's recvbuf, rank i's block at displs[i] with
+        recvcounts[i] elements. recvbuf and its counts matter at root only; at root sendbuf
+        None or MPI.IN_PLACE: in place, root's block already at displs[root]."""
+        self._gatherv(sendbuf, recvbuf, root, recvcounts, displs, True)
+
+    def Igatherv(self, sendbuf, recvbuf=None, root: int = 0, *, recvcounts=None,
+                 displs=None) -> Request:
+        return self._gatherv(sendbuf, recvbuf, root, recvcounts, displs, False)
+
+    def _scatterv(self, sendbuf, recvbuf, root, sendcounts, displs, blocking):
+        root = self._rank_arg(root, "root")
+        sbuf, counts, displs = vspec(sendbuf, "sendbuf", sendcounts, displs)
+        r = unless_in_place(recvbuf)
+        return self._vbackend(r, "recvbuf", sbuf, "sendbuf").scatterv(
+            sbuf, r, counts, displs, root, blocking)
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, sendcounts=None,
+                 displs=None) -> None:
+        """Block i of root's sendbuf (sendcounts[i] elements at displs[i]) lands in rank i's
+        recvbuf, whose length is the count received off the root. sendbuf and its counts
+        matter at root only; at root recvbuf None or MPI.IN_PLACE: in place, root's block
+        stays in sendbuf."""
+        self._scatterv(sendbuf, recvbuf, root, sendcounts, displs, True)
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0, *, sendcounts=None,
+                  displs=None) -> Request:
+        return self._scatterv(sendbuf, recvbuf, root, sendcounts, displs, False)
+
+    def _alltoallv(self, sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls, algorithm,
+                   blocking):
+        s = unless_in_place(sendbuf)
+        sbuf, scounts, sdispls = vspec(s, "sendbuf", sendcounts, sdispls)
+        rbuf, rcounts, rdispls = vspec(recvbuf, "recvbuf", recvcounts, rdispls)
+        return self._vbackend(sbuf, "sendbuf", rbuf, "recvbuf").alltoallv(
+            sbuf, scounts, sdispls, rbuf, rcounts, rdispls, blocking, algorithm=algorithm)
+
+    def Alltoallv(self, sendbuf, recvbuf, *, sendcounts=None, sdispls=None, recvcounts=None,
+                  rdispls=None, algorithm: str = "auto") -> None:
+        """Block j of sendbuf (sendcounts[j] elements at sdispls[j]) goes to rank j; block i of
+        recvbuf (recvcounts[i] at rdispls[i]) comes from rank i (each buffer: buf,
+        [buf, counts] or [buf, counts, displs]). sendbuf None or MPI.IN_PLACE: in place,
+        recvbuf's layout for both sides.  algorithm: "auto" or "mpi"."""
+        self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls, algorithm,
+                        True)
+
+    def Ialltoallv(self, sendbuf, recvbuf, *, sendcounts=None, sdispls=None, recvcounts=None,
+                   rdispls=None, algorithm: str = "auto") -> Request:
+        return self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls,
+                               algorithm, False)
+
+    def _reduce_scatterv(self, sendbuf, recvbuf, op, recvcounts, blocking, algorithm):
+        """Reduce_scatter with per-rank counts: rank i gets recvcounts[i] elements of the
+        reduction of every rank's sendbuf (exactly sum(recvcounts) elements). In place:
+        sendbuf MPI.IN_PLACE or None (the data in recvbuf), or recvbuf None (the data in
+        sendbuf); the result lands at the start of the data's buffer."""
+        rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts)
+        if displs is not None:
+            raise TypeError("recvbuf: Reduce_scatter takes counts, not displacements")
+        s = unless_in_place(sendbuf)
+        return self._vbackend(s, "sendbuf", rbuf, "recvbuf").reduce_scatterv(
+            s, rbuf, counts, op, blocking, algorithm=algorithm)

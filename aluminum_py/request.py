@@ -13,7 +13,7 @@ def _check(op) -> None:
         code, msg = err
         if code == _core.ERR_TIMEOUT:      # abandoned by the engine at its AL_HANG_TIMEOUT deadline
             raise TimeoutError(f"{op.name}: {msg}")
-        raise MPIError(f"{op.name}: {msg}", code)
+        raise MPIError(f"{op.name}: {msg}{v_truncation_hint(op.name, code)}", code)
 
 
 class Request:
@@ -95,3 +95,31 @@ def Waitall(requests: Iterable[Request], timeout: float | None = None) -> None:
                 first = e
     if first is not None:
         raise first
+
+
+# ---- v-collectives: what a truncation means in each (issue 29)
+_V_TRUNCATION = {
+    "allgatherv": "every rank's len(sendbuf) must equal recvcounts[rank] on every rank",
+    "gatherv": "rank i's len(sendbuf) must equal the root's recvcounts[i]",
+    "scatterv": "the root's sendcounts[i] must equal len(recvbuf) on rank i",
+    "alltoallv": "sendcounts[j] on rank i must equal recvcounts[i] on rank j",
+    "reduce_scatterv": "recvcounts must be the same on every rank",
+}
+
+
+def v_truncation_hint(name: str, code: int) -> str:
+    """For an MPI truncation error (MPI_ERR_TRUNCATE) of a v-collective: which arguments
+    disagree across ranks (MPI does not say which rank; AL_CHECK=1 does, before the call).
+    '' for anything else."""
+    rule = _V_TRUNCATION.get(name)
+    if rule is None or code <= 0:
+        return ""
+    from mpi4py import MPI
+    try:
+        truncated = MPI.Get_error_class(code) == MPI.ERR_TRUNCATE
+    except MPI.Exception:
+        return ""
+    if not truncated:
+        return ""
+    return (f" (a rank sent more elements than its receiver's counts allow: {rule}; run with "
+            f"AL_CHECK=1 to have the rank and the argument named before the call)")

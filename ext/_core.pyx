@@ -46,4 +46,5 @@ include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, Cpu
 include "core/nativeop.pxi"         # class NativeOp, make_op
 include "core/launcher.pxi"         # class Launcher: the allreduce fast path
 include "core/shm_vcollectives.pxi" # Allgatherv, Alltoall(v) over the segment: their entries
+include "core/vcollectives.pxi"     # the v-collectives: one MPI pass-through op each
 include "core/hier_shm.pxi"         # hierarchical over the nodes' segments: one op, phases in turn

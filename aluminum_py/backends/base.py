@@ -54,6 +54,26 @@ class Backend(Protocol):
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int,
                  blocking: bool) -> Any: ...
 
+    # ---- v-collectives (issue 29): buffers are the caller's objects (None: in place), counts
+    # and displacements the user's values (elements; displs None: packed in rank order), which
+    # the backend checks with buffers.vlayout against its buffers' lengths.  `algorithm`: "auto"
+    # or a name the backend runs; ValueError (or UnavailableError) for any other.
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking: bool,
+                   algorithm: str = "auto") -> Any: ...
+
+    def gatherv(self, sendbuf, recvbuf, counts, displs, root: int, blocking: bool,
+                algorithm: str = "auto") -> Any: ...
+
+    def scatterv(self, sendbuf, recvbuf, counts, displs, root: int, blocking: bool,
+                 algorithm: str = "auto") -> Any: ...
+
+    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking: bool,
+                  algorithm: str = "auto") -> Any: ...
+
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool,
+                        algorithm: str = "auto") -> Any: ...
+
     def close(self) -> BaseException | None:
         """At Communicator.Free, once no op is pending: release what the backend holds. Returns
         a failure to raise once everything is released (or None)."""

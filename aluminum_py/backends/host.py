@@ -13,6 +13,7 @@ from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, 
                           ONE_NODE)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
+from ..buffers import MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count  # v-collectives
 from ..errors import Error, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
@@ -58,6 +59,7 @@ class _Hooks:
     no_overlap = staticmethod(no_overlap)
     rank_arg = staticmethod(rank_arg)
     divisible = staticmethod(divisible)
+    not_vlayout = staticmethod(not_vlayout)         # the v-collectives (vcollectives.pxi)
 
     @staticmethod
     def fail(message):
@@ -476,3 +478,158 @@ class HostBackend:
                             0, root=dest, count2=check_count(r.size, "recvbuf"), peer2=source,
                             tag=self._tag_arg(tag, False), keep=(s, r))
         return self._launch(nop, blocking, "mpi")
+
+    # ------------------------------------------------------------------ v-collectives
+    # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts (issue
+    # 29).  Buffers are the caller's objects (None: in place, the Communicator's MPI.IN_PLACE
+    # included), counts and displacements the user's values: each method checks them here,
+    # before any communication (buffers.vlayout / vno_overlap: one per rank, ints, non-negative,
+    # every block inside its buffer, receive blocks disjoint), then runs one native op
+    # (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
+
+    @staticmethod
+    def _v_algorithm(what: str, algorithm) -> str:
+        """What `algorithm` runs for the v-collective `what`: the MPI library's call for "mpi"
+        and "auto" ("auto" gains the "shm" candidate of Allgatherv and Alltoallv at merge)."""
+        if algorithm == "mpi" or algorithm == "auto":
+            return "mpi"
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        raise ValueError(f"algorithm: {what} takes 'auto' or 'mpi', got {algorithm!r}")
+
+    def _v_expect(self, kind: str, rows) -> None:
+        """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
+        rank in the coming v-collective (-1: nothing MPI reads), compared across ranks before it
+        starts (check.CallChecker), so that a short message is caught as well as a truncation.
+        Built only under AL_CHECK."""
+        checker = self.launcher.checker
+        if checker is not None:
+            checker.expect_v(K[kind], *rows())
+
+    def _v_rows(self, n: int = -1, at: int | None = None):
+        """A row of `size` ints, all `n`, or -1 except `n` at rank `at`."""
+        import numpy as np
+        row = np.full(self.size, -1 if at is not None else n, dtype=np.int64)
+        if at is not None:
+            row[at] = n
+        return row
+
+    def _v_gathered(self, sendbuf, recvbuf, counts, displs, what: str):
+        """The arguments of a gather into a v-layout (Allgatherv; Gatherv at the root): sendbuf
+        (None: in place) holding exactly this rank's count, recvbuf and its checked layout
+        (counts, displs), sharing no memory. Returns (s, r, counts, displs)."""
+        s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        if s is not None:
+            same_dtype(s, r, "sendbuf", "recvbuf")
+        rc, rd = vlayout(counts, displs, self.size, "recvbuf", r.size)
+        vno_overlap(rc, rd, "recvbuf")
+        if s is not None:
+            vsame_count(s, int(rc[self.rank]), "sendbuf", f"recvcounts[{self.rank}] (this "
+                        f"rank's block)")
+            no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) for an "
+                       f"in-place {what}")
+        return s, r, rc, rd
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
+        self._v_algorithm("allgatherv", algorithm)
+        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
+        self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
+        return _core.allgatherv(self.launcher, s, r, rc, rd, blocking,
+                                config.hang_timeout_native())
+
+    def gatherv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
+        self._v_algorithm("gatherv", algorithm)
+        if self.rank != root:
+            if sendbuf is None:
+                raise TypeError("sendbuf: required on non-root ranks (in place is the root's "
+                                "form only)")
+            s = as_array(sendbuf, "sendbuf")
+            check_count(s.size, "sendbuf")
+            self._v_expect("gatherv", lambda: (self._v_rows(s.size, root),
+                                               self._v_rows(at=root)))
+            return _core.gatherv(self.launcher, s, None, None, None, root, blocking,
+                                 config.hang_timeout_native())
+        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Gatherv at the root")
+        self._v_expect("gatherv", lambda: (self._v_rows(int(rc[root]), root), rc))
+        return _core.gatherv(self.launcher, s, r, rc, rd, root, blocking,
+                             config.hang_timeout_native())
+
+    def scatterv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
+        self._v_algorithm("scatterv", algorithm)
+        if self.rank != root:
+            if recvbuf is None:
+                raise TypeError("recvbuf: required on non-root ranks (in place is the root's "
+                                "form only)")
+            r = as_array(recvbuf, "recvbuf", writable=True)
+            check_count(r.size, "recvbuf")
+            self._v_expect("scatterv", lambda: (self._v_rows(at=root),
+                                                self._v_rows(r.size, root)))
+            return _core.scatterv(self.launcher, None, r, None, None, root, blocking,
+                                  config.hang_timeout_native())
+        s = as_array(sendbuf, "sendbuf")
+        r = None if recvbuf is None else as_array(recvbuf, "recvbuf", writable=True)
+        if r is not None:
+            same_dtype(s, r, "sendbuf", "recvbuf")
+        sc, sd = vlayout(counts, displs, self.size, "sendbuf", s.size)
+        if r is not None:
+            at_least(r, int(sc[root]), "recvbuf", f"sendcounts[{root}] (the root's block)")
+            no_overlap(s, r, "sendbuf", "recvbuf", "pass recvbuf=None (or MPI.IN_PLACE) at the "
+                       "root for an in-place Scatterv")
+        self._v_expect("scatterv", lambda: (sc, self._v_rows(int(sc[root]), root)))
+        return _core.scatterv(self.launcher, s, r, sc, sd, root, blocking,
+                              config.hang_timeout_native())
+
+    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking,
+                  algorithm="auto"):
+        self._v_algorithm("alltoallv", algorithm)
+        s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        if s is not None:
+            same_dtype(s, r, "sendbuf", "recvbuf")
+        elif scounts is not None or sdispls is not None:
+            raise ValueError("sendbuf: in place (None or MPI.IN_PLACE) takes no send counts or "
+                             "displacements: recvbuf's layout is used for both sides")
+        rc, rd = vlayout(rcounts, rdispls, self.size, "recvbuf", r.size)
+        vno_overlap(rc, rd, "recvbuf")
+        sc = sd = None
+        if s is not None:
+            sc, sd = vlayout(scounts, sdispls, self.size, "sendbuf", s.size)
+            if sc[self.rank] != rc[self.rank]:
+                raise ValueError(f"sendbuf counts: this rank's own block is {int(sc[self.rank])} "
+                                 f"elements to send but {int(rc[self.rank])} to receive "
+                                 f"(sendcounts[{self.rank}] and recvcounts[{self.rank}] must "
+                                 f"be equal)")
+            no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
+                       "in-place Alltoallv")
+        self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
+        return _core.alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
+                               config.hang_timeout_native())
+
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking, algorithm="auto"):
+        """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as
+        mpi4py requires), rank i gets counts[i] of the reduction. In place: sendbuf None (the
+        data in recvbuf, mpi4py's MPI.IN_PLACE form), recvbuf None or a recvbuf at sendbuf's
+        address (the data in sendbuf); the result lands at the start of the data's buffer."""
+        self._v_algorithm("reduce_scatter with recvcounts", algorithm)
+        if sendbuf is None and recvbuf is None:
+            raise TypeError("sendbuf: None (in place) needs the data in recvbuf, which is None too")
+        if sendbuf is None or recvbuf is None:
+            name = "recvbuf" if sendbuf is None else "sendbuf"
+            s, r = None, as_array(recvbuf if sendbuf is None else sendbuf, name, writable=True)
+        else:
+            name = "sendbuf"
+            s, r = as_array(sendbuf, "sendbuf"), as_array(recvbuf, "recvbuf", writable=True)
+            same_dtype(s, r, "sendbuf", "recvbuf")
+        data = r if s is None else s
+        op, _ = self._reduction(op, data)
+        c, _ = vlayout(counts, None, self.size, "recvbuf", MAX_COUNT)
+        vsame_count(data, int(c.sum()), name, "sum(recvcounts)")
+        if s is not None:
+            at_least(r, int(c[self.rank]), "recvbuf", f"recvcounts[{self.rank}]")
+            if no_partial_overlap(s, r, "sendbuf", "recvbuf"):
+                s, r = None, s           # the same start: in place, as the block form
+        self._v_expect("reduce_scatterv", lambda: (c.astype("int64"),
+                                                   self._v_rows(int(c[self.rank]))))
+        return _core.reduce_scatterv(self.launcher, s, r, c, op.code, blocking,
+                                     config.hang_timeout_native())

@@ -23,7 +23,7 @@ _DTYPE_NAMES = {code: name for name, code in _core.DTYPES.items()}
 _OP_NAMES = {code: name.lower() for name, code in _core.REDUCTION_OPS.items()}
 _K_HOST_TRANSFER = _core.KINDS["host_transfer"]
 # ops whose reduction op means something (the others carry a meaningless op code)
-_REDUCING = ("allreduce", "reduce", "reduce_scatter")
+_REDUCING = ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv")
 # host-transfer phases (_core.ht_times order): the phase that ended at each time
 HT_PHASES = ("device-to-host", "host algorithm", "release", "host-to-device")
 

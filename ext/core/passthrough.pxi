@@ -8,7 +8,7 @@ cdef int mpi_start(al_op* op) noexcept nogil:
     cdef MPI_Comm comm = op.comm.p2p if kind_info(op.kind).point_to_point else op.comm.coll
     cdef void* sb = <void*>op.sbuf if op.sbuf != NULL else mpi.MPI_IN_PLACE
     cdef void* rb = <void*>op.rbuf
-    if rb == NULL and op.kind == K_SCATTER:      # root's block stays in place
+    if rb == NULL and (op.kind == K_SCATTER or op.kind == K_SCATTERV):  # root's block stays
         rb = mpi.MPI_IN_PLACE
     cdef int n = <int>op.count, rc = mpi.MPI_SUCCESS
     cdef MPI_Datatype t = op.mtype
@@ -41,6 +41,20 @@ cdef int mpi_start(al_op* op) noexcept nogil:
         if rc == mpi.MPI_SUCCESS:
             rc = mpi.MPI_Isend(sb, n, t, op.mpi.root, op.tag, comm, &op.reqs[1])
             op.nreqs = 2
+    # the v-collectives (vcollectives.pxi): per-rank counts and displacements from op.v, where
+    # the call has them (NULL where MPI does not read them: a non-root's side of Gatherv)
+    elif op.kind == K_ALLGATHERV:
+        rc = mpi.MPI_Iallgatherv(sb, n, t, rb, op.v.rcounts, op.v.rdispls, t, comm, r)
+    elif op.kind == K_GATHERV:
+        rc = mpi.MPI_Igatherv(sb, n, t, rb, op.v.rcounts, op.v.rdispls, t, op.mpi.root, comm, r)
+    elif op.kind == K_SCATTERV:
+        rc = mpi.MPI_Iscatterv(<void*>op.sbuf, op.v.scounts, op.v.sdispls, t, rb, n, t,
+                               op.mpi.root, comm, r)
+    elif op.kind == K_ALLTOALLV:
+        rc = mpi.MPI_Ialltoallv(sb, op.v.scounts, op.v.sdispls, t, rb, op.v.rcounts, op.v.rdispls,
+                                t, comm, r)
+    elif op.kind == K_REDUCE_SCATTERV:
+        rc = mpi.MPI_Ireduce_scatter(sb, rb, op.v.rcounts, t, op.mpi.mop, comm, r)
     else:
         op.err = -1
         snprintf(op.errmsg, 256, "unknown op kind %d", op.kind)

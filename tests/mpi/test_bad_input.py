@@ -343,6 +343,139 @@ for _what, _mk in _UNSUPPORTED:
          lambda p, r, mk=_mk: ((mk(2), r, mk(2), r), {}))
 
 
+# --- the v-collectives (issue 29): counts and displacements, in place, mixed buffers
+def ones(p, n=1):
+    return [n] * p
+
+
+def _vcases():
+    for m in ("Allgatherv", "Gatherv"):
+        kw = (lambda p, r: {"root": r}) if m == "Gatherv" else (lambda p, r: {})
+        low = m.lower()
+        case(f"{low}-negative-count", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), [-1] + ones(p - 1)]), kw(p, r)))
+        case(f"{low}-too-few-counts", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), ones(p - 1)]), kw(p, r)))
+        case(f"{low}-count-float", T, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), [1.0] * p]), kw(p, r)))
+        case(f"{low}-counts-str", T, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), f32(p)), dict(kw(p, r), recvcounts="1")))
+        case(f"{low}-counts-past-buffer", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(2), [f32(2 * p - 1), ones(p, 2)]), kw(p, r)))
+        case(f"{low}-displs-past-buffer", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), ones(p), ones(p, p)]), kw(p, r)))
+        case(f"{low}-displs-negative", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), ones(p), [-1] + list(range(1, p))]),
+                                  kw(p, r)))
+        case(f"{low}-blocks-overlap", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(2), [f32(2 * p), ones(p, 2), [0] + list(range(1, p))]),
+                                  kw(p, r)), min_size=2)
+        case(f"{low}-sendbuf-not-its-count", V, named("sendbuf"), m,
+             lambda p, r, kw=kw: ((f32(2), [f32(3 * p), ones(p, 3)]), kw(p, r)))
+        case(f"{low}-recvbuf-dtype", T, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(2), [f64(2 * p), ones(p, 2)]), kw(p, r)))
+        case(f"{low}-ro-recvbuf", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(2), [ro(f32(2 * p)), ones(p, 2)]), kw(p, r)))
+        case(f"{low}-strided-recvbuf", V, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(2), [strided(2 * p), ones(p, 2)]), kw(p, r)))
+        case(f"{low}-overlap", V, OVERLAP, m,
+             lambda p, r, kw=kw: ((lambda s, q: (s, [q, ones(p, 2)]))(*_views(2, 1, 2 * p)),
+                                  kw(p, r)))
+        case(f"{low}-counts-twice", T, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), ones(p)]), dict(kw(p, r), recvcounts=ones(p))))
+        case(f"{low}-spec-four-items", T, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [f32(p), ones(p), None, 0]), kw(p, r)))
+        case(f"{low}-gpu-recvbuf", U, named("recvbuf"), m,
+             lambda p, r, kw=kw: ((f32(1), [FakeGPUArray(), ones(p)]), kw(p, r)))
+        case(f"{low}-gpu-sendbuf", U, named("sendbuf"), m,
+             lambda p, r, kw=kw: ((FakeGPUArray(), [f32(4 * p), ones(p, 4)]), kw(p, r)))
+        case(f"{low}-unsupported-dtype", T, named("sendbuf"), m,
+             lambda p, r, kw=kw: ((np.ones(1, bool), [np.ones(p, bool), ones(p)]), kw(p, r)))
+    case("allgatherv-algorithm-shm", V, named("algorithm"), "Allgatherv",
+         lambda p, r: ((f32(1), [f32(p), ones(p)]), {"algorithm": "shm"}))
+    case("allgatherv-algorithm-none", T, named("algorithm"), "Allgatherv",
+         lambda p, r: ((f32(1), [f32(p), ones(p)]), {"algorithm": None}))
+    case("gatherv-nonroot-sendbuf-none", T, named("sendbuf"), "Gatherv",
+         lambda p, r: ((None, None), {"root": nxt(p, r)}), min_size=2)
+    case("gatherv-root-recvbuf-none", T, named("recvbuf"), "Gatherv",
+         lambda p, r: ((f32(1), None), {"root": r, "recvcounts": ones(p)}))
+    case("gatherv-root-out-of-range", V, named("root"), "Gatherv",
+         lambda p, r: ((f32(1), [f32(p), ones(p)]), {"root": p}))
+    case("gatherv-nonroot-strided-sendbuf", V, named("sendbuf"), "Gatherv",
+         lambda p, r: ((strided(2), None), {"root": nxt(p, r)}), min_size=2)
+    # Scatterv: the root's send layout, a non-root's recvbuf
+    case("scatterv-negative-count", V, named("sendbuf"), "Scatterv",
+         lambda p, r: (([f32(p), [-1] + ones(p - 1)], f32(1)), {"root": r}))
+    case("scatterv-counts-past-buffer", V, named("sendbuf"), "Scatterv",
+         lambda p, r: (([f32(2 * p - 1), ones(p, 2)], f32(2)), {"root": r}))
+    case("scatterv-displs-past-buffer", V, named("sendbuf"), "Scatterv",
+         lambda p, r: (([f32(p), ones(p), ones(p, p)], f32(1)), {"root": r}))
+    case("scatterv-too-many-counts", V, named("sendbuf"), "Scatterv",
+         lambda p, r: ((f32(p + 1), f32(1)), {"root": r, "sendcounts": ones(p + 1)}))
+    case("scatterv-root-short-recvbuf", V, named("recvbuf"), "Scatterv",
+         lambda p, r: (([f32(3 * p), ones(p, 3)], f32(2)), {"root": r}))
+    case("scatterv-recvbuf-dtype", T, named("recvbuf"), "Scatterv",
+         lambda p, r: (([f32(2 * p), ones(p, 2)], i32(2)), {"root": r}))
+    case("scatterv-overlap", V, OVERLAP, "Scatterv",
+         lambda p, r: ((lambda s, q: ([s, ones(p, 2)], q))(*_views(2 * p, 1, 2)), {"root": r}))
+    case("scatterv-nonroot-recvbuf-none", T, named("recvbuf"), "Scatterv",
+         lambda p, r: ((None, None), {"root": nxt(p, r)}), min_size=2)
+    case("scatterv-nonroot-ro-recvbuf", V, named("recvbuf"), "Scatterv",
+         lambda p, r: ((None, ro(f32(2))), {"root": nxt(p, r)}), min_size=2)
+    case("scatterv-root-out-of-range", V, named("root"), "Scatterv",
+         lambda p, r: ((None, f32(1)), {"root": -1}))
+    # Alltoallv: both layouts, the rank's own block, in place
+    case("alltoallv-send-block-past-buffer", V, named("sendbuf"), "Alltoallv",
+         lambda p, r: (([f32(2 * p - 1), ones(p, 2)], [f32(2 * p), ones(p, 2)]), {}))
+    case("alltoallv-recv-blocks-overlap", V, named("recvbuf"), "Alltoallv",
+         lambda p, r: (([f32(2 * p), ones(p, 2)], [f32(2 * p), ones(p, 2),
+                                                   [0] + list(range(1, p))]), {}), min_size=2)
+    case("alltoallv-negative-recvcount", V, named("recvbuf"), "Alltoallv",
+         lambda p, r: (([f32(p), ones(p)], f32(p)), {"recvcounts": [-1] + ones(p - 1)}))
+    case("alltoallv-own-block-differs", V, named("sendbuf"), "Alltoallv",
+         lambda p, r: (([f32(2 * p), ones(p, 2)], [f32(3 * p), ones(p, 3)]), {}))
+    case("alltoallv-inplace-with-sendcounts", V, named("sendbuf"), "Alltoallv",
+         lambda p, r: ((None, [f32(p), ones(p)]), {"sendcounts": ones(p)}))
+    case("alltoallv-recvbuf-dtype", T, named("recvbuf"), "Alltoallv",
+         lambda p, r: (([f32(p), ones(p)], [f64(p), ones(p)]), {}))
+    case("alltoallv-same-array", V, OVERLAP, "Alltoallv",
+         lambda p, r: ((lambda a: ([a, ones(p)], [a, ones(p)]))(f32(p)), {}))
+    case("alltoallv-algorithm-unknown", V, named("algorithm"), "Alltoallv",
+         lambda p, r: (([f32(p), ones(p)], [f32(p), ones(p)]), {"algorithm": "ring"}))
+    case("alltoallv-inplace-ro", V, named("recvbuf"), "Alltoallv",
+         lambda p, r: ((MPI.IN_PLACE, [ro(f32(p)), ones(p)]), {}))
+    # Reduce_scatter with per-rank counts: sendbuf holds exactly sum(recvcounts)
+    case("reduce_scatterv-sendbuf-short", V, named("sendbuf"), "Reduce_scatter",
+         lambda p, r: ((f32(2 * p - 1), f32(2)), {"recvcounts": ones(p, 2)}))
+    case("reduce_scatterv-sendbuf-long", V, named("sendbuf"), "Reduce_scatter",
+         lambda p, r: ((f32(2 * p + 1), f32(2)), {"recvcounts": ones(p, 2)}))
+    case("reduce_scatterv-inplace-recvbuf-long", V, named("recvbuf"), "Reduce_scatter",
+         lambda p, r: ((MPI.IN_PLACE, [f32(2 * p + 1), ones(p, 2)]), {}))
+    case("reduce_scatterv-negative-count", V, named("recvbuf"), "Reduce_scatter",
+         lambda p, r: ((f32(p), f32(1)), {"recvcounts": [-1] + ones(p - 1)}))
+    case("reduce_scatterv-short-recvbuf", V, named("recvbuf"), "Reduce_scatter",
+         lambda p, r: ((f32(3 * p), [f32(2), ones(p, 3)]), {}))
+    case("reduce_scatterv-displs", T, named("recvbuf"), "Reduce_scatter",
+         lambda p, r: ((f32(p), [f32(1), ones(p), list(range(p))]), {}))
+    case("reduce_scatterv-op-band-float", T, named("op"), "Reduce_scatter",
+         lambda p, r: ((f32(p), f32(1)), {"recvcounts": ones(p), "op": al.BAND}))
+    case("reduce_scatterv-avg-int", T, named("op"), "Reduce_scatter",
+         lambda p, r: ((i32(p), i32(1)), {"recvcounts": ones(p), "op": al.AVG}))
+    case("reduce_scatterv-algorithm-shm", V, named("algorithm"), "Reduce_scatter",
+         lambda p, r: ((f32(p), f32(1)), {"recvcounts": ones(p), "algorithm": "shm"}))
+    case("reduce_scatterv-inplace-ro", V, named("sendbuf"), "Reduce_scatter",
+         lambda p, r: ((ro(f32(p)), None), {"recvcounts": ones(p)}))
+    case("reduce_scatterv-both-in-place", T, named("sendbuf"), "Reduce_scatter",
+         lambda p, r: ((MPI.IN_PLACE, None), {"recvcounts": ones(p)}))
+    case("reduce_scatterv-recvbuf-dtype", T, named("recvbuf"), "Reduce_scatter",
+         lambda p, r: ((f32(p), [f64(1), ones(p)]), {}))
+    case("reduce_scatterv-overlap", V, OVERLAP, "Reduce_scatter",
+         lambda p, r: ((lambda s, q: (s, [q, ones(p, 2)]))(*_views(2 * p, 1, 2)), {}))
+
+
+_vcases()
+
+
 # ---------------------------------------------------------------------------- running a case
 def _owner(a):
     while isinstance(a.base, np.ndarray):
@@ -358,7 +491,9 @@ def attempt(comm, exc, match, method, build, blocking):
         args, kwargs = build(comm.size, comm.rank)
     except Exception as e:   # pragma: no cover - a broken case
         return f"{name}: building the case failed: {e!r}"
-    arrays = [_owner(a) for a in list(args) + list(kwargs.values()) if isinstance(a, np.ndarray)]
+    flat = [b for a in list(args) + list(kwargs.values())       # [buf, counts] forms too
+            for b in (a if isinstance(a, (list, tuple)) else [a])]
+    arrays = [_owner(a) for a in flat if isinstance(a, np.ndarray)]
     before = [a.tobytes() for a in arrays]
     try:
         with pytest.raises(exc, match=match):

@@ -1,0 +1,88 @@
+# The v-collectives on host buffers: Allgatherv, Gatherv, Scatterv, Alltoallv and
+# Reduce_scatter with per-rank counts, as MPI pass-through ops (passthrough.pxi: MPI_I*v).
+# Each entry has one shape: build one op from arguments the host backend has checked
+# (aluminum_py/backends/host.py, "v-collectives": buffers.vlayout / vno_overlap give the counts
+# and displacements as int32 arrays of `size` entries), then launch it.  The op's keep holds the
+# buffers and the count arrays (op.v points into them) until it completes.
+
+cdef int* vints(object a, int size, str name) except? NULL:
+    """The data of `a`, an int32 array of `size` entries from buffers.vlayout; NULL for None."""
+    cdef cnp.ndarray arr
+    if a is None:
+        return NULL
+    if type(a) is cnp.ndarray:
+        arr = <cnp.ndarray>a
+        if (cnp.PyArray_TYPE(arr) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+                and cnp.PyArray_SIZE(arr) == size):
+            return <int*>cnp.PyArray_DATA(arr)
+    _hooks.not_vlayout(a, name, size)          # raises
+    return NULL
+
+cdef inline char* vdata(object a) except? NULL:
+    """The data address of the checked ndarray `a`; NULL for None (in place / not used)."""
+    if a is None:
+        return NULL
+    return <char*>cnp.PyArray_DATA(<cnp.ndarray?>a)
+
+cdef NativeOp vop(Launcher L, int kind, str name, s, r, int64_t count, sc, sd, rc, rd,
+                  int root, int rop):
+    """One op of `kind` on the checked arrays s (None: in place, MPI_IN_PLACE) and r (None: not
+    used here), `count` elements of this rank's own message, per-rank counts and displacements
+    (None where MPI does not read them)."""
+    cdef cnp.ndarray a = <cnp.ndarray?>(s if s is not None else r)
+    cdef int p = L.state.c.size
+    cdef int code = dtype_code_of(a, "sendbuf" if s is not None else "recvbuf")
+    cdef NativeOp o = NativeOp.__new__(NativeOp)
+    init_op(o.op, L.state.c, kind, vdata(s), vdata(r), count, code, <int>cnp.PyArray_ITEMSIZE(a),
+            rop)
+    o.op.mpi.root = root
+    o.op.v.scounts = vints(sc, p, "sendcounts")
+    o.op.v.sdispls = vints(sd, p, "sdispls")
+    o.op.v.rcounts = vints(rc, p, "recvcounts")
+    o.op.v.rdispls = vints(rd, p, "rdispls")
+    o.name = name
+    o.keep = (L.state, None, (s, r, sc, sd, rc, rd))
+    return o
+
+def allgatherv(Launcher L, s, r, counts, displs, bint blocking, double timeout):
+    """Allgatherv of the checked arrays: s (None: in place, this rank's block already at
+    displs[rank] of r) to every rank's r at counts/displs.  None (blocking) or a Request."""
+    cdef int me = L.state.c.rank
+    cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray?>s) if s is not None else counts[me]
+    o = vop(L, K_ALLGATHERV, "allgatherv", s, r, n, None, None, counts, displs, 0, 0)
+    return L.launch(o, blocking, timeout, "mpi")
+
+def gatherv(Launcher L, s, r, counts, displs, int root, bint blocking, double timeout):
+    """Gatherv onto `root`: every rank's s (at root None: in place, root's block already at
+    displs[root] of r) into root's r at counts/displs (r, counts, displs: None off the root)."""
+    cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray?>s) if s is not None else counts[root]
+    o = vop(L, K_GATHERV, "gatherv", s, r, n, None, None, counts, displs, root, 0)
+    return L.launch(o, blocking, timeout, "mpi")
+
+def scatterv(Launcher L, s, r, counts, displs, int root, bint blocking, double timeout):
+    """Scatterv from `root`: block i of root's s (counts/displs) into rank i's r (all of it off
+    the root; at root its first counts[root] elements, or None: in place)."""
+    cdef int64_t n = counts[root] if L.state.c.rank == root else cnp.PyArray_SIZE(<cnp.ndarray?>r)
+    o = vop(L, K_SCATTERV, "scatterv", s, r, n, counts, displs, None, None, root, 0)
+    return L.launch(o, blocking, timeout, "mpi")
+
+def alltoallv(Launcher L, s, scounts, sdispls, r, rcounts, rdispls, bint blocking,
+              double timeout):
+    """Alltoallv: block j of s (scounts/sdispls) to rank j, block i of r (rcounts/rdispls) from
+    rank i; s None: in place (r's layout for both, scounts/sdispls None)."""
+    cdef int64_t n = int((scounts if s is not None else rcounts).sum())
+    o = vop(L, K_ALLTOALLV, "alltoallv", s, r, n, scounts, sdispls, rcounts, rdispls, 0, 0)
+    return L.launch(o, blocking, timeout, "mpi")
+
+def reduce_scatterv(Launcher L, s, r, counts, int rop, bint blocking, double timeout):
+    """Reduce_scatter with per-rank counts (MPI_Ireduce_scatter): rank i gets counts[i]
+    elements of the reduction of every rank's s (sum(counts) elements) in r; s None: in place,
+    the data in r, the result in its first counts[rank] elements.  AVG divides the result."""
+    cdef int me = L.state.c.rank
+    cdef NativeOp o = vop(L, K_REDUCE_SCATTERV, "reduce_scatterv", s, r, counts[me], None, None,
+                          counts, None, 0, rop)
+    o.op.result.buf = o.op.rbuf
+    o.op.result.count = o.op.count
+    if rop == AL_AVG:
+        o.op.result.avg_div = <double>L.state.c.size
+    return L.launch(o, blocking, timeout, "mpi")
