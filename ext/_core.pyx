@@ -44,5 +44,6 @@ include "core/shm.pxi"              # the shared-memory transport: shm op, its g
 include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
 include "core/nativeop.pxi"         # class NativeOp, make_op
+include "core/p2p.pxi"              # probe, wait_any (Probe, Waitany & co)
 include "core/launcher.pxi"         # class Launcher: the allreduce fast path
 include "core/hier_shm.pxi"         # hierarchical over the nodes' segments: one op, phases in turn

@@ -27,7 +27,8 @@ cdef int op_finish(al_op* op) noexcept nogil:
     if op.err == 0 and op.result.count > 0:
         if op.result.avg_div > 0 and not op.result.avg_in_steps:
             al_scale_div(op.dtype, op.result.buf, <size_t>op.result.count, op.result.avg_div)
-        if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
+        if ((op.comm.size == 1 or op.result.logical01)
+                and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR)):
             # one rank: no reduction ran, but logical results are 0/1 as with more ranks
             al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf,
                       <size_t>op.result.count)
