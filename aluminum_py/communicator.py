@@ -424,15 +424,18 @@ class Communicator:
                                  f"available for GPU buffers (NCCL: no tags, no status)")
             return backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking)
         got = backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking, recvtag)
-        return fill(status, got) if isinstance(got, Status) else got
+        if not isinstance(got, Status):
+            return got
+        if status is not None:
+            fill(status, got)
+        return None
 
     def Sendrecv(self, sendbuf, dest: int, recvbuf, source: int = ANY_SOURCE, tag: int = 0, *,
                  sendtag: int | None = None, recvtag: int | None = None,
-                 status: Status | None = None) -> Status | None:
+                 status: Status | None = None) -> None:
         """Send to `dest` and receive from `source` at once (no deadlock in a ring).
         `tag` is both tags; `sendtag` / `recvtag` set them apart (recvtag may be al.ANY_TAG,
-        source al.ANY_SOURCE). Returns the receive's Status (also written into `status`), as
-        Recv."""
+        source al.ANY_SOURCE). `status`: filled with the receive's Status (host buffers)."""
         return self._sendrecv(sendbuf, dest, recvbuf, source, tag, True, sendtag, recvtag,
                               status)
 
