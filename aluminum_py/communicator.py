@@ -416,14 +416,14 @@ class Communicator:
         source = self._source(source)
         status_arg(status)
         backend = self._backend_for(sendbuf, "sendbuf")
-        if sendtag is not None:
-            tag = sendtag
         if backend is not self._host:
+            if sendtag is not None:
+                tag = sendtag
             if status is not None or recvtag not in (None, ANY_TAG, tag):
                 raise ValueError(f"{'status' if status is not None else 'recvtag'}: not "
                                  f"available for GPU buffers (NCCL: no tags, no status)")
             return backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking)
-        got = backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking, recvtag)
+        got = backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking, recvtag, sendtag)
         if not isinstance(got, Status):
             return got
         if status is not None:

@@ -496,20 +496,22 @@ class HostBackend:
                             tag=self._tag_arg(tag, True), keep=(b,))
         return self._received(nop, blocking)
 
-    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking, recvtag=None):
-        """`tag` is the send's tag and, unless `recvtag` is given (ANY_TAG allowed), the
-        receive's. Returns as recv."""
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking, recvtag=None,
+                 sendtag=None):
+        """`tag` is the send's tag and the receive's, unless `sendtag` / `recvtag` (ANY_TAG
+        allowed) are given. Returns as recv."""
         s = as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         no_overlap(s, r, "sendbuf", "recvbuf", "Sendrecv needs separate send and receive buffers")
-        sendtag = self._tag_arg(tag, False, "sendtag" if recvtag is not None else "tag")
+        send_tag = (self._tag_arg(tag, False) if sendtag is None
+                    else self._tag_arg(sendtag, False, "sendtag"))
+        recv_tag = (self._tag_arg(tag, sendtag is not None) if recvtag is None
+                    else self._tag_arg(recvtag, True, "recvtag"))
         nop = _core.make_op(self.state, K["sendrecv"], "sendrecv", addr(s), addr(r),
                             check_count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize,
                             0, root=dest, count2=check_count(r.size, "recvbuf"), peer2=source,
-                            tag=sendtag, keep=(s, r),
-                            recv_tag=None if recvtag is None else self._tag_arg(recvtag, True,
-                                                                                "recvtag"))
+                            tag=send_tag, recv_tag=recv_tag, keep=(s, r))
         return self._received(nop, blocking)
 
     def _received(self, nop, blocking: bool):
