@@ -46,6 +46,13 @@ class Backend(Protocol):
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int,
                  blocking: bool) -> Any: ...
 
+    # ---- issue 29: scans (the GPU backend has scan / exscan of the same shape). Host buffers
+    # only: a blocking recv / sendrecv returns the receive's aluminum_py.Status (GPU: None),
+    # sendrecv takes recvtag= / sendtag=, and probe(source, tag, blocking, timeout, name) ----
+    def scan(self, sendbuf, recvbuf, op, blocking: bool, algorithm: str = "auto") -> Any: ...
+
+    def exscan(self, sendbuf, recvbuf, op, blocking: bool, algorithm: str = "auto") -> Any: ...
+
     def close(self) -> BaseException | None:
         """At Communicator.Free, once no op is pending: release what the backend holds. Returns
         a failure to raise once everything is released (or None)."""
