@@ -305,3 +305,44 @@ def test_probe_follows_the_threading_rule():
     t.join()
     assert len(errors) == 1 and "owned by thread" in errors[0]
     c.Free()
+
+
+def test_waitany_with_gpu_requests(comm):
+    """GPU requests (GpuRequest, here of the GPU backend on the CPU device: streams are worker
+    threads, "GPU buffers" numpy arrays behind __cuda_array_interface__) in one list with host
+    requests and None: Waitany visits each once, Testall then holds, the results are right."""
+    from aluminum_py import host_transfer as ht
+    from aluminum_py.gpu import GpuRequest
+
+    class DeviceArray:
+        def __init__(self, a):
+            self.a = a
+            self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str,
+                                             "data": (a.ctypes.data, False), "strides": None,
+                                             "version": 3}
+
+    device = ht.CpuDevice()
+    gcomm = al.Communicator()
+    stream = device.stream()
+    ht.bind(gcomm, device, stream)
+    try:
+        p, r = comm.size, comm.rank
+        g = [np.full(5, r + 1.0), np.full(3, 2.0 * r)]
+        h = np.full(4, r + 1.0)
+        reqs = [gcomm.Iallreduce(DeviceArray(g[0]), algorithm="ht_ring"), None,
+                comm.Iallreduce(h),
+                gcomm.Iallreduce(DeviceArray(g[1]), op=al.MAX, algorithm="ht_mpi")]
+        assert isinstance(reqs[0], GpuRequest) and isinstance(reqs[2], al.Request)
+        seen = sorted(al.Waitany(reqs, timeout=60) for _ in range(3))
+        assert seen == [0, 2, 3] and al.Waitany(reqs) == al.UNDEFINED and al.Testall(reqs)
+        assert stream.synchronize(timeout=60)
+        failures = []
+        for what, got, want in (("ht_ring SUM", g[0], np.full(5, p * (p + 1) / 2)),
+                                ("ht_mpi MAX", g[1], np.full(3, 2.0 * (p - 1))),
+                                ("host", h, np.full(4, p * (p + 1) / 2))):
+            if not np.array_equal(got, want):
+                failures.append(f"{what}: {got}")
+        assert all_ranks_ok(not failures), every_rank(failures)
+    finally:
+        stream.destroy()
+        gcomm.Free()
