@@ -346,3 +346,27 @@ def test_waitany_with_gpu_requests(comm):
     finally:
         stream.destroy()
         gcomm.Free()
+
+
+def test_truncated_sendrecv_keeps_its_send(comm):
+    """Sendrecv whose receive is truncated while its (large, rendezvous) send is still
+    pending: the error comes once the send is done, never with the send buffer released under
+    MPI; the peer, which receives only later, gets the right data."""
+    p, r = comm.size, comm.rank
+    if p < 2:
+        pytest.skip("needs a peer")
+    n = 1 << 20                          # 8 MiB: MPI's rendezvous protocol
+    failures = []
+    if r == 0:
+        big = np.arange(n, dtype=np.float64)
+        with pytest.raises(al.MPIError, match=r"longer than recvbuf \(2 elements"):
+            comm.Sendrecv(big, 1, np.zeros(2), 1, tag=150)
+        del big
+    elif r == 1:
+        comm.Send(np.arange(5.0), 0, tag=150)        # too long for rank 0's recvbuf
+        time.sleep(0.5)                              # rank 0's send is pending meanwhile
+        got = np.zeros(n)
+        comm.Recv(got, 0, 150)
+        if not np.array_equal(got, np.arange(n, dtype=np.float64)):
+            failures.append("rank 1 received the wrong data")
+    assert all_ranks_ok(not failures), every_rank(failures)
