@@ -370,3 +370,33 @@ def test_truncated_sendrecv_keeps_its_send(comm):
         if not np.array_equal(got, np.arange(n, dtype=np.float64)):
             failures.append("rank 1 received the wrong data")
     assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_signals_interrupt_probe_and_waitany(comm):
+    """A signal handler's exception ends a blocking Probe and a Waitany (they return to Python
+    every WAKE seconds to run the handlers); the communicator and the request stay usable."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+    r = comm.rank
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            comm.Probe(r, 160, timeout=60)
+        buf = np.zeros(2, np.int32)
+        req = comm.Irecv(buf, r, 161)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            al.Waitany([req], timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    comm.Send(np.array([1, 2], np.int32), r, tag=161)
+    assert al.Waitany([req], timeout=60) == 0 and list(buf) == [1, 2]
+    assert comm.Iprobe(r, 160) is None
+    comm.Barrier()
