@@ -188,6 +188,14 @@ def _finish(r, status: Status | None) -> None:
         r.Wait()            # the bound stream waits for it; raises its host part's failure
 
 
+def _timeout_arg(timeout, name: str) -> None:
+    """Raise unless `timeout` is None or a number of seconds (before anything waits)."""
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))):
+        raise TypeError(f"{name}: timeout: expected seconds (a number) or None, got "
+                        f"{type(timeout).__name__}")
+
+
 def _wait_one(reqs: list, active: list[int], timeout: float | None, name: str) -> int:
     """Block until one of reqs[active] is complete; its index. TimeoutError after `timeout`
     seconds (None: AL_HANG_TIMEOUT; unset: no limit)."""
@@ -235,6 +243,7 @@ def Waitany(requests: Iterable[Request | None], timeout: float | None = None,
         aluminum_py.MPIError (...): the completed request failed (it is inactive now).
     """
     status_arg(status)
+    _timeout_arg(timeout, "Waitany")
     reqs, active = _active(requests, "Waitany")
     if not active:
         return UNDEFINED
@@ -289,6 +298,7 @@ def Waitsome(requests: Iterable[Request | None], timeout: float | None = None) -
     Raises:
         aluminum_py.TimeoutError: none completed within `timeout` (None: AL_HANG_TIMEOUT).
     """
+    _timeout_arg(timeout, "Waitsome")
     reqs, active = _active(requests, "Waitsome")
     if not active:
         return []

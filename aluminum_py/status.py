@@ -61,6 +61,10 @@ class Status:
             return 0 if self.nbytes == 0 else UNDEFINED
         return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
 
+    def Get_elements(self, datatype) -> int:
+        """Get_count of `datatype` (for the basic datatypes here, elements and count agree)."""
+        return self.Get_count(datatype)
+
     def Is_cancelled(self) -> bool:
         return False
 

@@ -259,7 +259,8 @@ def test_timeouts(comm):
 
 @pytest.mark.parametrize("case", ["recv-tag", "recvtag", "sendtag-any", "probe-tag",
                                   "probe-source", "iprobe-source-str", "status-type",
-                                  "wait-status-type", "waitany-item", "get-count-type"])
+                                  "wait-status-type", "waitany-item", "get-count-type",
+                                  "waitany-timeout-type", "waitsome-timeout-type"])
 def test_bad_arguments(comm, case):
     """Refused before any communication, naming the argument; buffers untouched."""
     p, r = comm.size, comm.rank
@@ -282,6 +283,10 @@ def test_bad_arguments(comm, case):
                          lambda: al.Waitany([None, 3])),
         "get-count-type": (TypeError, "datatype: expected a numpy dtype",
                            lambda: al.Status().Get_count(object())),
+        "waitany-timeout-type": (TypeError, "Waitany: timeout: expected seconds",
+                                 lambda: al.Waitany([None], al.Status())),
+        "waitsome-timeout-type": (TypeError, "Waitsome: timeout: expected seconds",
+                                  lambda: al.Waitsome([None], "1")),
     }
     exc, match, f = calls[case]
     with pytest.raises(exc, match=match):
