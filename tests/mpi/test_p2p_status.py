@@ -33,6 +33,10 @@ def test_constants_are_mpi_values():
     assert (st.source, st.tag, st.count, st.error) == (al.ANY_SOURCE, al.ANY_TAG, 0, 0)
     assert set(al.__all__) >= {"Status", "ANY_SOURCE", "ANY_TAG", "Waitany", "Testany",
                                "Testall", "Waitsome"}
+    st._set(1, 5, 20, 4, 0)                # 20 bytes received into an int32 buffer
+    assert (st.count, st.Get_count(np.int16), st.Get_count(MPI.BYTE), st.Get_elements(np.int8),
+            st.Get_count(np.float64), st.Get_count(np.dtype("int32"))) == (5, 10, 20, 20,
+                                                                            al.UNDEFINED, 5)
 
 
 @pytest.mark.parametrize("form", ["Recv", "Recv-status", "Irecv-Wait", "Irecv-Test"])
