@@ -5,7 +5,7 @@ from typing import Iterable
 
 from . import _core, config
 from .errors import Error, MPIError, TimeoutError
-from .status import UNDEFINED, Status, fill, status_arg
+from .status import UNDEFINED, Status, envelope, fill, status_arg
 
 
 def _check(op) -> None:
@@ -43,7 +43,7 @@ def _status_of(op) -> Status:
     found = op.status
     if found is None:
         return Status()
-    return Status()._set(found[0], found[1], found[2], op.esize, found[3])
+    return envelope(found[0], found[1], found[2], op.esize, found[3])
 
 
 class Request:

@@ -78,6 +78,17 @@ class Status:
                 f"count={self.count} error={self.error}>")
 
 
+def envelope(source: int, tag: int, nbytes: int, itemsize: int, error: int) -> Status:
+    """A Status of these fields (ints already): the receive path's, without __init__'s calls
+    (every blocking Recv makes one)."""
+    st = _new(Status)
+    st.source, st.tag, st.nbytes, st.itemsize, st.error = source, tag, nbytes, itemsize, error
+    return st
+
+
+_new = object.__new__
+
+
 def _itemsize(datatype) -> int:
     if isinstance(datatype, MPI.Datatype):
         return datatype.Get_size()
