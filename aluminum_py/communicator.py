@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 _ndarray = np.ndarray
 
 
+def _is_in_place(buf) -> bool:
+    """`buf` is mpi4py's MPI.IN_PLACE."""
+    from mpi4py import MPI
+    return buf is MPI.IN_PLACE
+
+
 def _warn_thread_level() -> None:
     import warnings
     from mpi4py import MPI
@@ -446,13 +452,15 @@ class Communicator:
 
     # ------------------------------------------------------------------ scans (issue 29)
     def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
+        if sendbuf is None or _is_in_place(sendbuf):    # mpi4py's form: in place in recvbuf
+            sendbuf, recvbuf = recvbuf, None
         return getattr(self._backend_for(sendbuf, "sendbuf"), kind)(sendbuf, recvbuf, op,
                                                                     blocking,
                                                                     algorithm=algorithm)
 
     def Scan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> None:
         """Inclusive prefix reduction: rank r gets op over ranks 0..r's sendbufs (MPI_Scan).
-        recvbuf None: in place. AVG: the sum over ranks 0..r divided by r + 1.
+        recvbuf None (or sendbuf None / MPI.IN_PLACE, mpi4py's form): in place. AVG: the sum over ranks 0..r divided by r + 1.
         algorithm: "auto" or "mpi" (the MPI library's own)."""
         self._scan("scan", sendbuf, recvbuf, op, True, algorithm)
 

@@ -5,6 +5,7 @@ Exscan's rank 0 recvbuf (in place: its sendbuf) untouched; inputs of out-of-plac
 untouched; bad arguments refused before any communication."""
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import aluminum_py as al
 from conftest import DTYPES, all_ranks_ok, every_rank, gather_all, make_input, ops_for, reference
@@ -57,10 +58,12 @@ def test_scan_exscan(comm, dtype):
                     run(comm, name, blocking, src, out, op=op)
                     differ(failures, f"{name} {what}", out, want)
                     differ(failures, f"{name} {what} input", src, x)
-                    buf = x.copy()          # in place (rank 0 of Exscan: its input stays)
-                    run(comm, name, blocking, buf, None, op=op)
-                    differ(failures, f"{name} {what} in place", buf,
-                           x if name == "Exscan" and r == 0 else want)
+                    for form in ("recvbuf=None", "IN_PLACE"):   # rank 0 of Exscan: input stays
+                        buf = x.copy()
+                        args = (buf, None) if form == "recvbuf=None" else (MPI.IN_PLACE, buf)
+                        run(comm, name, blocking, *args, op=op)
+                        differ(failures, f"{name} {what} in place ({form})", buf,
+                               x if name == "Exscan" and r == 0 else want)
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
