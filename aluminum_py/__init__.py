@@ -7,7 +7,8 @@ from .algorithms import algorithms
 from .communicator import Communicator
 from .errors import Error, MPIError, NcclError, TimeoutError, UnavailableError
 from .ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM, Op
-from .request import Request, Waitall
+from .request import Request, Testall, Testany, Waitall, Waitany, Waitsome
+from .status import ANY_SOURCE, ANY_TAG, UNDEFINED, Status
 from .tuning import Choice, TuningWarning
 
 
@@ -23,5 +24,8 @@ __all__ = ["Communicator", "Request", "Waitall", "algorithms", "explain", "Choic
            "TuningWarning", "Error", "MPIError", "NcclError",
            "TimeoutError", "UnavailableError", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
            "LXOR", "BAND", "BOR", "BXOR", "AVG", "OPS"]
+# point to point beyond Send/Recv, and the waits of several requests (issue 29)
+__all__ += ["Status", "ANY_SOURCE", "ANY_TAG", "UNDEFINED", "Waitany", "Testany", "Testall",
+            "Waitsome"]
 
 _install_shutdown()

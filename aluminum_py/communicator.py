@@ -22,11 +22,18 @@ from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
 from .ops import SUM, Op, as_op
 from .request import Request
+from .status import ANY_SOURCE, ANY_TAG, Status, fill, status_arg
 
 if TYPE_CHECKING:
     from .tuning import Choice
 
 _ndarray = np.ndarray
+
+
+def _is_in_place(buf) -> bool:
+    """`buf` is mpi4py's MPI.IN_PLACE."""
+    from mpi4py import MPI
+    return buf is MPI.IN_PLACE
 
 
 def _warn_thread_level() -> None:
@@ -388,29 +395,64 @@ class Communicator:
             return v
         return self._rank_arg(v, "source")
 
-    def _recv(self, buf, source, tag, blocking):
+    def _recv(self, buf, source, tag, blocking, status):
         source = self._source(source)
-        return self._backend_for(buf, "buf").recv(buf, source, tag, blocking)
+        status_arg(status)
+        backend = self._backend_for(buf, "buf")
+        if backend is not self._host:
+            if status is not None:
+                raise ValueError("status: not available for a GPU buffer (the receive "
+                                 "completes on the stream, after the call returns)")
+            if tag == ANY_TAG:      # NCCL has no tags: every message has the one it matches
+                tag = 0
+        got = backend.recv(buf, source, tag, blocking)
+        return fill(status, got) if isinstance(got, Status) else got
 
-    def Recv(self, buf, source: int, tag: int = 0) -> None:
-        """Receive into `buf` from rank `source` (or MPI.ANY_SOURCE); tag may be MPI.ANY_TAG."""
-        self._recv(buf, source, tag, True)
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> Status | None:
+        """Receive into `buf` from rank `source` (or al.ANY_SOURCE) with tag `tag` (or
+        al.ANY_TAG); the message may be shorter than `buf` (Status.count says how long), not
+        longer (aluminum_py.MPIError naming both lengths).
 
-    def Irecv(self, buf, source: int, tag: int = 0) -> Request:
-        return self._recv(buf, source, tag, False)
+        Returns:
+            The receive's aluminum_py.Status (source, tag, count in elements), also written
+            into `status` if given (host buffers; a GPU buffer returns None).
+        """
+        return self._recv(buf, source, tag, True, status)
 
-    def _sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking):
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Nonblocking Recv: the Request's Wait(status=) / Test(status=) fill a Status, and
+        ``request.status`` holds it once complete."""
+        return self._recv(buf, source, tag, False, None)
+
+    def _sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking, sendtag, recvtag,
+                  status):
         dest = self._rank_arg(dest, "dest")
         source = self._source(source)
-        return self._backend_for(sendbuf, "sendbuf").sendrecv(sendbuf, dest, recvbuf, source, tag,
-                                                              blocking)
+        status_arg(status)
+        backend = self._backend_for(sendbuf, "sendbuf")
+        if backend is not self._host:
+            if sendtag is not None:
+                tag = sendtag
+            if status is not None or recvtag not in (None, ANY_TAG, tag):
+                raise ValueError(f"{'status' if status is not None else 'recvtag'}: not "
+                                 f"available for GPU buffers (NCCL: no tags, no status)")
+            return backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking)
+        got = backend.sendrecv(sendbuf, dest, recvbuf, source, tag, blocking, recvtag, sendtag)
+        if not isinstance(got, Status):
+            return got
+        if status is not None:
+            fill(status, got)
+        return None
 
-    def Sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
-        """Send to `dest` and receive from `source` at once (no deadlock in a ring)."""
-        self._sendrecv(sendbuf, dest, recvbuf, source, tag, True)
-
-    def Isendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> Request:
-        return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False)
+    def Sendrecv(self, sendbuf, dest: int, recvbuf, source: int = ANY_SOURCE, tag: int = 0, *,
+                 sendtag: int | None = None, recvtag: int | None = None,
+                 status: Status | None = None) -> None:
+        """Send to `dest` and receive from `source` at once (no deadlock in a ring).
+        `tag` is both tags; `sendtag` / `recvtag` set them apart (recvtag may be al.ANY_TAG,
+        source al.ANY_SOURCE). `status`: filled with the receive's Status (host buffers)."""
+        return self._sendrecv(sendbuf, dest, recvbuf, source, tag, True, sendtag, recvtag,
+                              status)
 
     # ------------------------------------------------------------------ v-collectives
     # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts (issue
@@ -511,3 +553,61 @@ class Communicator:
         s = unless_in_place(sendbuf)
         return self._vbackend(s, "sendbuf", rbuf, "recvbuf").reduce_scatterv(
             s, rbuf, counts, op, blocking, algorithm=algorithm)
+
+    # ------------------------------------------------------------------ point to point (issue 29)
+    def Isendrecv(self, sendbuf, dest: int, recvbuf, source: int = ANY_SOURCE, tag: int = 0, *,
+                  sendtag: int | None = None, recvtag: int | None = None) -> Request:
+        return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False, sendtag, recvtag,
+                              None)
+
+    # ------------------------------------------------------------------ scans (issue 29)
+    def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
+        if sendbuf is None or _is_in_place(sendbuf):    # mpi4py's form: in place in recvbuf
+            sendbuf, recvbuf = recvbuf, None
+        return getattr(self._backend_for(sendbuf, "sendbuf"), kind)(sendbuf, recvbuf, op,
+                                                                    blocking,
+                                                                    algorithm=algorithm)
+
+    def Scan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> None:
+        """Inclusive prefix reduction: rank r gets op over ranks 0..r's sendbufs (MPI_Scan).
+        recvbuf None (or sendbuf None / MPI.IN_PLACE, mpi4py's form): in place. AVG: the sum over ranks 0..r divided by r + 1.
+        algorithm: "auto" or "mpi" (the MPI library's own)."""
+        self._scan("scan", sendbuf, recvbuf, op, True, algorithm)
+
+    def Iscan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
+        return self._scan("scan", sendbuf, recvbuf, op, False, algorithm)
+
+    def Exscan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> None:
+        """Exclusive prefix reduction: rank r > 0 gets op over ranks 0..r-1's sendbufs
+        (MPI_Exscan). Rank 0's recvbuf (in place: its sendbuf), which MPI leaves undefined, is
+        left untouched. AVG: the sum over ranks 0..r-1 divided by r."""
+        self._scan("exscan", sendbuf, recvbuf, op, True, algorithm)
+
+    def Iexscan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
+        return self._scan("exscan", sendbuf, recvbuf, op, False, algorithm)
+
+    # ------------------------------------------------------------------ probe (issue 29)
+    def _probe(self, source, tag, status, blocking, timeout, name):
+        source = self._source(source)
+        status_arg(status)
+        found = self._host.probe(source, tag, blocking, timeout, name)
+        return None if found is None else fill(status, found)
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status: Status | None = None, timeout: float | None = None) -> Status:
+        """Wait until a message from `source` with `tag` (wildcards allowed) can be received,
+        without receiving it; its Status (count in bytes: ``Get_count(dtype)`` gives
+        elements), also written into `status`. A Recv from ``status.source`` with
+        ``status.tag`` then receives that message.
+
+        Raises:
+            aluminum_py.TimeoutError: none came within `timeout` seconds (None:
+                AL_HANG_TIMEOUT; unset: wait forever).
+        """
+        return self._probe(source, tag, status, True, timeout, "Probe")
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None) -> Status | None:
+        """Probe without waiting: the Status of a matching message, or None if there is none
+        yet (`status` is filled only when there is one)."""
+        return self._probe(source, tag, status, False, None, "Iprobe")

@@ -44,6 +44,7 @@ include "core/shm.pxi"              # the shared-memory transport: shm op, its g
 include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
 include "core/nativeop.pxi"         # class NativeOp, make_op
+include "core/p2p.pxi"              # probe, wait_any (Probe, Waitany & co)
 include "core/launcher.pxi"         # class Launcher: the allreduce fast path
 include "core/shm_vcollectives.pxi" # Allgatherv, Alltoall(v) over the segment: their entries
 include "core/vcollectives.pxi"     # the v-collectives: one MPI pass-through op each

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
+
 from .. import _core, config, schedules, tuning
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
                           ONE_NODE)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..buffers import MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count  # v-collectives
-from ..errors import Error, TimeoutError, UnavailableError
+from ..errors import Error, MPIError, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
-from ..request import Request, _check
+from ..request import Request, _check, _status_of
+from ..status import ANY_SOURCE, ANY_TAG, Status
 from .hier_shm import NodeSegments
 
 K = _core.KINDS
@@ -120,6 +123,26 @@ class _Hooks:
     def in_call(name, owner):
         return (f"{name}: thread {_thread_name(owner)} is inside a call on this communicator; "
                 f"wait until it returns")
+
+    # ---- scans, Probe (issue 29) ----
+    @staticmethod
+    def mpi_only(what, algorithm):
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        raise ValueError(f"algorithm: {what} takes 'auto' or 'mpi' (the MPI library's own), "
+                         f"got {algorithm!r}")
+
+    @staticmethod
+    def mpi_failed(where, code):
+        from mpi4py import MPI
+        raise MPIError(f"{where} failed: {MPI.Get_error_string(code)}", code)
+
+    @staticmethod
+    def probe_timeout(name, source, tag, timeout):
+        src = "ANY_SOURCE" if source == ANY_SOURCE else f"rank {source}"
+        tg = "ANY_TAG" if tag == ANY_TAG else f"tag {tag}"
+        raise TimeoutError(f"{name}: no message from {src} with {tg} after {timeout:g} s "
+                           f"(timeout= or AL_HANG_TIMEOUT; a peer that never sent it?)")
 
 
 _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
@@ -305,15 +328,16 @@ class HostBackend:
         check_op(op, code, arr.dtype)
         return op, code
 
-    def _tag_arg(self, tag, allow_any: bool) -> int:
+    def _tag_arg(self, tag, allow_any: bool, name: str = "tag") -> int:
         try:
             t = operator.index(tag)
         except TypeError:
-            raise TypeError(f"tag: expected an int, got {type(tag).__name__}") from None
+            raise TypeError(f"{name}: expected an int, got {type(tag).__name__}") from None
         if allow_any and t == self._any_tag:
             return t
         if not 0 <= t <= 32767:
-            raise ValueError(f"tag: {t} is out of range (0..32767)")
+            raise ValueError(f"{name}: {t} is out of range (0..32767"
+                             f"{', or ANY_TAG' if allow_any else ''})")
         return t
 
     def _blocks_in_place(self, buf, name):
@@ -462,21 +486,68 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     def recv(self, buf, source, tag, blocking):
+        """Blocking: the receive's Status (aluminum_py.Status); else a Request (its Wait and
+        Test fill one)."""
         b = as_array(buf, "buf", writable=True)
         nop = _core.make_op(self.state, K["recv"], "recv", 0, addr(b), check_count(b.size, "buf"),
                             DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=source,
                             tag=self._tag_arg(tag, True), keep=(b,))
-        return self._launch(nop, blocking, "mpi")
+        return self._received(nop, blocking)
 
-    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking):
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking, recvtag=None,
+                 sendtag=None):
+        """`tag` is the send's tag and the receive's, unless `sendtag` / `recvtag` (ANY_TAG
+        allowed) are given. Returns as recv."""
         s = as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         no_overlap(s, r, "sendbuf", "recvbuf", "Sendrecv needs separate send and receive buffers")
+        send_tag = (self._tag_arg(tag, False) if sendtag is None
+                    else self._tag_arg(sendtag, False, "sendtag"))
+        recv_tag = (self._tag_arg(tag, sendtag is not None) if recvtag is None
+                    else self._tag_arg(recvtag, True, "recvtag"))
         nop = _core.make_op(self.state, K["sendrecv"], "sendrecv", addr(s), addr(r),
                             check_count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize,
                             0, root=dest, count2=check_count(r.size, "recvbuf"), peer2=source,
-                            tag=self._tag_arg(tag, False), keep=(s, r))
+                            tag=send_tag, recv_tag=recv_tag, keep=(s, r))
+        return self._received(nop, blocking)
+
+    def _received(self, nop, blocking: bool):
+        """Launch the receiving op `nop`: a Request, or (blocking) its Status once done."""
+        req = self._launch(nop, blocking, "mpi")
+        return req if not blocking else _status_of(nop)
+
+    # ------------------------------------------------------------------ scans, probe (issue 29)
+    def scan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):
+        """MPI_Iscan: rank r gets the reduction of ranks 0..r's sendbufs (recvbuf None: in
+        place in sendbuf). AVG: that sum divided by r + 1."""
+        return self._scan("scan", sendbuf, recvbuf, op, blocking, algorithm)
+
+    def exscan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):
+        """MPI_Iexscan: rank r > 0 gets the reduction of ranks 0..r-1's sendbufs; rank 0's
+        recvbuf (in place: sendbuf) is left untouched. AVG: that sum divided by r."""
+        return self._scan("exscan", sendbuf, recvbuf, op, blocking, algorithm)
+
+    def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
+        if algorithm not in ("auto", "mpi"):
+            _Hooks.mpi_only(kind, algorithm)
+        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
+        op, code = self._reduction(op, s)
+        count = check_count(s.size, "sendbuf")
+        r, sp = self._result(s, recvbuf, count, "one element per sendbuf element")
+        rp = addr(r)
+        # ranks before it (and itself for scan): what the result sums, AVG's divisor
+        ranks = self.rank + 1 if kind == "scan" else self.rank
+        first = ranks == 1          # MPI copies its input there: no reduction to make 0/1
+        scratch = None
+        if ranks == 0:              # exscan on rank 0: MPI's result is undefined and may be
+            # written: it goes to scratch, so the user's recvbuf stays untouched
+            scratch = np.empty_like(s)
+            sp, rp = addr(s), addr(scratch)
+        nop = _core.make_op(self.state, K[kind], kind, sp, rp, count, code, s.itemsize, op.code,
+                            avg_div=float(ranks) if op is AVG and ranks > 1 else 0.0,
+                            avg_buf=rp if ranks else 0, avg_cnt=count if ranks else 0,
+                            keep=(s, r, scratch), logical01=first)
         return self._launch(nop, blocking, "mpi")
 
     # ------------------------------------------------------------------ v-collectives
@@ -633,3 +704,18 @@ class HostBackend:
                                                    self._v_rows(int(c[self.rank]))))
         return _core.reduce_scatterv(self.launcher, s, r, c, op.code, blocking,
                                      config.hang_timeout_native())
+    def probe(self, source, tag, blocking, timeout, name):
+        """MPI_Iprobe on the user's point-to-point communicator: the Status of the first
+        matching message (count in bytes), or None (nonblocking: none there). Blocking: polls
+        until one is there (aluminum_py.TimeoutError after `timeout` seconds, None:
+        AL_HANG_TIMEOUT; unset: no limit)."""
+        tag = self._tag_arg(tag, True)
+        if timeout is None:
+            timeout = config.hang_timeout()
+        found = _core.probe(self.state, source, tag, blocking,
+                            -1.0 if timeout is None else float(timeout), name)
+        if found is None:
+            if blocking:
+                _Hooks.probe_timeout(name, source, tag, timeout)
+            return None
+        return Status()._set(found[0], found[1], found[2], 1, 0)

@@ -163,6 +163,33 @@ cdef class NativeOp:
             return None
         return (self.op.t_start, self.op.t_done)
 
+    @property
+    def status(self):
+        """(source, tag, bytes received, error code) of the op's receive (Recv, Sendrecv:
+        reqs[0], whose MPI_Status MPI_Testall filled) once it is done; None for other ops and
+        before completion."""
+        cdef int n = 0
+        cdef int64_t nbytes
+        cdef mpi.MPI_Status* st = &self.op.stats[0]
+        if not al_load_acquire(&self.op.done) or not kind_info(self.op.kind).recv_first:
+            return None
+        mpi.MPI_Get_count(st, mpi.MPI_BYTE, &n)
+        nbytes = n
+        if n == mpi.MPI_UNDEFINED:          # over 2**31 - 1 bytes: count whole elements
+            mpi.MPI_Get_count(st, self.op.mtype, &n)
+            nbytes = <int64_t>n * self.op.esize
+        return (st.MPI_SOURCE, st.MPI_TAG, nbytes, self.op.err)
+
+    @property
+    def recv_count(self):
+        """Elements the op's receive has room for (Recv: count; Sendrecv: count2)."""
+        return self.op.mpi.count2 if self.op.kind == K_SENDRECV else self.op.count
+
+    @property
+    def esize(self):
+        """Bytes per element of the op's buffers."""
+        return self.op.esize
+
     def trace(self):
         """What the timeline writes (aluminum_py.timeline): (name, kind, called, started,
         completed, count, element size, dtype code, op code, comm state, ran in the engine,
@@ -269,8 +296,10 @@ cdef inline void init_op(al_op* op, al_comm* c, int kind, char* sbuf, char* rbuf
 def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t count,
             int dtype, int esize, int rop, int root=0, int64_t count2=0, int peer2=0,
             int tag=0, Schedule schedule=None, double avg_div=0.0, intptr_t avg_buf=0,
-            int64_t avg_cnt=0, keep=None):
-    """Build a NativeOp. Pointers are addresses (0 for in place / unused); counts are elements."""
+            int64_t avg_cnt=0, keep=None, recv_tag=None, bint logical01=False):
+    """Build a NativeOp. Pointers are addresses (0 for in place / unused); counts are elements.
+    recv_tag: the tag sendrecv receives with (None: `tag`, which it sends with); logical01:
+    LAND/LOR/LXOR results become 0/1 even where no reduction ran (a scan's first ranks)."""
     cdef NativeOp o = NativeOp.__new__(NativeOp)
     cdef al_op* op = o.op
     init_op(op, cs.c, kind, <char*>sbuf, <char*>rbuf, count, dtype, esize, rop)
@@ -278,6 +307,8 @@ def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t 
     op.mpi.count2 = count2
     op.mpi.root = root
     op.mpi.peer2 = peer2
+    op.mpi.tag2 = tag if recv_tag is None else <int>recv_tag
+    op.result.logical01 = logical01
     op.result.avg_div = avg_div
     op.result.buf = <char*>avg_buf
     op.result.count = avg_cnt

@@ -27,7 +27,8 @@ cdef int op_finish(al_op* op) noexcept nogil:
     if op.err == 0 and op.result.count > 0:
         if op.result.avg_div > 0 and not op.result.avg_in_steps:
             al_scale_div(op.dtype, op.result.buf, <size_t>op.result.count, op.result.avg_div)
-        if op.comm.size == 1 and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR):
+        if ((op.comm.size == 1 or op.result.logical01)
+                and (op.rop == AL_LAND or op.rop == AL_LOR or op.rop == AL_LXOR)):
             # one rank: no reduction ran, but logical results are 0/1 as with more ranks
             al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf,
                       <size_t>op.result.count)
@@ -76,14 +77,54 @@ cdef int op_step(al_op* op) noexcept nogil:
     if op.kind == K_HIER_SHM:
         return hier_step(op)
     if op.nreqs > 0:
+        if op.err != 0:
+            return op_drain(op)
         rc = mpi.MPI_Testall(op.nreqs, op.reqs, &flag, op.stats)
         if rc != mpi.MPI_SUCCESS:
             set_mpi_error(op, status_error(op, rc), "MPI_Testall")
+            if rc == mpi.MPI_ERR_IN_STATUS and has_pending(op):
+                return 0            # op_drain: the others still use their buffers
             op.nreqs = 0
             return op_finish(op)
         if not flag:
             return 0
         op.nreqs = 0
+    return op_finish(op)
+
+cdef inline int has_pending(al_op* op) noexcept nogil:
+    """After MPI_ERR_IN_STATUS: whether a request neither failed nor completed (MPI_ERR_PENDING:
+    still active, e.g. Sendrecv's send when its receive was truncated)."""
+    cdef int i
+    for i in range(op.nreqs):
+        if op.stats[i].MPI_ERROR == mpi.MPI_ERR_PENDING:
+            return 1
+    return 0
+
+cdef int op_drain(al_op* op) noexcept nogil:
+    """A request of the op failed while others were pending (has_pending): the op completes,
+    with its first error, only once those are done, so that its buffers are never released
+    under MPI (a rendezvous send's peer reads the send buffer directly).  Only the pending
+    ones are tested, each on its own (MPICH leaves a failed request allocated: MPI_Testall
+    would report it again); op.stats keep the first envelope (a truncated receive's)."""
+    cdef mpi.MPI_Status st
+    cdef int i, rc, flag, pending = 0
+    for i in range(op.nreqs):
+        if op.stats[i].MPI_ERROR != mpi.MPI_ERR_PENDING or op.reqs[i] == mpi.MPI_REQUEST_NULL:
+            continue
+        flag = 0
+        rc = mpi.MPI_Test(&op.reqs[i], &flag, &st)
+        if rc != mpi.MPI_SUCCESS:
+            op.stats[i].MPI_ERROR = rc              # failed too: complete, no longer pending
+        elif flag:
+            op.stats[i].MPI_ERROR = mpi.MPI_SUCCESS
+        else:
+            pending = 1
+    if pending:
+        return 0
+    for i in range(op.nreqs):           # the failed ones, complete but still allocated
+        if op.reqs[i] != mpi.MPI_REQUEST_NULL:
+            mpi.MPI_Request_free(&op.reqs[i])
+    op.nreqs = 0
     return op_finish(op)
 
 cdef inline int req_is_recv(al_op* op, int i) noexcept nogil:
@@ -102,6 +143,8 @@ cdef void op_cancel(al_op* op, const char* why) noexcept nogil:
     if op.phase == PH_NEW:
         op.t_start = al_now()         # never started: Request.times reads (cancel, cancel)
     for i in range(op.nreqs):
+        if op.reqs[i] == mpi.MPI_REQUEST_NULL:     # completed or failed (op_drain)
+            continue
         if req_is_recv(op, i):
             mpi.MPI_Cancel(&op.reqs[i])
         mpi.MPI_Request_free(&op.reqs[i])

@@ -37,7 +37,8 @@ cdef int mpi_start(al_op* op) noexcept nogil:
     elif op.kind == K_RECV:
         rc = mpi.MPI_Irecv(rb, n, t, op.mpi.root, op.tag, comm, r)
     elif op.kind == K_SENDRECV:
-        rc = mpi.MPI_Irecv(rb, <int>op.mpi.count2, t, op.mpi.peer2, op.tag, comm, &op.reqs[0])
+        rc = mpi.MPI_Irecv(rb, <int>op.mpi.count2, t, op.mpi.peer2, op.mpi.tag2, comm,
+                           &op.reqs[0])
         if rc == mpi.MPI_SUCCESS:
             rc = mpi.MPI_Isend(sb, n, t, op.mpi.root, op.tag, comm, &op.reqs[1])
             op.nreqs = 2
@@ -55,6 +56,10 @@ cdef int mpi_start(al_op* op) noexcept nogil:
                                 t, comm, r)
     elif op.kind == K_REDUCE_SCATTERV:
         rc = mpi.MPI_Ireduce_scatter(sb, rb, op.v.rcounts, t, op.mpi.mop, comm, r)
+    elif op.kind == K_SCAN:
+        rc = mpi.MPI_Iscan(sb, rb, n, t, op.mpi.mop, comm, r)
+    elif op.kind == K_EXSCAN:
+        rc = mpi.MPI_Iexscan(sb, rb, n, t, op.mpi.mop, comm, r)
     else:
         op.err = -1
         snprintf(op.errmsg, 256, "unknown op kind %d", op.kind)

@@ -206,6 +206,7 @@ ctypedef struct al_mpi_args:     # MPI pass-through kinds: the call's arguments 
     int root             # root, or peer for send/recv, or dest for sendrecv
     int peer2            # source for sendrecv
     int64_t count2       # elements sendrecv receives
+    int tag2             # the tag sendrecv receives with (op.tag: the one it sends with)
 
 ctypedef struct al_vargs:       # v-collectives (K_*V, K_SHM_ALLGATHERV/ALLTOALLV): per-rank
     int* scounts         # elements, as MPI takes them (int); arrays of `size` entries owned by
@@ -219,6 +220,8 @@ ctypedef struct al_result:       # reductions: this rank's result region (op_fin
     char* buf
     int64_t count
     int avg_in_steps     # the schedule divides its owned blocks (Step.owned), not op_finish
+    int logical01        # make logical results 0/1 with peers too: a scan's first rank(s),
+                         # where MPI copies the input and no reduction runs
 
 ctypedef struct al_ht_state:     # K_HOST_TRANSFER (ht_op.pxi)
     al_device* dev
