@@ -73,12 +73,10 @@ class Backend(Protocol):
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool,
                         algorithm: str = "auto") -> Any: ...
-    # ---- issue 29: scans (the GPU backend has scan / exscan of the same shape). Host buffers
-    # only: a blocking recv / sendrecv returns the receive's aluminum_py.Status (GPU: None),
-    # sendrecv takes recvtag= / sendtag=, and probe(source, tag, blocking, timeout, name) ----
-    def scan(self, sendbuf, recvbuf, op, blocking: bool, algorithm: str = "auto") -> Any: ...
 
-    def exscan(self, sendbuf, recvbuf, op, blocking: bool, algorithm: str = "auto") -> Any: ...
+    # ---- point to point (issue 29): a blocking recv / sendrecv returns the receive's
+    # aluminum_py.Status (GPU buffers: None), sendrecv takes recvtag= / sendtag=; the host
+    # backend also has probe(source, tag, blocking, timeout, name)
 
     def close(self) -> BaseException | None:
         """At Communicator.Free, once no op is pending: release what the backend holds. Returns
