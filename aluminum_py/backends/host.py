@@ -11,6 +11,7 @@ import operator
 import numpy as np
 
 from .. import _core, config, schedules, tuning
+from ..algorithms import SHM_VCOLLECTIVES, shm_preferred
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
                           ONE_NODE)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
@@ -558,15 +559,23 @@ class HostBackend:
     # every block inside its buffer, receive blocks disjoint), then runs one native op
     # (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
 
-    @staticmethod
-    def _v_algorithm(what: str, algorithm) -> str:
-        """What `algorithm` runs for the v-collective `what`: the MPI library's call for "mpi"
-        and "auto" ("auto" gains the "shm" candidate of Allgatherv and Alltoallv at merge)."""
-        if algorithm == "mpi" or algorithm == "auto":
+    def _v_algorithm(self, what: str, algorithm, nbytes_per_rank: int = 0) -> str:
+        """What `algorithm` runs for the v-collective `what`: "mpi" (the MPI library's call) or
+        "shm" (the node's segment: Allgatherv and Alltoallv). "auto": "shm" where the
+        communicator has a segment (or one rank) and algorithms.shm_preferred says it measured
+        faster, else "mpi"; the same on every rank (its arguments are)."""
+        shm_ok = what in SHM_VCOLLECTIVES
+        if algorithm == "mpi":
             return "mpi"
+        if algorithm == "auto":
+            return ("shm" if shm_ok and (self._no_shm is None or self.size == 1)
+                    and shm_preferred(what, nbytes_per_rank, self.size) else "mpi")
+        if algorithm == "shm" and shm_ok:
+            return "shm"
         if not isinstance(algorithm, str):
             raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
-        raise ValueError(f"algorithm: {what} takes 'auto' or 'mpi', got {algorithm!r}")
+        names = "'auto', 'mpi' or 'shm'" if shm_ok else "'auto' or 'mpi'"
+        raise ValueError(f"algorithm: {what} takes {names}, got {algorithm!r}")
 
     def _v_expect(self, kind: str, rows) -> None:
         """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
@@ -603,11 +612,11 @@ class HostBackend:
         return s, r, rc, rd
 
     def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
-        self._v_algorithm("allgatherv", algorithm)
+        alg = self._v_algorithm("allgatherv", algorithm)    # its "auto" ignores the size
         s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
         self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
-        return _core.allgatherv(self.launcher, s, r, rc, rd, blocking,
-                                config.hang_timeout_native())
+        run = _core.shm_allgatherv if alg == "shm" else _core.allgatherv
+        return run(self.launcher, s, r, rc, rd, blocking, config.hang_timeout_native())
 
     def gatherv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
         self._v_algorithm("gatherv", algorithm)
@@ -653,7 +662,7 @@ class HostBackend:
 
     def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking,
                   algorithm="auto"):
-        self._v_algorithm("alltoallv", algorithm)
+        alg = self._v_algorithm("alltoallv", algorithm)
         s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
         r = as_array(recvbuf, "recvbuf", writable=True)
         if s is not None:
@@ -674,6 +683,9 @@ class HostBackend:
             no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
                        "in-place Alltoallv")
         self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
+        if alg == "shm":
+            return _core.shm_alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
+                                       config.hang_timeout_native())
         return _core.alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
                                config.hang_timeout_native())
 

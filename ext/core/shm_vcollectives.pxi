@@ -42,7 +42,7 @@ cdef tuple vchecked(object counts, object displs, int p, str name, Py_ssize_t el
     from aluminum_py.buffers import vlayout
     return vlayout(counts, displs, p, name, elems)
 
-cdef inline int* vdata(object a) noexcept:
+cdef inline int* vints_data(object a) noexcept:
     return <int*>cnp.PyArray_DATA(<cnp.ndarray>a)
 
 cdef inline int64_t vtotal(const int* c, int p) noexcept:
@@ -73,19 +73,19 @@ def shm_allgatherv(Launcher L, s, r, counts, displs, bint blocking, double timeo
     esize = <int>cnp.PyArray_ITEMSIZE(rb)
     counts, displs = vchecked(counts, displs, p, "recvbuf", cnp.PyArray_SIZE(rb))
     if s is None:
-        sp = <char*>cnp.PyArray_DATA(rb) + <int64_t>vdata(displs)[me] * esize
+        sp = <char*>cnp.PyArray_DATA(rb) + <int64_t>vints_data(displs)[me] * esize
     else:
         sb = as_array(s, "sendbuf", False)
         same_dtype_of(sb, rb, "sendbuf", "recvbuf")
-        if cnp.PyArray_SIZE(sb) < vdata(counts)[me]:
-            _hooks.at_least(sb, vdata(counts)[me], "sendbuf", "recvcounts[rank]")
+        if cnp.PyArray_SIZE(sb) < vints_data(counts)[me]:
+            _hooks.at_least(sb, vints_data(counts)[me], "sendbuf", "recvcounts[rank]")
         if overlap(sb, rb):
             _hooks.no_overlap(sb, rb, "sendbuf", "recvbuf")
         sp = <char*>cnp.PyArray_DATA(sb)
     o = L.shm_op(K_SHM_ALLGATHERV, "allgatherv/shm", sp, <char*>cnp.PyArray_DATA(rb),
-                 vtotal(vdata(counts), p), code, esize, 0, 0)
-    o.op.v.rcounts = vdata(counts)
-    o.op.v.rdispls = vdata(displs)
+                 vtotal(vints_data(counts), p), code, esize, 0, 0)
+    o.op.v.rcounts = vints_data(counts)
+    o.op.v.rdispls = vints_data(displs)
     return L.run_shm(o, blocking, timeout, sb, (rb, counts, displs))
 
 
@@ -149,7 +149,7 @@ def shm_alltoallv(Launcher L, s, scounts, sdispls, r, rcounts, rdispls, bint blo
         scounts, sdispls = vchecked(scounts, sdispls, p, "sendbuf", cnp.PyArray_SIZE(sb))
         if overlap(sb, rb):
             _hooks.no_overlap(sb, rb, "sendbuf", "recvbuf")
-        if vdata(scounts)[me] != vdata(rcounts)[me]:
+        if vints_data(scounts)[me] != vints_data(rcounts)[me]:
             from aluminum_py.buffers import vself_counts
             vself_counts(scounts, rcounts, me)                            # raises
     if p > 1 and al_shm_a2a_cap(L.state.c.shm, esize, 1) < 1:
@@ -158,11 +158,11 @@ def shm_alltoallv(Launcher L, s, scounts, sdispls, r, rcounts, rdispls, bint blo
                     f"have {L.state.c.shm.slot} (AL_SHM_SLOT_BYTES); use algorithm='mpi'")
     o = L.shm_op(K_SHM_ALLTOALLV, "alltoallv/shm",
                  rp if sb is None else <char*>cnp.PyArray_DATA(sb), rp,
-                 vtotal(vdata(rcounts), p), code, esize, 0, 0)
-    o.op.v.scounts = vdata(scounts)
-    o.op.v.sdispls = vdata(sdispls)
-    o.op.v.rcounts = vdata(rcounts)
-    o.op.v.rdispls = vdata(rdispls)
+                 vtotal(vints_data(rcounts), p), code, esize, 0, 0)
+    o.op.v.scounts = vints_data(scounts)
+    o.op.v.sdispls = vints_data(sdispls)
+    o.op.v.rcounts = vints_data(rcounts)
+    o.op.v.rdispls = vints_data(rdispls)
     return L.run_shm(o, blocking, timeout, (sb, scounts, sdispls), (rb, rcounts, rdispls))
 
 

@@ -338,7 +338,9 @@ def test_argument_forms(comm):
 def test_al_check_names_the_counts_that_differ(monkeypatch, call):
     """AL_CHECK=1: counts that agree run as usual; rank 1 giving one element more or less
     than its peers expect raises al.Error on every rank, naming the rank and the argument,
-    before any data moves (MPICH's nonblocking collectives do not report truncation at all)."""
+    before any data moves (MPICH's nonblocking collectives do not report truncation at all).
+    The MPI library's calls ("mpi"): "shm" checks the counts in its own rounds
+    (test_shm_vcollectives.py)."""
     monkeypatch.setenv("AL_CHECK", "1")
     p, r = WORLD.size, WORLD.rank
     c = np.arange(p) + 1
@@ -351,7 +353,7 @@ def test_al_check_names_the_counts_that_differ(monkeypatch, call):
         out = np.full(int(c.sum()) + p * p + 1, FILL, np.float64)
         try:
             if call == "allgatherv":                  # rank 1's recvcounts[1] differs
-                comm.Allgatherv(inp(r, mine[r], "float64"), [out, mine])
+                comm.Allgatherv(inp(r, mine[r], "float64"), [out, mine], algorithm="mpi")
                 want = "rank 1's sendbuf has"
             elif call == "gatherv":
                 comm.Gatherv(inp(r, mine[r], "float64"), [out, c], root=0)
@@ -363,7 +365,8 @@ def test_al_check_names_the_counts_that_differ(monkeypatch, call):
                 sc, rc = c.copy(), np.full(p, c[r])     # rank 1 sends rank 0 a count off
                 if r == 1:
                     sc[0] += bad
-                comm.Alltoallv([inp(r, int(sc.sum()), "float64"), sc], [out, rc])
+                comm.Alltoallv([inp(r, int(sc.sum()), "float64"), sc], [out, rc],
+                               algorithm="mpi")
                 want = "rank 1's sendcounts[0]"
             else:
                 comm.Reduce_scatter(np.ones(int(mine.sum())), out[:mine[r]], recvcounts=mine)
@@ -389,6 +392,7 @@ def test_truncation_hint_names_the_arguments():
     class Op:
         name = "gatherv"
         error = (MPI.ERR_TRUNCATE, "MPI_Testall failed: Message truncated")
+        status = None                   # no receive envelope: a collective
 
     with pytest.raises(al.MPIError, match=r"^gatherv: MPI_Testall failed: Message truncated "
                                           r"\(a rank sent more .* recvcounts\[i\].*AL_CHECK=1"):
