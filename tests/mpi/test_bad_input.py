@@ -391,8 +391,8 @@ def _vcases():
              lambda p, r, kw=kw: ((FakeGPUArray(), [f32(4 * p), ones(p, 4)]), kw(p, r)))
         case(f"{low}-unsupported-dtype", T, named("sendbuf"), m,
              lambda p, r, kw=kw: ((np.ones(1, bool), [np.ones(p, bool), ones(p)]), kw(p, r)))
-    case("allgatherv-algorithm-shm", V, named("algorithm"), "Allgatherv",
-         lambda p, r: ((f32(1), [f32(p), ones(p)]), {"algorithm": "shm"}))
+    case("allgatherv-algorithm-ring", V, named("algorithm"), "Allgatherv",
+         lambda p, r: ((f32(1), [f32(p), ones(p)]), {"algorithm": "ring"}))
     case("allgatherv-algorithm-none", T, named("algorithm"), "Allgatherv",
          lambda p, r: ((f32(1), [f32(p), ones(p)]), {"algorithm": None}))
     case("gatherv-nonroot-sendbuf-none", T, named("sendbuf"), "Gatherv",
