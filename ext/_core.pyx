@@ -44,5 +44,7 @@ include "core/shm.pxi"              # the shared-memory transport: shm op, its g
 include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
 include "core/nativeop.pxi"         # class NativeOp, make_op
-include "core/launcher.pxi"         # class Launcher: the allreduce fast path
+include "core/msgbuffer.pxi"        # a call's buffers as one message (one parser per shape)
+include "core/launcher.pxi"         # class Launcher: how an op runs and is chosen
+include "core/collectives.pxi"      # class HostCollectives: one entry per host call
 include "core/hier_shm.pxi"         # hierarchical over the nodes' segments: one op, phases in turn
