@@ -88,7 +88,8 @@ class Communicator:
         self._any_source = MPI.ANY_SOURCE
         self._host = HostBackend(self._state, base, self.local_size, MPI.ANY_SOURCE, MPI.ANY_TAG,
                                  node)          # kept for "shm" on one node, else freed
-        self._allreduce = self._host.allreduce   # the native entry (numpy arrays' fast path)
+        self._calls = self._host.calls           # the native entries: numpy arrays' path
+        self._allreduce = self._calls.allreduce
         self._gpu = None if stream is None else self._make_gpu(stream)
         self._check = None
         if self._host.check_calls:          # AL_CHECK: a communicator for the signatures
@@ -230,11 +231,11 @@ class Communicator:
         algorithm: "mpi" (the MPI library's) or "shm" (the shared-memory transport: host
         buffers, ranks of one node; aluminum_py.UnavailableError otherwise); the same on every
         rank. So for every collective below that takes it."""
-        (self._host if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
          ).reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
     def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi") -> Request:
-        return (self._host if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
                 ).reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
 
     # ------------------------------------------------------------------ data movement
@@ -242,21 +243,21 @@ class Communicator:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
         recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`.
         algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
-        (self._host if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
          ).allgather(sendbuf, recvbuf, True, algorithm)
 
     def Iallgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
-        return (self._host if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
                 ).allgather(sendbuf, recvbuf, False, algorithm)
 
     def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
         """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as
         Reduce_scatter's)."""
-        (self._host if type(buf) is _ndarray else self._backend_for(buf, "buf")
+        (self._calls if type(buf) is _ndarray else self._backend_for(buf, "buf")
          ).bcast(buf, root, True, algorithm)
 
     def Ibcast(self, buf, root: int = 0, algorithm: str = "mpi") -> Request:
-        return (self._host if type(buf) is _ndarray else self._backend_for(buf, "buf")
+        return (self._calls if type(buf) is _ndarray else self._backend_for(buf, "buf")
                 ).bcast(buf, root, False, algorithm)
 
     def Alltoall(self, sendbuf, recvbuf=None) -> None:

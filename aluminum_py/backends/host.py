@@ -253,7 +253,7 @@ class HostBackend:
             self.launcher.hierarchical = self._node_segments.allreduce_op
         # The calls: the native entries (collectives.pxi), bound here so that a call from the
         # Communicator runs no Python (arguments as backends/base.py's Backend)
-        calls = _core.HostCollectives(self.launcher)
+        self.calls = calls = _core.HostCollectives(self.launcher)
         self.allreduce = calls.allreduce
         self.reduce = calls.reduce
         self.reduce_scatter = calls.reduce_scatter

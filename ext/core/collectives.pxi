@@ -26,13 +26,14 @@ cdef class HostCollectives:
         self.launcher = launcher
         self.state = launcher.state
 
-    cdef bint shm(self, algorithm, str what, bint has_shm) except -1:
-        """Whether `what` runs over the segment: False for "mpi", True for "shm" (after
-        shm_ready: raises where there is no segment); the errors of other names."""
+    cdef bint shm(self, algorithm, str what, str shm_name) except -1:
+        """Whether `what` runs over the segment: False for "mpi", True for "shm" where it has
+        an shm form (`shm_name`, else None), after shm_ready (raises where there is no
+        segment); the errors of other names."""
         if algorithm == "mpi":
             return False
-        if has_shm and algorithm == "shm":
-            self.launcher.shm_ready(what + "/shm")
+        if shm_name is not None and algorithm == "shm":
+            self.launcher.shm_ready(shm_name)
             return True
         _hooks.bad_collective_algorithm(what, algorithm)                 # raises
         return False
@@ -81,7 +82,7 @@ cdef class HostCollectives:
         cdef int r = parse_rank(self.state, root, "root"), opcode = op_code(op)
         cdef bint at_root = self.state.c.rank == r
         cdef NativeOp o
-        self.shm(algorithm, "reduce", False)
+        self.shm(algorithm, "reduce", None)
         if at_root:
             hold = parse_reduce(&m, sendbuf, recvbuf, opcode, 1,
                                 "one element per sendbuf element", "sendbuf")
@@ -98,7 +99,7 @@ cdef class HostCollectives:
         cdef al_msg m
         cdef int opcode = op_code(op), p = self.state.c.size
         cdef NativeOp o
-        cdef bint shm = self.shm(algorithm, "reduce_scatter", True)
+        cdef bint shm = self.shm(algorithm, "reduce_scatter", "reduce_scatter/shm")
         hold = parse_reduce(&m, sendbuf, recvbuf, opcode, p, "len(sendbuf) // size", "recvbuf")
         if shm:
             o = self.launcher.shm_op(K_SHM_REDUCE_SCATTER, "reduce_scatter/shm", m.sp, m.rp,
@@ -117,7 +118,7 @@ cdef class HostCollectives:
         cdef al_msg m
         cdef int p = self.state.c.size
         cdef NativeOp o
-        cdef bint shm = self.shm(algorithm, "allgather", True)
+        cdef bint shm = self.shm(algorithm, "allgather", "allgather/shm")
         hold = parse_blocks(&m, sendbuf, recvbuf, p, p, "size * len(sendbuf)")
         if not shm:
             return self.mpi_op(K_ALLGATHER, "allgather", &m, 0, 0, blocking)
@@ -130,7 +131,7 @@ cdef class HostCollectives:
     def alltoall(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
         """Block j of sendbuf goes to rank j; recvbuf None: in place."""
         cdef al_msg m
-        self.shm(algorithm, "alltoall", False)
+        self.shm(algorithm, "alltoall", None)
         hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, 1, "len(sendbuf)")
         return self.mpi_op(K_ALLTOALL, "alltoall", &m, 0, 0, blocking)
 
@@ -138,7 +139,7 @@ cdef class HostCollectives:
         cdef al_msg m
         cdef int r = parse_rank(self.state, root, "root")
         cdef NativeOp o
-        cdef bint shm = self.shm(algorithm, "bcast", True)
+        cdef bint shm = self.shm(algorithm, "bcast", "bcast/shm")
         hold = parse_one(&m, buf, "buf", self.state.c.rank != r, True, "buf")
         if not shm:
             return self.mpi_op(K_BCAST, "bcast", &m, 0, r, blocking)
@@ -151,7 +152,7 @@ cdef class HostCollectives:
         there: in place, sendbuf holds size blocks, root's own at block `root`)."""
         cdef al_msg m
         cdef int r = parse_rank(self.state, root, "root")
-        self.shm(algorithm, "gather", False)
+        self.shm(algorithm, "gather", None)
         if self.state.c.rank == r:
             hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, self.state.c.size,
                                 "size * len(sendbuf)")
@@ -164,7 +165,7 @@ cdef class HostCollectives:
         at root recvbuf None: in place, root's block stays in sendbuf."""
         cdef al_msg m
         cdef int r = parse_rank(self.state, root, "root")
-        self.shm(algorithm, "scatter", False)
+        self.shm(algorithm, "scatter", None)
         if self.state.c.rank == r:
             hold = parse_scatter(&m, sendbuf, recvbuf, self.state.c.size)
             m.inplace = False                   # MPI_IN_PLACE is the receive side's here
@@ -177,7 +178,7 @@ cdef class HostCollectives:
 
     def barrier(self, bint blocking, algorithm="mpi"):
         cdef NativeOp o
-        if self.shm(algorithm, "barrier", True):
+        if self.shm(algorithm, "barrier", "barrier/shm"):
             o = self.launcher.shm_op(K_SHM_BARRIER, "barrier/shm", NULL, NULL, 0, 0, 1, 0, 0)
             return self.launcher.run_shm(o, blocking, hang_timeout(), None, None)
         o = NativeOp.__new__(NativeOp)
