@@ -180,6 +180,10 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
                 [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
 
 
+# The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
+NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
+                "scatter", "barrier", "send", "recv", "sendrecv")
+
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
 
@@ -253,19 +257,9 @@ class HostBackend:
             self.launcher.hierarchical = self._node_segments.allreduce_op
         # The calls: the native entries (collectives.pxi), bound here so that a call from the
         # Communicator runs no Python (arguments as backends/base.py's Backend)
-        self.calls = calls = _core.HostCollectives(self.launcher)
-        self.allreduce = calls.allreduce
-        self.reduce = calls.reduce
-        self.reduce_scatter = calls.reduce_scatter
-        self.allgather = calls.allgather
-        self.bcast = calls.bcast
-        self.alltoall = calls.alltoall
-        self.gather = calls.gather
-        self.scatter = calls.scatter
-        self.barrier = calls.barrier
-        self.send = calls.send
-        self.recv = calls.recv
-        self.sendrecv = calls.sendrecv
+        self.calls = _core.HostCollectives(self.launcher)
+        for name in NATIVE_CALLS:
+            setattr(self, name, getattr(self.calls, name))
 
     def close(self) -> None:
         _core.shm_detach(self.state)
