@@ -69,11 +69,11 @@ cdef class HostCollectives:
         alg = L.choose_for(algorithm, m.count * m.esize, m.esize)
         sp = m.rp if m.inplace else m.sp
         if alg == "shm":
-            o = L.build_allreduce(<intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize, opcode,
-                                  alg, m.inplace, None)
+            o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize,
+                                opcode, alg, m.inplace, None)
             return L.run_shm(o, blocking, hang_timeout(), msg_obj(m.s), msg_obj(m.r))
-        o = L.build_allreduce(<intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize, opcode, alg,
-                              m.inplace, (msg_obj(m.s), msg_obj(m.r)))
+        o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize, opcode,
+                            alg, m.inplace, (msg_obj(m.s), msg_obj(m.r)))
         return L.launch(o, blocking, hang_timeout(), alg)
 
     def reduce(self, sendbuf, recvbuf, op, root, bint blocking, algorithm="mpi"):
@@ -215,6 +215,51 @@ cdef class HostCollectives:
         o.op.mpi.count2 = count2
         o.op.tag = tag
         return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+
+
+# The allreduce op of an algorithm: the allreduce entry's, and the inner op of a host-transfer
+# allreduce (host_transfer.pxi).
+cdef NativeOp build_allreduce(Launcher L, intptr_t sp, intptr_t rp, Py_ssize_t count, int code,
+                              int esize, int opcode, str alg, bint inplace, keep):
+    """One allreduce op on checked buffers (addresses; sp == rp in place).  Its `keep` is
+    set, except for "shm" (run_shm sets it when the op leaves the caller)."""
+    cdef NativeOp o
+    cdef Schedule sched
+    if alg == "shm":
+        L.shm_ready("allreduce/shm")
+        o = L.shm_op(K_SHM_ALLREDUCE, "allreduce/shm", <char*>sp, <char*>rp, count, code,
+                     esize, opcode, 0)
+        o.op.result.buf = <char*>rp
+        o.op.result.count = count
+        if opcode == AL_AVG:
+            o.op.result.avg_div = <double>L.state.c.size
+        o.op.result.avg_in_steps = L.state.c.size > 1    # AVG fused in the last pass
+        return o
+    o = NativeOp.__new__(NativeOp)
+    if unusual(L.state):                                 # before next_tag
+        L.state.check_usable("allreduce/" + alg)
+    init_op(o.op, L.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
+    o.op.result.buf = <char*>rp
+    o.op.result.count = count
+    if opcode == AL_AVG:
+        o.op.result.avg_div = <double>L.state.c.size
+    if alg == "mpi":
+        o.op.kind = K_ALLREDUCE
+        o.op.sbuf = NULL if inplace else <char*>sp
+        o.name = "allreduce/mpi"
+        o.keep = (L.state, None, keep)
+    elif alg == "hierarchical" and L.hierarchical is not None:
+        return L.hierarchical(sp, rp, count, code, esize, opcode, inplace, keep)
+    else:
+        sched = L.schedule(alg, count, inplace)
+        o.op.tag = L.state.next_tag()
+        o.op.sched.steps = sched.steps
+        o.op.sched.nsteps = sched.nsteps
+        o.op.result.avg_in_steps = sched.owned
+        o.op.sched.tmpbytes = <size_t>(sched.tmp_elems * esize)
+        o.name = "allreduce/" + alg
+        o.keep = (L.state, sched, keep)
+    return o
 
 
 cdef inline void result_avg(NativeOp o, char* rp, int64_t count, int opcode, bint here,

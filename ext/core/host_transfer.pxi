@@ -188,8 +188,8 @@ def host_transfer_allreduce(Launcher L, Device dev, uintptr_t stream, uintptr_t 
     alg = L.choose_for(algorithm, nbytes, esize)
     dev.take_pinned(nbytes + 64, &pinned)
     try:
-        inner = L.build_allreduce(<intptr_t>pinned, <intptr_t>pinned, count, code, esize,
-                                     opcode, alg, True, None)
+        inner = build_allreduce(L, <intptr_t>pinned, <intptr_t>pinned, count, code, esize,
+                                opcode, alg, True, None)
         if inner.keep is None:                # "shm": the outer op keeps the state
             inner.keep = (L.state, None, None)
     except BaseException:

@@ -189,48 +189,6 @@ cdef class Launcher:
             self.sched_cache[key] = sched
         return <Schedule>sched
 
-    cdef NativeOp build_allreduce(self, intptr_t sp, intptr_t rp, Py_ssize_t count, int code,
-                                  int esize, int opcode, str alg, bint inplace, keep):
-        """One allreduce op on checked buffers (addresses; sp == rp in place).  Its `keep` is
-        set, except for "shm" (run_shm sets it when the op leaves the caller)."""
-        cdef NativeOp o
-        cdef Schedule sched
-        if alg == "shm":
-            self.shm_ready("allreduce/shm")
-            o = self.shm_op(K_SHM_ALLREDUCE, "allreduce/shm", <char*>sp, <char*>rp, count, code,
-                            esize, opcode, 0)
-            o.op.result.buf = <char*>rp
-            o.op.result.count = count
-            if opcode == AL_AVG:
-                o.op.result.avg_div = <double>self.state.c.size
-            o.op.result.avg_in_steps = self.state.c.size > 1    # AVG fused in the last pass
-            return o
-        o = NativeOp.__new__(NativeOp)
-        if unusual(self.state):                                 # before next_tag
-            self.state.check_usable("allreduce/" + alg)
-        init_op(o.op, self.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
-        o.op.result.buf = <char*>rp
-        o.op.result.count = count
-        if opcode == AL_AVG:
-            o.op.result.avg_div = <double>self.state.c.size
-        if alg == "mpi":
-            o.op.kind = K_ALLREDUCE
-            o.op.sbuf = NULL if inplace else <char*>sp
-            o.name = "allreduce/mpi"
-            o.keep = (self.state, None, keep)
-        elif alg == "hierarchical" and self.hierarchical is not None:
-            return self.hierarchical(sp, rp, count, code, esize, opcode, inplace, keep)
-        else:
-            sched = self.schedule(alg, count, inplace)
-            o.op.tag = self.state.next_tag()
-            o.op.sched.steps = sched.steps
-            o.op.sched.nsteps = sched.nsteps
-            o.op.result.avg_in_steps = sched.owned
-            o.op.sched.tmpbytes = <size_t>(sched.tmp_elems * esize)
-            o.name = "allreduce/" + alg
-            o.keep = (self.state, sched, keep)
-        return o
-
     # ---- "shm": the op of a call, its run, the collectives' entry points ----
 
     cdef NativeOp shm_op(self, int kind, str name, char* sp, char* rp, int64_t count, int code,
