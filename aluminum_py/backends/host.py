@@ -335,3 +335,31 @@ class HostBackend:
         steps, tmp = schedules.build(alg, self.size, self.rank, count, inplace,
                                      self.layout if alg in schedules.NEEDS_LAYOUT else None)
         return _core.Schedule(steps, tmp)
+
+    # ------------------------------------------------------------------ Python-level ops
+    # For calls still built in Python (make_op + launch) until their shapes join msgbuffer.pxi:
+    # the v-collectives, Scan/Exscan and the point-to-point calls with a status (issue 29).
+    def _launch(self, op, blocking: bool, algorithm: str):
+        return self.launcher.launch(op, blocking, config.hang_timeout_native(), algorithm)
+
+    def _reduction(self, op, arr):
+        """(op as an Op, arr's dtype code), or the error of an op the dtype does not take."""
+        op = as_op(op)
+        code = DTYPE_CODES[arr.dtype][0]
+        check_op(op, code, arr.dtype)
+        return op, code
+
+    def _tag_arg(self, tag, allow_any: bool) -> int:
+        return tag_arg(tag, allow_any)
+
+    @staticmethod
+    def _result(s, recvbuf, n: int, what: str):
+        """Where a reduction of sendbuf `s` lands: (s, send address 0, i.e. MPI_IN_PLACE) for
+        recvbuf None, else recvbuf checked for `n` elements of s's dtype, with send address 0 if
+        it is s itself (and an error if it overlaps s otherwise)."""
+        if recvbuf is None:
+            return s, 0
+        r = as_array(recvbuf, "recvbuf", writable=True)
+        same_dtype(s, r, "sendbuf", "recvbuf")
+        at_least(r, n, "recvbuf", what)
+        return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else _core.addr(s))
