@@ -1,26 +1,25 @@
 """The Communicator: the public API of every collective, blocking and I-prefixed nonblocking.
 
-Every method has one shape: check what does not depend on the buffers (ranks, roots), pick the
-backend from the buffer (:mod:`aluminum_py.backends`: host buffers to the host backend, GPU
-buffers to the GPU backend, made on first use) and delegate. Allreduce of a numpy array calls
-the host backend's native entry directly (``HostBackend.fast_allreduce``): that is the
-latency-critical path.
+Every method is one line: pick the backend from the buffer (:mod:`aluminum_py.backends`: host
+buffers to the host backend, GPU buffers to the GPU backend, made on first use) and delegate;
+the backend checks everything (ranks, roots, tags, buffers, the algorithm). For a numpy array
+the host backend's method is the native entry itself (``_core.HostCollectives``), picked with
+one type test, so no other Python runs on the latency-critical path.
 """
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _core, config, timeline, topology
 from .backends.gpu_backend import GpuBackend
-from .backends.host import HostBackend, rank_arg
+from .backends.host import HostBackend, rank_arg, source_arg
 from .backends.ht_enqueue import HostTransfer
 from .buffers import unless_in_place, vspec
 from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
-from .ops import SUM, Op, as_op
+from .ops import SUM
 from .request import Request
 from .status import ANY_SOURCE, ANY_TAG, Status, fill, status_arg
 
@@ -96,11 +95,8 @@ class Communicator:
         self.local_size: int = self._topology.local_size
         self._any_source = MPI.ANY_SOURCE
         self._host = HostBackend(self._state, base, self._topology, MPI.ANY_SOURCE, MPI.ANY_TAG)
-        self._allreduce = self._host.fast_allreduce
-        self._shm_allgather = self._host.shm_allgather          # numpy arrays, "shm": native
-        self._shm_bcast = self._host.shm_bcast
-        self._shm_reduce_scatter = self._host.shm_reduce_scatter
-        self._shm_barrier = self._host.shm_barrier
+        self._calls = self._host.calls           # the native entries: numpy arrays' path
+        self._allreduce = self._calls.allreduce
         self._gpu = None if stream is None else self._make_gpu(stream)
         self._check = None
         if self._host.check_calls:          # AL_CHECK: a communicator for the signatures
@@ -185,6 +181,10 @@ class Communicator:
     def _rank_arg(self, value, name: str) -> int:
         return rank_arg(value, name, self.size)
 
+    def _source(self, source) -> int:
+        """`source` as a rank or MPI.ANY_SOURCE (else the error naming it)."""
+        return source_arg(source, self.size)
+
     def explain(self, nbytes: int, dtype="float32") -> "Choice":
         """Which algorithm ``algorithm="auto"`` picks for an Allreduce of `nbytes` bytes of
         `dtype`, and why (a tuning-table entry, an extrapolation, or the cost model).
@@ -211,51 +211,27 @@ class Communicator:
             aluminum_py.UnavailableError: "shm" on a communicator spanning nodes.
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
-        if type(sendbuf) is _ndarray and max_ctas is None and min_ctas is None:
-            self._allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
-                            algorithm, True, config.hang_timeout_native())
-            return
-        self._backend_for(sendbuf, "sendbuf").allreduce(sendbuf, recvbuf, op, algorithm, True,
-                                                        min_ctas, max_ctas)
+        (self._allreduce if type(sendbuf) is _ndarray else
+         self._backend_for(sendbuf, "sendbuf").allreduce)(sendbuf, recvbuf, op, algorithm, True,
+                                                          min_ctas, max_ctas)
 
     def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
                    max_ctas: int | None = None, min_ctas: int | None = None) -> Request:
         """Nonblocking Allreduce: returns a Request at once; the engine progresses it (GPU
         buffers: a GpuRequest whose Wait makes the bound stream wait)."""
-        if type(sendbuf) is _ndarray and max_ctas is None and min_ctas is None:
-            return self._allreduce(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
-                                   algorithm, False, config.hang_timeout_native())
-        return self._backend_for(sendbuf, "sendbuf").allreduce(sendbuf, recvbuf, op, algorithm,
-                                                               False, min_ctas, max_ctas)
+        return (self._allreduce if type(sendbuf) is _ndarray else
+                self._backend_for(sendbuf, "sendbuf").allreduce)(sendbuf, recvbuf, op, algorithm,
+                                                                 False, min_ctas, max_ctas)
 
     # ------------------------------------------------------------------ reduce
-    def _reduce(self, sendbuf, recvbuf, op, root, blocking):
-        root = self._rank_arg(root, "root")
-        return self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, blocking)
-
     def Reduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> None:
         """Reduce onto `root`. recvbuf matters at root only (None there: in place in sendbuf)."""
-        self._reduce(sendbuf, recvbuf, op, root, True)
+        self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, True)
 
     def Ireduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> Request:
-        return self._reduce(sendbuf, recvbuf, op, root, False)
+        return self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, False)
 
     # ------------------------------------------------------------------ reduce_scatter
-    def _shm_backend(self, buf, name: str, algorithm):
-        """The backend of a collective called with an algorithm other than "mpi": the host
-        backend, which runs "shm" and rejects other names (a GPU buffer takes only "mpi")."""
-        if algorithm == "shm" and self._backend_for(buf, name) is not self._host:
-            raise ValueError(f"algorithm: 'shm' is for host buffers; {name} is a GPU buffer "
-                             f"(GPU buffers take 'mpi')")
-        return self._host
-
-    def _reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm):
-        if algorithm == "mpi":
-            return self._backend_for(sendbuf, "sendbuf").reduce_scatter(sendbuf, recvbuf, op,
-                                                                        blocking)
-        return self._shm_backend(sendbuf, "sendbuf", algorithm).reduce_scatter(
-            sendbuf, recvbuf, op, blocking, algorithm)
-
     def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
                        recvcounts=None) -> None:
         """Block reduce-scatter: rank i gets block i (len(sendbuf)//size elements) of the
@@ -268,132 +244,75 @@ class Communicator:
         if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
             self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, True, algorithm)
             return
-        if algorithm == "shm" and type(sendbuf) is _ndarray:
-            self._shm_reduce_scatter(sendbuf, recvbuf, op.code if type(op) is Op else as_op(op).code,
-                                     True, config.hang_timeout_native())
-            return
-        self._reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
+        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+         ).reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
     def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
                         recvcounts=None) -> Request:
         if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
             return self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, False, algorithm)
-        if algorithm == "shm" and type(sendbuf) is _ndarray:
-            return self._shm_reduce_scatter(sendbuf, recvbuf,
-                                            op.code if type(op) is Op else as_op(op).code, False,
-                                            config.hang_timeout_native())
-        return self._reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
+        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+                ).reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
 
     # ------------------------------------------------------------------ data movement
-    def _allgather(self, sendbuf, recvbuf, blocking, algorithm):
-        if algorithm == "mpi":
-            return self._backend_for(sendbuf, "sendbuf").allgather(sendbuf, recvbuf, blocking)
-        return self._shm_backend(sendbuf, "sendbuf", algorithm).allgather(sendbuf, recvbuf,
-                                                                          blocking, algorithm)
-
     def Allgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> None:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
         recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`.
         algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
-        if algorithm == "shm" and type(sendbuf) is _ndarray:
-            self._shm_allgather(sendbuf, recvbuf, True, config.hang_timeout_native())
-            return
-        self._allgather(sendbuf, recvbuf, True, algorithm)
+        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+         ).allgather(sendbuf, recvbuf, True, algorithm)
 
     def Iallgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
-        if algorithm == "shm" and type(sendbuf) is _ndarray:
-            return self._shm_allgather(sendbuf, recvbuf, False, config.hang_timeout_native())
-        return self._allgather(sendbuf, recvbuf, False, algorithm)
-
-    def _bcast(self, buf, root, blocking, algorithm):
-        root = self._rank_arg(root, "root")
-        if algorithm == "mpi":
-            return self._backend_for(buf, "buf").bcast(buf, root, blocking)
-        return self._shm_backend(buf, "buf", algorithm).bcast(buf, root, blocking, algorithm)
+        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+                ).allgather(sendbuf, recvbuf, False, algorithm)
 
     def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
         """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as
         Reduce_scatter's)."""
-        if algorithm == "shm" and type(buf) is _ndarray:
-            self._shm_bcast(buf, root, True, config.hang_timeout_native())
-            return
-        self._bcast(buf, root, True, algorithm)
+        (self._calls if type(buf) is _ndarray else self._backend_for(buf, "buf")
+         ).bcast(buf, root, True, algorithm)
 
     def Ibcast(self, buf, root: int = 0, algorithm: str = "mpi") -> Request:
-        if algorithm == "shm" and type(buf) is _ndarray:
-            return self._shm_bcast(buf, root, False, config.hang_timeout_native())
-        return self._bcast(buf, root, False, algorithm)
-
-    def _alltoall(self, sendbuf, recvbuf, blocking):
-        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, blocking)
+        return (self._calls if type(buf) is _ndarray else self._backend_for(buf, "buf")
+                ).bcast(buf, root, False, algorithm)
 
     def Alltoall(self, sendbuf, recvbuf=None) -> None:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i."""
-        self._alltoall(sendbuf, recvbuf, True)
+        self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, True)
 
     def Ialltoall(self, sendbuf, recvbuf=None) -> Request:
-        return self._alltoall(sendbuf, recvbuf, False)
-
-    def _gather(self, sendbuf, recvbuf, root, blocking):
-        root = self._rank_arg(root, "root")
-        return self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, blocking)
+        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, False)
 
     def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Concatenate every rank's sendbuf at root. recvbuf matters at root only; None there:
         in place, sendbuf holds size blocks with root's own at block `root`."""
-        self._gather(sendbuf, recvbuf, root, True)
+        self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, True)
 
     def Igather(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
-        return self._gather(sendbuf, recvbuf, root, False)
-
-    def _scatter(self, sendbuf, recvbuf, root, blocking):
-        root = self._rank_arg(root, "root")
-        return self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, blocking)
+        return self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, False)
 
     def Scatter(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Block i of root's sendbuf goes to rank i's recvbuf (whose length sets the count on
         non-roots). At root recvbuf None: in place, root's block stays in sendbuf."""
-        self._scatter(sendbuf, recvbuf, root, True)
+        self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, True)
 
     def Iscatter(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
-        return self._scatter(sendbuf, recvbuf, root, False)
-
-    def _barrier(self, blocking, algorithm):
-        return self._host.barrier(blocking, algorithm)
+        return self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, False)
 
     def Barrier(self, algorithm: str = "mpi") -> None:
         """Wait until every rank called it. algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
-        if algorithm == "shm":
-            self._shm_barrier(True, config.hang_timeout_native())
-            return
-        self._barrier(True, algorithm)
+        self._host.barrier(True, algorithm)
 
     def Ibarrier(self, algorithm: str = "mpi") -> Request:
-        if algorithm == "shm":
-            return self._shm_barrier(False, config.hang_timeout_native())
-        return self._barrier(False, algorithm)
+        return self._host.barrier(False, algorithm)
 
     # ------------------------------------------------------------------ point to point
-    def _send(self, buf, dest, tag, blocking):
-        dest = self._rank_arg(dest, "dest")
-        return self._backend_for(buf, "buf").send(buf, dest, tag, blocking)
-
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send `buf` to rank `dest` (messages on this communicator never match collectives)."""
-        self._send(buf, dest, tag, True)
+        self._backend_for(buf, "buf").send(buf, dest, tag, True)
 
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
-        return self._send(buf, dest, tag, False)
-
-    def _source(self, source):
-        try:
-            v = operator.index(source)
-        except TypeError:
-            raise TypeError(f"source: expected an int rank or MPI.ANY_SOURCE, got "
-                            f"{type(source).__name__}") from None
-        if v == self._any_source:
-            return v
-        return self._rank_arg(v, "source")
+        return self._backend_for(buf, "buf").send(buf, dest, tag, False)
 
     def _recv(self, buf, source, tag, blocking, status):
         source = self._source(source)

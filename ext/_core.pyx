@@ -45,7 +45,9 @@ include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
 include "core/nativeop.pxi"         # class NativeOp, make_op
 include "core/p2p.pxi"              # probe, wait_any (Probe, Waitany & co)
-include "core/launcher.pxi"         # class Launcher: the allreduce fast path
-include "core/shm_vcollectives.pxi" # Allgatherv, Alltoall(v) over the segment: their entries
+include "core/msgbuffer.pxi"        # a call's buffers as one message (one parser per shape)
+include "core/launcher.pxi"         # class Launcher: how an op runs and is chosen
+include "core/collectives.pxi"      # class HostCollectives: one entry per host call
 include "core/vcollectives.pxi"     # the v-collectives: one MPI pass-through op each
+include "core/shm_vcollectives.pxi" # Allgatherv, Alltoall(v) over the segment: their entries
 include "core/hier_shm.pxi"         # hierarchical over the nodes' segments: one op, phases in turn

@@ -1,13 +1,15 @@
 """The protocol every backend implements: the collectives and point-to-point operations on
 buffers of its kind, ``choose`` (what ``algorithm=`` runs) and ``close``.
 
-A Communicator checks what does not depend on the buffers (ranks, roots), picks the backend from
-the buffer (:class:`~aluminum_py.backends.host.HostBackend` for host buffers,
-:class:`~aluminum_py.backends.gpu_backend.GpuBackend` for GPU buffers) and calls it. A backend gets
-everything it uses through its constructor (MPI communicators, rank and size, the native
-launcher, the device and stream) and never sees the Communicator. Every operation takes
-``blocking``: True runs it to completion (host buffers) or enqueues it on the bound stream (GPU
-buffers) and returns None; False returns a request.
+A Communicator picks the backend from the buffer (:class:`~aluminum_py.backends.host.HostBackend`
+for host buffers, :class:`~aluminum_py.backends.gpu_backend.GpuBackend` for GPU buffers) and calls it
+with the user's arguments as given: the backend checks all of them (ranks, roots, tags, buffers,
+the algorithm) before any communication. A backend gets everything it uses through its
+constructor (MPI communicators, rank and size, the native launcher, the device and stream) and
+never sees the Communicator. Every operation takes ``blocking``: True runs it to completion
+(host buffers) or enqueues it on the bound stream (GPU buffers) and returns None; False returns
+a request. Every collective takes ``algorithm`` last: a name the backend does not run for it
+raises ValueError naming it (TypeError for a non-str; UnavailableError where it cannot run).
 """
 from __future__ import annotations
 
@@ -33,19 +35,26 @@ class Backend(Protocol):
 
     def exscan(self, sendbuf, recvbuf, op, blocking: bool, algorithm: str = "auto") -> Any: ...
 
-    def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool) -> Any: ...
+    def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool,
+               algorithm: str = "mpi") -> Any: ...
 
-    def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool) -> Any: ...
+    def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool,
+                       algorithm: str = "mpi") -> Any: ...
 
-    def allgather(self, sendbuf, recvbuf, blocking: bool) -> Any: ...
+    def allgather(self, sendbuf, recvbuf, blocking: bool, algorithm: str = "mpi") -> Any: ...
 
-    def bcast(self, buf, root: int, blocking: bool) -> Any: ...
+    def bcast(self, buf, root: int, blocking: bool, algorithm: str = "mpi") -> Any: ...
 
-    def alltoall(self, sendbuf, recvbuf, blocking: bool) -> Any: ...
+    def alltoall(self, sendbuf, recvbuf, blocking: bool, algorithm: str = "mpi") -> Any: ...
 
-    def gather(self, sendbuf, recvbuf, root: int, blocking: bool) -> Any: ...
+    def gather(self, sendbuf, recvbuf, root: int, blocking: bool,
+               algorithm: str = "mpi") -> Any: ...
 
-    def scatter(self, sendbuf, recvbuf, root: int, blocking: bool) -> Any: ...
+    def scatter(self, sendbuf, recvbuf, root: int, blocking: bool,
+                algorithm: str = "mpi") -> Any: ...
+
+    def barrier(self, blocking: bool, algorithm: str = "mpi") -> Any:
+        """The Communicator's Barrier (it calls the host backend's: a barrier has no buffer)."""
 
     def send(self, buf, dest: int, tag: int, blocking: bool) -> Any: ...
 

@@ -18,6 +18,7 @@ from ..gpu import (GpuArray, GpuRequest, InFlight, _retain_if_abandoned, _retire
 from ..ops import DTYPE_CODES, Op, as_op, check_op
 from ..request import Request
 from . import nccl_rules
+from .host import collective_algorithm, rank_arg, source_arg
 from .ht_enqueue import HostTransfer
 
 
@@ -276,6 +277,16 @@ class GpuBackend:
         return self._join(stream, alg, keep, host_request=req)
 
     # -- the other collectives: NCCL's own, grouped send/recv where NCCL has none
+    def _call(self, what: str, algorithm, name: str, root=None):
+        """What a collective checks before its buffers: `algorithm` (GPU buffers take "mpi":
+        NCCL runs it; "shm" is for host buffers) and the root (checked, returned)."""
+        if algorithm != "mpi":
+            if algorithm == "shm":
+                raise ValueError(f"algorithm: 'shm' is for host buffers; {name} is a GPU buffer "
+                                 f"(GPU buffers take 'mpi')")
+            collective_algorithm(what, algorithm, ("mpi",))
+        return None if root is None else rank_arg(root, "root", self.size)
+
     def _run(self, name: str, blocking: bool, keep, launch):
         self.usable(name)
         comm = self.nccl_comm()
@@ -297,14 +308,16 @@ class GpuBackend:
             raise ValueError(f"{send_name} and recvbuf overlap partially")
         return s, r
 
-    def bcast(self, buf, root: int, blocking: bool):
+    def bcast(self, buf, root: int, blocking: bool, algorithm="mpi"):
+        root = self._call("bcast", algorithm, "buf", root)
         b = self._arr(buf, "buf", writable=self.rank != root)
         return self._run("bcast", blocking, (b.obj,), lambda c, st: c.broadcast(
             b.ptr, b.ptr, b.count, str(b.dtype), root, st))
 
-    def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool):
+    def reduce(self, sendbuf, recvbuf, op, root: int, blocking: bool, algorithm="mpi"):
         """recvbuf matters at root only, as for host buffers: elsewhere it is not read (NCCL
         ignores the receive pointer there), so a rank's bad recvbuf cannot fail it alone."""
+        root = self._call("reduce", algorithm, "sendbuf", root)
         if self.rank == root:
             s, r = self._pair(sendbuf, recvbuf)
             if r.count < s.count:
@@ -317,7 +330,8 @@ class GpuBackend:
         return self._run("reduce", blocking, (s.obj, r.obj), lambda c, st: c.reduce(
             s.ptr, r.ptr, s.count, str(s.dtype), nccl_op, root, st))
 
-    def allgather(self, sendbuf, recvbuf, blocking: bool):
+    def allgather(self, sendbuf, recvbuf, blocking: bool, algorithm="mpi"):
+        self._call("allgather", algorithm, "sendbuf")
         s, r = self._pair(sendbuf, recvbuf)
         if recvbuf is None and s.count % self.size:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
@@ -329,7 +343,8 @@ class GpuBackend:
         return self._run("allgather", blocking, (s.obj, r.obj), lambda c, st: c.allgather(
             src, r.ptr, n, str(s.dtype), st))
 
-    def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool):
+    def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool, algorithm="mpi"):
+        self._call("reduce_scatter", algorithm, "sendbuf")
         s, r = self._pair(sendbuf, recvbuf)
         if s.count % self.size:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
@@ -364,7 +379,8 @@ class GpuBackend:
                 self.device.memcpy(dst, src, nbytes, st)
         return self._run(name, blocking, keep, launch)
 
-    def alltoall(self, sendbuf, recvbuf, blocking: bool):
+    def alltoall(self, sendbuf, recvbuf, blocking: bool, algorithm="mpi"):
+        self._call("alltoall", algorithm, "sendbuf")
         s, r = self._pair(sendbuf, recvbuf)
         p, es = self.size, s.dtype.itemsize
         if recvbuf is None or s.count % p:
@@ -376,7 +392,8 @@ class GpuBackend:
         return self.exchange([(j, s.ptr + j * n * es, n, dt) for j in range(p)],
                              [(j, r.ptr + j * n * es, n, dt) for j in range(p)], blocking, (s.obj, r.obj))
 
-    def gather(self, sendbuf, recvbuf, root: int, blocking: bool):
+    def gather(self, sendbuf, recvbuf, root: int, blocking: bool, algorithm="mpi"):
+        root = self._call("gather", algorithm, "sendbuf", root)
         s = self._arr(sendbuf, "sendbuf")
         dt, es, p = str(s.dtype), s.dtype.itemsize, self.size
         sends = [(root, s.ptr, s.count, dt)]
@@ -390,7 +407,8 @@ class GpuBackend:
             keep.append(r.obj)
         return self.exchange(sends, recvs, blocking, tuple(keep))
 
-    def scatter(self, sendbuf, recvbuf, root: int, blocking: bool):
+    def scatter(self, sendbuf, recvbuf, root: int, blocking: bool, algorithm="mpi"):
+        root = self._call("scatter", algorithm, "recvbuf", root)
         r = self._arr(recvbuf, "recvbuf", writable=True)
         dt, es, p = str(r.dtype), r.dtype.itemsize, self.size
         sends, keep = [], [r.obj]
@@ -403,16 +421,20 @@ class GpuBackend:
         return self.exchange(sends, [(root, r.ptr, r.count, dt)], blocking, tuple(keep))
 
     def send(self, buf, dest: int, tag, blocking: bool):
+        dest = rank_arg(dest, "dest", self.size)
         nccl_rules.check_p2p_args(tag, None, self._any_source)
         b = self._arr(buf, "buf")
         return self.exchange([(dest, b.ptr, b.count, str(b.dtype))], [], blocking, (b.obj,))
 
     def recv(self, buf, source: int, tag, blocking: bool):
+        source = source_arg(source, self.size)
         nccl_rules.check_p2p_args(tag, source, self._any_source, self._any_tag)
         b = self._arr(buf, "buf", writable=True)
         return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag, blocking: bool):
+        dest = rank_arg(dest, "dest", self.size)
+        source = source_arg(source, self.size)
         nccl_rules.check_p2p_args(tag, source, self._any_source)
         if recvbuf is None:
             raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")

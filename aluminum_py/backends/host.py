@@ -1,8 +1,9 @@
-"""The host backend: collectives and point-to-point on host buffers over MPI, run by the native
-core (``_core``): each call checks its buffers, builds one native op and runs it in the caller
-with the GIL released (blocking) or hands it to the progress engine (nonblocking). The allreduce
-of numpy arrays takes the native fast path (``_core.Launcher.allreduce``: buffer checks, auto's
-cached choice and the cached schedule in Cython), whose error messages come from :class:`_Hooks`.
+"""The host backend: collectives and point-to-point on host buffers, run by the native core
+(``_core``). This module builds a communicator's native state (the launcher, auto's chooser,
+the shared-memory segments) and says why something is unavailable; the calls themselves are
+the native entries of ``_core.HostCollectives`` (ext/core/collectives.pxi: parse the buffers
+into a message, pick the op kind from the algorithm, launch), bound as this backend's methods.
+Every error message of that path is written here (:class:`_Hooks`) or in :mod:`..buffers`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from .. import _core, config, schedules, tuning
 from ..algorithms import SHM_VCOLLECTIVES, shm_preferred
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
-                          ONE_NODE)
+                          ONE_NODE, OTHER_COLLECTIVES)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..buffers import MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count  # v-collectives
@@ -46,6 +47,44 @@ def divisible(arr, name: str, size: int) -> None:
                          f"size {size}")
 
 
+def tag_arg(tag, allow_any: bool, name: str = "tag") -> int:
+    """`tag` as a point-to-point tag, 0..32767 (MPI.ANY_TAG too where `allow_any`: receives),
+    else TypeError/ValueError naming it (`name`: tag, sendtag, recvtag)."""
+    try:
+        t = operator.index(tag)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(tag).__name__}") from None
+    if allow_any and t == ANY_TAG:
+        return t
+    if not 0 <= t <= 32767:
+        raise ValueError(f"{name}: {t} is out of range (0..32767"
+                         f"{', or ANY_TAG' if allow_any else ''})")
+    return t
+
+
+def source_arg(value, size: int) -> int:
+    """`value` as a receive's source: a rank of a communicator of `size` ranks or
+    MPI.ANY_SOURCE, else TypeError/ValueError naming it."""
+    from mpi4py import MPI
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"source: expected an int rank or MPI.ANY_SOURCE, got "
+                        f"{type(value).__name__}") from None
+    if v == MPI.ANY_SOURCE:
+        return v
+    return rank_arg(v, "source", size)
+
+
+def collective_algorithm(what: str, algorithm, names=COLLECTIVE_ALGORITHMS) -> None:
+    """Raise the error of `algorithm`, a name that `what` (a collective other than allreduce)
+    does not run: it takes `names` ("mpi" and, for OTHER_COLLECTIVES, "shm")."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+    raise ValueError(f"algorithm: {what} takes {' or '.join(map(repr, names))}, got "
+                     f"{algorithm!r}")
+
+
 def _thread_name(ident: int) -> str:
     """A thread by name and ident, for the threading rule's messages."""
     import threading
@@ -64,6 +103,25 @@ class _Hooks:
     rank_arg = staticmethod(rank_arg)
     divisible = staticmethod(divisible)
     not_vlayout = staticmethod(not_vlayout)         # the v-collectives (vcollectives.pxi)
+    tag_arg = staticmethod(tag_arg)
+    status_of = staticmethod(_status_of)    # a blocking receive's Status
+    source_arg = staticmethod(source_arg)
+    as_op = staticmethod(as_op)
+    Op = Op                 # op_code: al.SUM ... take the one-test path
+    config = config         # its _hang_timeout, read at every call
+
+    @staticmethod
+    def bad_collective_algorithm(what, algorithm):
+        collective_algorithm(what, algorithm,
+                             COLLECTIVE_ALGORITHMS if what in OTHER_COLLECTIVES else ("mpi",))
+
+    @staticmethod
+    def no_ctas():
+        raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
+
+    @staticmethod
+    def required(name, where):
+        raise TypeError(f"{name}: required {where}")
 
     @staticmethod
     def fail(message):
@@ -150,6 +208,10 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
                 [(c, o.code) for c, kind in DTYPE_CODES.values() for o in OPS_FOR_KIND[kind]])
 
 
+# The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
+NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
+                "scatter", "barrier", "send", "recv", "sendrecv")
+
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
 
@@ -161,11 +223,6 @@ def set_engine_yield(local_size: int) -> None:
     _largest_local_size = max(_largest_local_size, local_size)
     every = config.engine_yield()
     _core.set_poll_yield(config.default_engine_yield(_largest_local_size) if every is None else every)
-
-
-def _no_ctas(min_ctas, max_ctas) -> None:
-    if max_ctas is not None or min_ctas is not None:
-        raise ValueError("max_ctas/min_ctas: only for GPU buffers (NCCL thread-block limits)")
 
 
 class HostBackend:
@@ -223,14 +280,11 @@ class HostBackend:
         self.launcher.shm_unavailable = self._shm_unavailable
         if self._node_segments is not None:
             self.launcher.hierarchical = self._node_segments.allreduce_op
-        # The native allreduce itself, (sendbuf, recvbuf, opcode, algorithm, blocking,
-        # timeout), and the native "shm" collectives (their arguments, then blocking,
-        # timeout): the Communicator calls them directly for numpy arrays, adding no Python call
-        self.fast_allreduce = self.launcher.allreduce
-        self.shm_allgather = self.launcher.allgather_shm
-        self.shm_bcast = self.launcher.bcast_shm
-        self.shm_reduce_scatter = self.launcher.reduce_scatter_shm
-        self.shm_barrier = self.launcher.barrier_shm
+        # The calls: the native entries (collectives.pxi), bound here so that a call from the
+        # Communicator runs no Python (arguments as backends/base.py's Backend)
+        self.calls = _core.HostCollectives(self.launcher)
+        for name in NATIVE_CALLS:
+            setattr(self, name, getattr(self.calls, name))
 
     def close(self) -> None:
         _core.shm_detach(self.state)
@@ -290,19 +344,6 @@ class HostBackend:
                                    f"several nodes use 'hierarchical' or 'auto'")
         raise UnavailableError(f"algorithm 'shm': no shared-memory segment: {self._no_shm}")
 
-    def collective_shm(self, what: str, algorithm) -> bool:
-        """Whether `what` (a collective other than allreduce) runs over the segment: True for
-        "shm" (the native entry point raises the allreduce's UnavailableError without a
-        segment), False for "mpi"; the errors of other names."""
-        if algorithm == "mpi":
-            return False
-        if algorithm == "shm":
-            return True
-        if not isinstance(algorithm, str):
-            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
-        raise ValueError(f"algorithm: {what} takes {' or '.join(map(repr, COLLECTIVE_ALGORITHMS))}"
-                         f", got {algorithm!r}")
-
     # ------------------------------------------------------------------ choosing
     def choose(self, algorithm: str, nbytes: int, itemsize: int) -> str:
         if algorithm == "auto":
@@ -320,32 +361,21 @@ class HostBackend:
                                      self.layout if alg in schedules.NEEDS_LAYOUT else None)
         return _core.Schedule(steps, tmp)
 
+    # ------------------------------------------------------------------ Python-level ops
+    # For calls still built in Python (make_op + launch) until their shapes join msgbuffer.pxi:
+    # the v-collectives, Scan/Exscan and the point-to-point calls with a status (issue 29).
     def _launch(self, op, blocking: bool, algorithm: str):
         return self.launcher.launch(op, blocking, config.hang_timeout_native(), algorithm)
 
     def _reduction(self, op, arr):
+        """(op as an Op, arr's dtype code), or the error of an op the dtype does not take."""
         op = as_op(op)
         code = DTYPE_CODES[arr.dtype][0]
         check_op(op, code, arr.dtype)
         return op, code
 
     def _tag_arg(self, tag, allow_any: bool, name: str = "tag") -> int:
-        try:
-            t = operator.index(tag)
-        except TypeError:
-            raise TypeError(f"{name}: expected an int, got {type(tag).__name__}") from None
-        if allow_any and t == self._any_tag:
-            return t
-        if not 0 <= t <= 32767:
-            raise ValueError(f"{name}: {t} is out of range (0..32767"
-                             f"{', or ANY_TAG' if allow_any else ''})")
-        return t
-
-    def _blocks_in_place(self, buf, name):
-        """In-place form of a gather-like op: `buf` holds `size` blocks."""
-        b = as_array(buf, name, writable=True)
-        self._divisible(b, name)
-        return b, b.size // self.size
+        return tag_arg(tag, allow_any, name)
 
     @staticmethod
     def _result(s, recvbuf, n: int, what: str):
@@ -357,166 +387,7 @@ class HostBackend:
         r = as_array(recvbuf, "recvbuf", writable=True)
         same_dtype(s, r, "sendbuf", "recvbuf")
         at_least(r, n, "recvbuf", what)
-        return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else addr(s))
-
-    def _divisible(self, arr, name: str) -> None:
-        divisible(arr, name, self.size)
-
-    def _separate(self, sendbuf, recvbuf, blocks: int, what: str):
-        """sendbuf and a recvbuf of `blocks` times its length that shares no memory with it
-        (MPI forbids aliased buffers in these ops; in place is only ever recvbuf=None)."""
-        s = as_array(sendbuf, "sendbuf")
-        if blocks == 1:
-            self._divisible(s, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, blocks * s.size, "recvbuf", what)
-        no_overlap(s, r, "sendbuf", "recvbuf")
-        return s, r
-
-    def _move(self, kind, name, s, r, n, blocking, root=0):
-        """Launch a data-movement op: s/r are arrays or None (None sendbuf: MPI_IN_PLACE)."""
-        arr = s if s is not None else r
-        code = DTYPE_CODES[arr.dtype][0]
-        nop = _core.make_op(self.state, K[kind], name, 0 if s is None else addr(s),
-                            0 if r is None else addr(r), check_count(n, "count"), code,
-                            arr.itemsize, 0, root=root, keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
-
-    # ------------------------------------------------------------------ collectives
-    def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
-                  min_ctas=None, max_ctas=None):
-        _no_ctas(min_ctas, max_ctas)
-        return self.launcher.allreduce(sendbuf, recvbuf,
-                                       op.code if type(op) is Op else as_op(op).code,
-                                       algorithm, blocking, config.hang_timeout_native())
-
-    def reduce(self, sendbuf, recvbuf, op, root, blocking):
-        at_root = self.rank == root
-        s = as_array(sendbuf, "sendbuf", writable=at_root and recvbuf is None)
-        op, code = self._reduction(op, s)
-        count = check_count(s.size, "sendbuf")
-        sp, rp, r = addr(s), 0, None
-        if at_root:
-            r, sp = self._result(s, recvbuf, count, "one element per sendbuf element")
-            rp = addr(r)
-        avg = float(self.size) if (op is AVG and at_root) else 0.0
-        nop = _core.make_op(self.state, K["reduce"], "reduce", sp, rp, count, code, s.itemsize,
-                            op.code, root=root, avg_div=avg, avg_buf=rp, avg_cnt=count,
-                            keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
-
-    def reduce_scatter(self, sendbuf, recvbuf, op, blocking, algorithm="mpi"):
-        if algorithm != "mpi" and self.collective_shm("reduce_scatter", algorithm):
-            return self.shm_reduce_scatter(sendbuf, recvbuf, as_op(op).code, blocking,
-                                           config.hang_timeout_native())
-        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
-        self._divisible(s, "sendbuf")
-        op, code = self._reduction(op, s)
-        n = check_count(s.size // self.size, "recvbuf")
-        r, sp = self._result(s, recvbuf, n, "len(sendbuf) // size")
-        rp = addr(r)
-        avg = float(self.size) if op is AVG else 0.0
-        nop = _core.make_op(self.state, K["reduce_scatter"], "reduce_scatter", sp, rp, n, code,
-                            s.itemsize, op.code, avg_div=avg, avg_buf=rp, avg_cnt=n, keep=(s, r))
-        return self._launch(nop, blocking, "mpi")
-
-    def allgather(self, sendbuf, recvbuf, blocking, algorithm="mpi"):
-        if algorithm != "mpi" and self.collective_shm("allgather", algorithm):
-            return self.shm_allgather(sendbuf, recvbuf, blocking, config.hang_timeout_native())
-        if recvbuf is None:
-            r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            return self._move("allgather", "allgather", None, r, n, blocking)
-        s, r = self._separate(sendbuf, recvbuf, self.size, "size * len(sendbuf)")
-        return self._move("allgather", "allgather", s, r, s.size, blocking)
-
-    def bcast(self, buf, root, blocking, algorithm="mpi"):
-        if algorithm != "mpi" and self.collective_shm("bcast", algorithm):
-            return self.shm_bcast(buf, root, blocking, config.hang_timeout_native())
-        b = as_array(buf, "buf", writable=self.rank != root)
-        nop = _core.make_op(self.state, K["bcast"], "bcast", 0, addr(b), check_count(b.size, "buf"),
-                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=root, keep=(b,))
-        return self._launch(nop, blocking, "mpi")
-
-    def alltoall(self, sendbuf, recvbuf, blocking):
-        if recvbuf is None:
-            r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            return self._move("alltoall", "alltoall", None, r, n, blocking)
-        s, r = self._separate(sendbuf, recvbuf, 1, "len(sendbuf)")
-        return self._move("alltoall", "alltoall", s, r, s.size // self.size, blocking)
-
-    def gather(self, sendbuf, recvbuf, root, blocking):
-        if self.rank != root:
-            s = as_array(sendbuf, "sendbuf")
-            return self._move("gather", "gather", s, None, s.size, blocking, root)
-        if recvbuf is None:
-            r, n = self._blocks_in_place(sendbuf, "sendbuf")
-            return self._move("gather", "gather", None, r, n, blocking, root)
-        s, r = self._separate(sendbuf, recvbuf, self.size, "size * len(sendbuf)")
-        return self._move("gather", "gather", s, r, s.size, blocking, root)
-
-    def scatter(self, sendbuf, recvbuf, root, blocking):
-        if self.rank != root:
-            if recvbuf is None:
-                raise TypeError("recvbuf: required on non-root ranks")
-            r = as_array(recvbuf, "recvbuf", writable=True)
-            return self._move("scatter", "scatter", r, r, r.size, blocking, root)  # sendbuf unused
-        s = as_array(sendbuf, "sendbuf")
-        self._divisible(s, "sendbuf")
-        n = s.size // self.size
-        if recvbuf is None:
-            return self._move("scatter", "scatter", s, None, n, blocking, root)
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, n, "recvbuf", "len(sendbuf) // size")
-        no_overlap(s, r, "sendbuf", "recvbuf")
-        return self._move("scatter", "scatter", s, r, n, blocking, root)
-
-    def barrier(self, blocking, algorithm="mpi"):
-        if algorithm != "mpi" and self.collective_shm("barrier", algorithm):
-            return self.shm_barrier(blocking, config.hang_timeout_native())
-        nop = _core.make_op(self.state, K["barrier"], "barrier", 0, 0, 0, 0, 1, 0)
-        return self._launch(nop, blocking, "mpi")
-
-    # ------------------------------------------------------------------ point to point
-    def send(self, buf, dest, tag, blocking):
-        b = as_array(buf, "buf")
-        nop = _core.make_op(self.state, K["send"], "send", addr(b), 0, check_count(b.size, "buf"),
-                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=dest,
-                            tag=self._tag_arg(tag, False), keep=(b,))
-        return self._launch(nop, blocking, "mpi")
-
-    def recv(self, buf, source, tag, blocking):
-        """Blocking: the receive's Status (aluminum_py.Status); else a Request (its Wait and
-        Test fill one)."""
-        b = as_array(buf, "buf", writable=True)
-        nop = _core.make_op(self.state, K["recv"], "recv", 0, addr(b), check_count(b.size, "buf"),
-                            DTYPE_CODES[b.dtype][0], b.itemsize, 0, root=source,
-                            tag=self._tag_arg(tag, True), keep=(b,))
-        return self._received(nop, blocking)
-
-    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking, recvtag=None,
-                 sendtag=None):
-        """`tag` is the send's tag and the receive's, unless `sendtag` / `recvtag` (ANY_TAG
-        allowed) are given. Returns as recv."""
-        s = as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        no_overlap(s, r, "sendbuf", "recvbuf", "Sendrecv needs separate send and receive buffers")
-        send_tag = (self._tag_arg(tag, False) if sendtag is None
-                    else self._tag_arg(sendtag, False, "sendtag"))
-        recv_tag = (self._tag_arg(tag, sendtag is not None) if recvtag is None
-                    else self._tag_arg(recvtag, True, "recvtag"))
-        nop = _core.make_op(self.state, K["sendrecv"], "sendrecv", addr(s), addr(r),
-                            check_count(s.size, "sendbuf"), DTYPE_CODES[s.dtype][0], s.itemsize,
-                            0, root=dest, count2=check_count(r.size, "recvbuf"), peer2=source,
-                            tag=send_tag, recv_tag=recv_tag, keep=(s, r))
-        return self._received(nop, blocking)
-
-    def _received(self, nop, blocking: bool):
-        """Launch the receiving op `nop`: a Request, or (blocking) its Status once done."""
-        req = self._launch(nop, blocking, "mpi")
-        return req if not blocking else _status_of(nop)
+        return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else _core.addr(s))
 
     # ------------------------------------------------------------------ scans, probe (issue 29)
     def scan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):

@@ -1,12 +1,12 @@
 """The enqueue of the host-transfer allreduce (Aluminum paper section IV, Figs. 5-6) on one
 device: copy to pinned host memory on the stream, a host allreduce algorithm run by the progress
 engine, copy back (docs/gpu.md, "The host-transfer allreduce step by step"). The state machine
-is native (``ext/core/ht_op.pxi``, enqueued by ``_core.Launcher.host_transfer_allreduce``),
+is native (``ext/core/ht_op.pxi``, enqueued by ``_core.host_transfer_allreduce``),
 written against the device interface of ``ext/al_device.h``; the device is a CUDA device or the
 CPU device of the tests.  The public CPU-device entry points are :mod:`aluminum_py.host_transfer`."""
 from __future__ import annotations
 
-from .. import config
+from .. import _core, config
 from ..algorithms import host_algorithm
 
 
@@ -24,6 +24,6 @@ class HostTransfer:
         on `stream` and hand its host part to the engine; `algorithm` is an ``ht_*`` name (or
         "auto": the host "auto" inside). `keep`: what must live until it completes. Returns the
         native op (submitted)."""
-        return self.launcher.host_transfer_allreduce(
-            self.device, stream, sendptr, recvptr, count, code, itemsize, opcode,
+        return _core.host_transfer_allreduce(
+            self.launcher, self.device, stream, sendptr, recvptr, count, code, itemsize, opcode,
             host_algorithm(algorithm), keep, config.hang_timeout_native())

@@ -1,5 +1,5 @@
 # The host-transfer state machine (paper Figs. 5-6): device copies around an inner host
-# allreduce, enqueued by Launcher.host_transfer_allreduce and polled by the engine.
+# allreduce, enqueued by host_transfer_allreduce (the end of this file) and polled by the engine.
 
 cdef int ht_step(al_op* op) noexcept nogil:
     """Host-transfer state machine (paper Figs. 5-6), polled by the engine; never blocks and
@@ -155,3 +155,75 @@ def ht_times(NativeOp o):
     """When the host-transfer phases ended: (copy-out seen, host algorithm done, flag written,
     copy-back seen), seconds on the monotonic clock."""
     return tuple(o.op.ht.times[i] for i in range(HT_NPHASES))
+
+
+# The enqueue of one host-transfer allreduce: the op above, built beside its state machine
+# (its inner op is the Launcher's allreduce on the pinned buffer).
+def host_transfer_allreduce(Launcher L, Device dev, uintptr_t stream, uintptr_t dsend,
+                            uintptr_t drecv, Py_ssize_t count, int code, int esize,
+                            int opcode, str algorithm, keep, double timeout=-1.0):
+    """Enqueue a host-transfer allreduce on `stream` and hand it to the engine; `L`: the
+    Launcher of the communicator whose host algorithm runs it.
+
+    On the stream: copy dsend -> pinned, write 1 to a pinned word (cuStreamWriteValue32),
+    wait until the host writes the flag, copy pinned -> drecv, write 1 to another word.  The
+    engine polls the first word, runs the host algorithm (`algorithm`, in place on the
+    pinned buffer), writes the flag, polls the second word, then returns the pinned buffer
+    to the device's pool.  The engine makes no driver call for the op: a thread inside the
+    driver waiting on this stream (a pageable cudaMemcpy, cuMemFreeHost, a synchronize)
+    may hold locks an event query would need, and the engine must stay free to write the
+    flag that stream waits for (the deadlock the first 2-rank GPU run hit).  The host
+    never waits for the device.
+    `timeout` > 0 (AL_HANG_TIMEOUT): the engine abandons the host part if it has not
+    finished that many seconds after this call (ht_abandon).  Returns the NativeOp
+    (submitted).
+    """
+    cdef size_t nbytes = <size_t>count * esize
+    cdef al_device* d = dev.dev
+    cdef NativeOp outer, inner
+    cdef char* pinned
+    cdef int rc, failed = 0
+    if unusual(L.state):
+        L.state.check_usable("host-transfer allreduce")
+    alg = L.choose_for(algorithm, nbytes, esize)
+    dev.take_pinned(nbytes + 64, &pinned)
+    try:
+        inner = build_allreduce(L, <intptr_t>pinned, <intptr_t>pinned, count, code, esize,
+                                opcode, alg, True, None)
+        if inner.keep is None:                # "shm": the outer op keeps the state
+            inner.keep = (L.state, None, None)
+    except BaseException:
+        al_pinned_put(d, pinned)              # nothing was enqueued: the buffer is free
+        raise
+    outer = NativeOp.__new__(NativeOp)
+    outer.op.kind = K_HOST_TRANSFER
+    outer.op.phase = PH_NEW
+    outer.op.comm = L.state.c
+    outer.op.ht.dev = d
+    outer.op.ht.stream = <void*>stream
+    outer.op.ht.pinned = pinned
+    outer.op.ht.flag = <uint32_t*>(pinned + ((nbytes + 7) & ~(<size_t>7)))
+    outer.op.ht.flag[FLAG_RELEASE] = 0           # written by the engine
+    outer.op.ht.flag[FLAG_COPIED_OUT] = 0        # written by the stream
+    outer.op.ht.flag[FLAG_COPIED_BACK] = 0       # written by the stream
+    outer.op.ht.inner = inner.op
+    if timeout > 0:
+        outer.op.ht.hang = timeout
+        outer.op.ht.deadline = al_now() + timeout
+    outer.name = "allreduce/ht_" + alg
+    outer.keep = (L.state, inner, (dev, keep))
+    with nogil:                                  # device calls never hold the GIL
+        rc = ht_enqueue(d, outer.op, <void*>dsend, <void*>drecv, nbytes, &failed)
+    if rc != 0:
+        # part of the op may be queued: release the stream, leak the buffer (the stream
+        # may still copy from it), never submit
+        al_store_release(<int*>&outer.op.ht.flag[FLAG_RELEASE], 1)
+        outer.op.ht.pinned = NULL
+        outer.op.phase = PH_DONE
+        dev.fail(f"host-transfer allreduce: enqueueing on the device stream: "
+                 f"{HT_ENQUEUE_CALLS[failed]}", rc)
+    if g_trace is not None:
+        outer.t_call = al_now()
+        trace_append(outer)
+    outer.submit()
+    return outer

@@ -112,9 +112,9 @@ def test_abandoned_hierarchical_inner_op_leaks_its_scratch(no_table, monkeypatch
     code = al.ops.DTYPE_CODES[x.dtype][0]
 
     def start(timeout):
-        return launcher.host_transfer_allreduce(device, stream.handle, _core.addr(x),
-                                                _core.addr(x), x.size, code, x.itemsize,
-                                                al.SUM.code, "hierarchical", (x,), timeout)
+        return _core.host_transfer_allreduce(launcher, device, stream.handle, _core.addr(x),
+                                             _core.addr(x), x.size, code, x.itemsize,
+                                             al.SUM.code, "hierarchical", (x,), timeout)
 
     op = start(-1.0)                                   # it works (and its plan is built)
     assert op.wait(30) and op.error is None, op.error

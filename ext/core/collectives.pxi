@@ -1,0 +1,287 @@
+# One entry per host collective and point-to-point call (mpi4py's wrappers): every entry has the
+# same shape:
+#   1. what needs no buffer: the op code, the root, the algorithm's ready check ("shm": the
+#      communicator usable and a segment, before the buffers, as always);
+#   2. the message: one parser of msgbuffer.pxi;
+#   3. the op kind from the algorithm: "mpi" the MPI library's own call (passthrough.pxi),
+#      "shm" the shared-memory transport (shm.pxi), for allreduce also the schedules and
+#      "auto" (Launcher.choose_for);
+#   4. launch: Launcher.launch (blocking: run in the caller; else a Request), or run_shm.
+# The HostBackend binds these methods as its own (backends/host.py), and the Communicator calls
+# them directly for numpy arrays: no Python runs between a Communicator method and here.
+
+cdef inline double hang_timeout():
+    """AL_HANG_TIMEOUT for the native layer, read at every call (config._hang_timeout; tests
+    change it): -1.0 means wait forever."""
+    t = _config._hang_timeout
+    return -1.0 if t is None else <double>t
+
+cdef class HostCollectives:
+    """The host-buffer calls of one communicator, over its Launcher.  Arguments as the
+    HostBackend's (backends/base.py); `blocking` False returns a Request."""
+    cdef readonly Launcher launcher
+    cdef CommState state
+
+    def __cinit__(self, Launcher launcher):
+        self.launcher = launcher
+        self.state = launcher.state
+
+    cdef bint shm(self, algorithm, str what, str shm_name) except -1:
+        """Whether `what` runs over the segment: False for "mpi", True for "shm" where it has
+        an shm form (`shm_name`, else None), after shm_ready (raises where there is no
+        segment); the errors of other names."""
+        if algorithm == "mpi":
+            return False
+        if shm_name is not None and algorithm == "shm":
+            self.launcher.shm_ready(shm_name)
+            return True
+        _hooks.bad_collective_algorithm(what, algorithm)                 # raises
+        return False
+
+    cdef NativeOp new_op(self, int kind, str name, al_msg* m, int rop, int root):
+        """The op `kind` of the message `m` (in place: no send buffer, MPI_IN_PLACE)."""
+        cdef NativeOp o = NativeOp.__new__(NativeOp)
+        init_op(o.op, self.state.c, kind, NULL if m.inplace else m.sp, m.rp, m.count, m.code,
+                m.esize, rop)
+        o.op.mpi.root = root
+        o.name = name
+        o.keep = (self.state, None, (msg_obj(m.s), msg_obj(m.r)))
+        return o
+
+    cdef object mpi_op(self, int kind, str name, al_msg* m, int rop, int root, bint blocking):
+        """Launch the MPI pass-through op `kind` of the message `m`."""
+        return self.launcher.launch(self.new_op(kind, name, m, rop, root), blocking,
+                                    hang_timeout(), "mpi")
+
+    # ---------------------------------------------------------------- reductions
+    def allreduce(self, sendbuf, recvbuf, op, str algorithm, bint blocking, min_ctas=None,
+                  max_ctas=None):
+        cdef al_msg m
+        cdef Launcher L = self.launcher
+        cdef int opcode = op_code(op)
+        cdef NativeOp o
+        cdef str alg
+        cdef char* sp
+        if min_ctas is not None or max_ctas is not None:
+            _hooks.no_ctas()                                             # raises
+        hold = parse_reduce(&m, sendbuf, recvbuf, opcode, 1, "one element per sendbuf element",
+                            "sendbuf")
+        alg = L.choose_for(algorithm, m.count * m.esize, m.esize)
+        sp = m.rp if m.inplace else m.sp
+        if alg == "shm":
+            o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize,
+                                opcode, alg, m.inplace, None)
+            return L.run_shm(o, blocking, hang_timeout(), msg_obj(m.s), msg_obj(m.r))
+        o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize, opcode,
+                            alg, m.inplace, (msg_obj(m.s), msg_obj(m.r)))
+        return L.launch(o, blocking, hang_timeout(), alg)
+
+    def reduce(self, sendbuf, recvbuf, op, root, bint blocking, algorithm="mpi"):
+        """recvbuf matters at root only (None there: in place in sendbuf)."""
+        cdef al_msg m
+        cdef int r = parse_rank(self.state, root, "root"), opcode = op_code(op)
+        cdef bint at_root = self.state.c.rank == r
+        cdef NativeOp o
+        self.shm(algorithm, "reduce", None)
+        if at_root:
+            hold = parse_reduce(&m, sendbuf, recvbuf, opcode, 1,
+                                "one element per sendbuf element", "sendbuf")
+        else:
+            hold = parse_one(&m, sendbuf, "sendbuf", False, False, "sendbuf")
+            check_op_for(opcode, m.code, <cnp.ndarray><object>m.s)
+        o = self.new_op(K_REDUCE, "reduce", &m, opcode, r)
+        result_avg(o, m.rp, m.count, opcode, at_root, self.state.c.size)
+        return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+
+    def reduce_scatter(self, sendbuf, recvbuf, op, bint blocking, algorithm="mpi"):
+        """Block reduce-scatter: rank i gets block i; recvbuf None: in place, the result in
+        sendbuf[:len // size]."""
+        cdef al_msg m
+        cdef int opcode = op_code(op), p = self.state.c.size
+        cdef NativeOp o
+        cdef bint shm = self.shm(algorithm, "reduce_scatter", "reduce_scatter/shm")
+        hold = parse_reduce(&m, sendbuf, recvbuf, opcode, p, "len(sendbuf) // size", "recvbuf")
+        if shm:
+            o = self.launcher.shm_op(K_SHM_REDUCE_SCATTER, "reduce_scatter/shm", m.sp, m.rp,
+                                     m.count, m.code, m.esize, opcode, 0)
+            result_avg(o, m.rp, m.count, opcode, True, p)
+            return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.s),
+                                         msg_obj(m.r))
+        o = self.new_op(K_REDUCE_SCATTER, "reduce_scatter", &m, opcode, 0)
+        result_avg(o, m.rp, m.count, opcode, True, p)
+        return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+
+    # ---------------------------------------------------------------- data movement
+    def allgather(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
+        """Every rank's sendbuf, in rank order; recvbuf None: in place (sendbuf holds size
+        blocks, this rank's at block `rank`)."""
+        cdef al_msg m
+        cdef int p = self.state.c.size
+        cdef NativeOp o
+        cdef bint shm = self.shm(algorithm, "allgather", "allgather/shm")
+        hold = parse_blocks(&m, sendbuf, recvbuf, p, p, "size * len(sendbuf)")
+        if not shm:
+            return self.mpi_op(K_ALLGATHER, "allgather", &m, 0, 0, blocking)
+        if m.inplace:                           # the shm op reads this rank's own block
+            m.sp = m.rp + self.state.c.rank * m.count * m.esize
+        o = self.launcher.shm_op(K_SHM_ALLGATHER, "allgather/shm", m.sp, m.rp, m.count, m.code,
+                                 m.esize, 0, 0)
+        return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.s), msg_obj(m.r))
+
+    def alltoall(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
+        """Block j of sendbuf goes to rank j; recvbuf None: in place."""
+        cdef al_msg m
+        self.shm(algorithm, "alltoall", None)
+        hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, 1, "len(sendbuf)")
+        return self.mpi_op(K_ALLTOALL, "alltoall", &m, 0, 0, blocking)
+
+    def bcast(self, buf, root, bint blocking, algorithm="mpi"):
+        cdef al_msg m
+        cdef int r = parse_rank(self.state, root, "root")
+        cdef NativeOp o
+        cdef bint shm = self.shm(algorithm, "bcast", "bcast/shm")
+        hold = parse_one(&m, buf, "buf", self.state.c.rank != r, True, "buf")
+        if not shm:
+            return self.mpi_op(K_BCAST, "bcast", &m, 0, r, blocking)
+        o = self.launcher.shm_op(K_SHM_BCAST, "bcast/shm", m.rp, m.rp, m.count, m.code, m.esize,
+                                 0, r)
+        return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.r), None)
+
+    def gather(self, sendbuf, recvbuf, root, bint blocking, algorithm="mpi"):
+        """Every rank's sendbuf at root, in rank order; recvbuf matters at root only (None
+        there: in place, sendbuf holds size blocks, root's own at block `root`)."""
+        cdef al_msg m
+        cdef int r = parse_rank(self.state, root, "root")
+        self.shm(algorithm, "gather", None)
+        if self.state.c.rank == r:
+            hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, self.state.c.size,
+                                "size * len(sendbuf)")
+        else:
+            hold = parse_one(&m, sendbuf, "sendbuf", False, False, "count")
+        return self.mpi_op(K_GATHER, "gather", &m, 0, r, blocking)
+
+    def scatter(self, sendbuf, recvbuf, root, bint blocking, algorithm="mpi"):
+        """Block i of root's sendbuf to rank i's recvbuf (its length sets the count off root);
+        at root recvbuf None: in place, root's block stays in sendbuf."""
+        cdef al_msg m
+        cdef int r = parse_rank(self.state, root, "root")
+        self.shm(algorithm, "scatter", None)
+        if self.state.c.rank == r:
+            hold = parse_scatter(&m, sendbuf, recvbuf, self.state.c.size)
+            m.inplace = False                   # MPI_IN_PLACE is the receive side's here
+        else:
+            if recvbuf is None:
+                _hooks.required("recvbuf", "on non-root ranks")          # raises
+            hold = parse_one(&m, recvbuf, "recvbuf", True, True, "count")
+            m.sp = m.rp                         # not read off root
+        return self.mpi_op(K_SCATTER, "scatter", &m, 0, r, blocking)
+
+    def barrier(self, bint blocking, algorithm="mpi"):
+        cdef NativeOp o
+        if self.shm(algorithm, "barrier", "barrier/shm"):
+            o = self.launcher.shm_op(K_SHM_BARRIER, "barrier/shm", NULL, NULL, 0, 0, 1, 0, 0)
+            return self.launcher.run_shm(o, blocking, hang_timeout(), None, None)
+        o = NativeOp.__new__(NativeOp)
+        init_op(o.op, self.state.c, K_BARRIER, NULL, NULL, 0, 0, 1, 0)
+        o.name = "barrier"
+        o.keep = (self.state, None, None)
+        return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+
+    # ---------------------------------------------------------------- point to point
+    def send(self, buf, dest, tag, bint blocking):
+        cdef al_msg m
+        cdef int d = parse_rank(self.state, dest, "dest")
+        hold = parse_one(&m, buf, "buf", False, False, "buf")
+        return self.p2p_op(K_SEND, "send", &m, d, 0, 0, parse_tag(tag, False), 0, blocking)
+
+    def recv(self, buf, source, tag, bint blocking):
+        """Blocking: the receive's aluminum_py.Status; else a Request (its Wait and Test fill
+        one)."""
+        cdef al_msg m
+        cdef int s = parse_source(self.state, source)
+        hold = parse_one(&m, buf, "buf", True, True, "buf")
+        t = parse_tag(tag, True)
+        return self.p2p_op(K_RECV, "recv", &m, s, 0, 0, t, t, blocking)
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag, bint blocking, recvtag=None,
+                 sendtag=None):
+        """`tag` is the send's tag and the receive's, unless `sendtag` / `recvtag` (ANY_TAG
+        allowed) are given. Returns as recv."""
+        cdef al_msg m
+        cdef int d = parse_rank(self.state, dest, "dest"), s = parse_source(self.state, source)
+        cdef int stag, rtag
+        hold = parse_pair(&m, sendbuf, recvbuf, "Sendrecv needs separate send and receive buffers")
+        stag = parse_tag(tag, False) if sendtag is None else parse_tag(sendtag, False, "sendtag")
+        rtag = (parse_tag(tag, sendtag is not None) if recvtag is None
+                else parse_tag(recvtag, True, "recvtag"))
+        return self.p2p_op(K_SENDRECV, "sendrecv", &m, d, s,
+                           cnp.PyArray_SIZE(<cnp.ndarray><object>m.r), stag, rtag, blocking)
+
+    cdef object p2p_op(self, int kind, str name, al_msg* m, int peer, int peer2, int64_t count2,
+                       int tag, int tag2, bint blocking):
+        """Launch the point-to-point op `kind` of `m` with `peer` (a sendrecv: and `peer2`,
+        receiving `count2` elements with `tag2`); a blocking receive returns its Status."""
+        cdef NativeOp o = self.new_op(kind, name, m, 0, peer)
+        o.op.mpi.peer2 = peer2
+        o.op.mpi.count2 = count2
+        o.op.tag = tag
+        o.op.mpi.tag2 = tag2
+        done = self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+        if blocking and kind != K_SEND:
+            return _hooks.status_of(o)
+        return done
+
+
+# The allreduce op of an algorithm: the allreduce entry's, and the inner op of a host-transfer
+# allreduce (ht_op.pxi).
+cdef NativeOp build_allreduce(Launcher L, intptr_t sp, intptr_t rp, Py_ssize_t count, int code,
+                              int esize, int opcode, str alg, bint inplace, keep):
+    """One allreduce op on checked buffers (addresses; sp == rp in place).  Its `keep` is
+    set, except for "shm" (run_shm sets it when the op leaves the caller)."""
+    cdef NativeOp o
+    cdef Schedule sched
+    if alg == "shm":
+        L.shm_ready("allreduce/shm")
+        o = L.shm_op(K_SHM_ALLREDUCE, "allreduce/shm", <char*>sp, <char*>rp, count, code,
+                     esize, opcode, 0)
+        o.op.result.buf = <char*>rp
+        o.op.result.count = count
+        if opcode == AL_AVG:
+            o.op.result.avg_div = <double>L.state.c.size
+        o.op.result.avg_in_steps = L.state.c.size > 1    # AVG fused in the last pass
+        return o
+    o = NativeOp.__new__(NativeOp)
+    if unusual(L.state):                                 # before next_tag
+        L.state.check_usable("allreduce/" + alg)
+    init_op(o.op, L.state.c, K_SCHEDULE, <char*>sp, <char*>rp, count, code, esize, opcode)
+    o.op.result.buf = <char*>rp
+    o.op.result.count = count
+    if opcode == AL_AVG:
+        o.op.result.avg_div = <double>L.state.c.size
+    if alg == "mpi":
+        o.op.kind = K_ALLREDUCE
+        o.op.sbuf = NULL if inplace else <char*>sp
+        o.name = "allreduce/mpi"
+        o.keep = (L.state, None, keep)
+    elif alg == "hierarchical" and L.hierarchical is not None:
+        return L.hierarchical(sp, rp, count, code, esize, opcode, inplace, keep)
+    else:
+        sched = L.schedule(alg, count, inplace)
+        o.op.tag = L.state.next_tag()
+        o.op.sched.steps = sched.steps
+        o.op.sched.nsteps = sched.nsteps
+        o.op.result.avg_in_steps = sched.owned
+        o.op.sched.tmpbytes = <size_t>(sched.tmp_elems * esize)
+        o.name = "allreduce/" + alg
+        o.keep = (L.state, sched, keep)
+    return o
+
+
+cdef inline void result_avg(NativeOp o, char* rp, int64_t count, int opcode, bint here,
+                            int size) noexcept:
+    """Where a reduction's result lands (`count` elements at rp), and AVG's division by the
+    size where it lands `here`."""
+    o.op.result.buf = rp
+    o.op.result.count = count
+    if opcode == AL_AVG and here:
+        o.op.result.avg_div = <double>size

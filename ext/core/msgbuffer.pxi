@@ -1,0 +1,240 @@
+# Messages (mpi4py's msgbuffer.pxi): one parser per argument shape turns a call's buffers into
+# an `al_msg` (data pointers, element count, dtype code, element size, in place or not) before
+# any collective entry (collectives.pxi) runs, so the entries never look at a buffer.
+#
+#   parse_reduce   sendbuf / recvbuf / in place of a reduction (allreduce, reduce, and the
+#                  block reduce_scatter: `blocks` = size)
+#   parse_blocks   equal blocks, one per rank (allgather, alltoall; gather and scatter at root)
+#   parse_one      one whole buffer (bcast, send, recv; gather's send side, scatter's receive
+#                  side off root)
+#   parse_pair     two separate buffers of one dtype (sendrecv)
+#
+# Every check calls the Python helpers in `_hooks` (buffers.py, backends/host.py's _Hooks) for
+# anything unusual, so each error message is written once, in Python.  A parser fills the
+# message's `s` and `r` with borrowed references to the arrays and returns what keeps them
+# alive: None when they are the call's own arguments (alive for the call), else the views it
+# made (a buffer-protocol object seen as an ndarray); the caller holds that until its op is
+# built (the op's `keep` then holds the arrays).
+
+from cpython.ref cimport PyObject
+
+DEF MAX_COUNT = 2147483647      # elements per operation: MPI's int count (buffers.MAX_COUNT)
+
+ctypedef struct al_msg:
+    char* sp            # send data; NULL: none, or MPI_IN_PLACE (inplace set)
+    char* rp            # receive data; NULL: none
+    int64_t count       # elements: of the whole buffer, or of one block (parse_blocks)
+    int code            # dtype code
+    int esize           # bytes per element
+    bint inplace        # the result replaces the input in one buffer
+    PyObject* s         # the send-side array (borrowed), or NULL
+    PyObject* r         # the receive-side array (borrowed), or NULL
+
+cdef inline cnp.ndarray as_array(obj, str name, bint writable):
+    cdef cnp.ndarray a
+    if type(obj) is cnp.ndarray:
+        a = <cnp.ndarray>obj
+        if cnp.PyArray_IS_C_CONTIGUOUS(a) and (not writable or cnp.PyArray_ISWRITEABLE(a)):
+            return a
+    return _hooks.as_array(obj, name, writable)
+
+cdef inline int dtype_code_of(cnp.ndarray a, str name) except -1:
+    code = _dtype_codes.get(<object>cnp.PyArray_DESCR(a))
+    if code is None:
+        _hooks.as_array(a, name, False)           # raises the unsupported-dtype error
+        return -1
+    return code
+
+cdef inline void same_dtype_of(cnp.ndarray s, cnp.ndarray r, str sname, str rname) except *:
+    """Raise unless r has s's dtype (r's own unsupported dtype first, as buffers.as_array)."""
+    if cnp.PyArray_DESCR(r) != cnp.PyArray_DESCR(s) and r.dtype != s.dtype:
+        _hooks.as_array(r, rname, False)
+        _hooks.same_dtype(s, r, sname, rname)
+
+cdef inline bint overlap(cnp.ndarray s, cnp.ndarray r) noexcept:
+    """s and r share memory (C-contiguous: their byte ranges intersect; np.may_share_memory)."""
+    cdef char* slo = <char*>cnp.PyArray_DATA(s)
+    cdef char* rlo = <char*>cnp.PyArray_DATA(r)
+    return (cnp.PyArray_NBYTES(s) > 0 and cnp.PyArray_NBYTES(r) > 0
+            and slo < rlo + cnp.PyArray_NBYTES(r) and rlo < slo + cnp.PyArray_NBYTES(s))
+
+cdef inline int op_code(op) except -1:
+    """The reduction op code of `op` (al.SUM ..., a name, an mpi4py op): the one place it is
+    computed."""
+    if type(op) is _Op:
+        return op.code
+    return _hooks.as_op(op).code
+
+cdef inline void check_op_for(int opcode, int code, cnp.ndarray a) except *:
+    """Raise unless the op `opcode` is defined for dtype `code` (the capability table)."""
+    if opcode < 0 or opcode >= 16 or not _valid[code][opcode]:
+        _hooks.check_op(opcode, code, a.dtype)                        # raises
+
+cdef inline void check_count(int64_t n, str name) except *:
+    if n > MAX_COUNT:
+        _hooks.too_many(n, name)                                      # raises
+
+cdef inline int check_blocks(cnp.ndarray a, str name, int p) except -1:
+    """Raise unless `a` holds a whole number of blocks, one per rank of `p`."""
+    if cnp.PyArray_SIZE(a) % p:
+        _hooks.divisible(a, name, p)                                  # raises
+    return 0
+
+cdef inline object msg_obj(PyObject* p):
+    return None if p == NULL else <object>p
+
+cdef inline object msg_hold(al_msg* m, a, b):
+    """What keeps the message's arrays alive: None when they are the arguments `a`, `b`."""
+    if ((m.s == NULL or <object>m.s is a or <object>m.s is b)
+            and (m.r == NULL or <object>m.r is a or <object>m.r is b)):
+        return None
+    return (msg_obj(m.s), msg_obj(m.r))
+
+cdef inline void msg_set(al_msg* m, cnp.ndarray s, cnp.ndarray r, int64_t count, int code) noexcept:
+    """The pointers and arrays of s and r (either None), `count` elements of dtype `code`."""
+    cdef cnp.ndarray a = s if s is not None else r
+    m.s = NULL if s is None else <PyObject*>s
+    m.r = NULL if r is None else <PyObject*>r
+    m.sp = NULL if s is None else <char*>cnp.PyArray_DATA(s)
+    m.rp = NULL if r is None else <char*>cnp.PyArray_DATA(r)
+    m.count = count
+    m.code = code
+    m.esize = <int>cnp.PyArray_ITEMSIZE(a)
+    m.inplace = False
+
+cdef object parse_reduce(al_msg* m, sendbuf, recvbuf, int opcode, int blocks, str what,
+                         str count_name):
+    """A reduction's message: sendbuf, and recvbuf (None: in place, the result in sendbuf).
+    `blocks`: 1 (allreduce, reduce: recvbuf needs one element per sendbuf element) or the
+    size (block reduce_scatter: sendbuf holds `blocks` blocks, recvbuf needs one; `count` is
+    a block's).  recvbuf at sendbuf's own address is in place too; any other overlap is an
+    error.  `count_name`: the argument named by the count limit's error."""
+    cdef cnp.ndarray s, r
+    cdef int code
+    cdef Py_ssize_t n
+    s = as_array(sendbuf, "sendbuf", recvbuf is None)
+    code = dtype_code_of(s, "sendbuf")
+    n = cnp.PyArray_SIZE(s)
+    if blocks > 1:
+        check_blocks(s, "sendbuf", blocks)
+        check_op_for(opcode, code, s)
+        n //= blocks
+        check_count(n, count_name)
+    if recvbuf is None:
+        r = s
+    else:
+        r = as_array(recvbuf, "recvbuf", True)
+        same_dtype_of(s, r, "sendbuf", "recvbuf")
+        if cnp.PyArray_SIZE(r) < n:
+            _hooks.at_least(r, n, "recvbuf", what)
+    msg_set(m, s, r, n, code)
+    if recvbuf is None:
+        m.inplace = True
+    elif cnp.PyArray_SIZE(s) and cnp.PyArray_SIZE(r) and m.sp == m.rp:
+        m.inplace = True
+    elif overlap(s, r):
+        _hooks.no_partial_overlap(s, r, "sendbuf", "recvbuf")        # raises
+    if blocks == 1:
+        check_op_for(opcode, code, s)
+        check_count(n, count_name)
+    return msg_hold(m, sendbuf, recvbuf)
+
+cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str what):
+    """Equal blocks, one per rank of `p`; `count` is a block's.  recvbuf None: in place,
+    sendbuf holds the p blocks (m.s is None, m.r that buffer).  Else sendbuf and a separate
+    recvbuf of `blocks` times sendbuf's length: `blocks` = p (allgather, gather: sendbuf is
+    one block) or 1 (alltoall: sendbuf holds p blocks)."""
+    cdef cnp.ndarray s, r
+    cdef int code
+    cdef Py_ssize_t n
+    if recvbuf is None:
+        r = as_array(sendbuf, "sendbuf", True)
+        code = dtype_code_of(r, "sendbuf")
+        check_blocks(r, "sendbuf", p)
+        n = cnp.PyArray_SIZE(r) // p
+        msg_set(m, None, r, n, code)
+        m.inplace = True
+    else:
+        s = as_array(sendbuf, "sendbuf", False)
+        code = dtype_code_of(s, "sendbuf")
+        n = cnp.PyArray_SIZE(s)
+        if blocks == 1:
+            check_blocks(s, "sendbuf", p)
+        r = as_array(recvbuf, "recvbuf", True)
+        same_dtype_of(s, r, "sendbuf", "recvbuf")
+        if cnp.PyArray_SIZE(r) < blocks * n:
+            _hooks.at_least(r, blocks * n, "recvbuf", what)
+        if overlap(s, r):
+            _hooks.no_overlap(s, r, "sendbuf", "recvbuf")            # raises
+        msg_set(m, s, r, n if blocks > 1 else n // p, code)
+    check_count(m.count, "count")
+    return msg_hold(m, sendbuf, recvbuf)
+
+cdef object parse_scatter(al_msg* m, sendbuf, recvbuf, int p):
+    """Scatter at root: sendbuf holds p blocks (`count` is one), recvbuf one block, separate
+    from it (None: in place, root's block stays in sendbuf; m.r is None)."""
+    cdef cnp.ndarray s = as_array(sendbuf, "sendbuf", False), r = None
+    cdef int code = dtype_code_of(s, "sendbuf")
+    cdef Py_ssize_t n
+    check_blocks(s, "sendbuf", p)
+    n = cnp.PyArray_SIZE(s) // p
+    if recvbuf is not None:
+        r = as_array(recvbuf, "recvbuf", True)
+        same_dtype_of(s, r, "sendbuf", "recvbuf")
+        if cnp.PyArray_SIZE(r) < n:
+            _hooks.at_least(r, n, "recvbuf", "len(sendbuf) // size")
+        if overlap(s, r):
+            _hooks.no_overlap(s, r, "sendbuf", "recvbuf")            # raises
+    msg_set(m, s, r, n, code)
+    m.inplace = recvbuf is None
+    check_count(n, "count")
+    return msg_hold(m, sendbuf, recvbuf)
+
+cdef int parse_rank(CommState cs, value, str name) except -1:
+    """`value` as a rank of the communicator (else rank_arg's error naming `name`)."""
+    cdef Py_ssize_t v = -1
+    if type(value) is int:
+        try:
+            v = value
+        except OverflowError:
+            v = -1
+        if 0 <= v < cs.c.size:
+            return <int>v
+    return _hooks.rank_arg(value, name, cs.c.size)
+
+cdef int parse_tag(tag, bint allow_any, str name="tag") except? -2:
+    """A point-to-point tag, 0..32767 (MPI.ANY_TAG where `allow_any`: receives); `name` is
+    the argument's (tag, sendtag, recvtag)."""
+    if type(tag) is int and 0 <= tag <= 32767:
+        return <int>tag
+    return _hooks.tag_arg(tag, allow_any, name)
+
+cdef int parse_source(CommState cs, source) except? -2:
+    """A receive's source: a rank, or MPI.ANY_SOURCE."""
+    if type(source) is int and 0 <= source < cs.c.size:
+        return <int>source
+    return _hooks.source_arg(source, cs.c.size)
+
+cdef object parse_one(al_msg* m, buf, str name, bint writable, bint receive, str count_name):
+    """One whole buffer: sent from (receive False: m.s) or received into (m.r)."""
+    cdef cnp.ndarray b = as_array(buf, name, writable)
+    cdef int code = dtype_code_of(b, name)
+    if receive:
+        msg_set(m, None, b, cnp.PyArray_SIZE(b), code)
+    else:
+        msg_set(m, b, None, cnp.PyArray_SIZE(b), code)
+    check_count(m.count, count_name)
+    return msg_hold(m, buf, None)
+
+cdef object parse_pair(al_msg* m, sendbuf, recvbuf, str hint):
+    """Two separate buffers of one dtype, whole: `count` is sendbuf's (recvbuf's: its size)."""
+    cdef cnp.ndarray s = as_array(sendbuf, "sendbuf", False)
+    cdef int code = dtype_code_of(s, "sendbuf")
+    cdef cnp.ndarray r = as_array(recvbuf, "recvbuf", True)
+    same_dtype_of(s, r, "sendbuf", "recvbuf")
+    if overlap(s, r):
+        _hooks.no_overlap(s, r, "sendbuf", "recvbuf", hint)          # raises
+    msg_set(m, s, r, cnp.PyArray_SIZE(s), code)
+    check_count(m.count, "sendbuf")
+    check_count(cnp.PyArray_SIZE(r), "recvbuf")
+    return msg_hold(m, sendbuf, recvbuf)
