@@ -89,26 +89,41 @@ ONE_NODE = _names("host", one_node=True)                 # shm
 # The other collectives that take ``algorithm=`` (their blocking and nonblocking forms): the MPI
 # library's own call (the default) or the shared-memory transport (host buffers of one node).
 COLLECTIVE_ALGORITHMS = ("mpi", "shm")
-OTHER_COLLECTIVES = ("allgather", "bcast", "reduce_scatter", "barrier")
+OTHER_COLLECTIVES = ("allgather", "bcast", "reduce_scatter", "barrier", "alltoall")
+
+# Every collective's ``algorithm=`` names, (host buffers, GPU buffers). "auto" of the collectives
+# other than allreduce: "shm" where the communicator has a segment and shm_preferred says so,
+# else "mpi" (host); NCCL (GPU). "mpi" and "nccl" on GPU buffers both run NCCL.
+COLLECTIVE_NAMES = {
+    **{op: (COLLECTIVE_ALGORITHMS, ("mpi",)) for op in ("allgather", "bcast", "reduce_scatter",
+                                                         "barrier")},
+    "alltoall": (("auto",) + COLLECTIVE_ALGORITHMS, ("auto", "mpi")),
+    **{op: (("auto",) + COLLECTIVE_ALGORITHMS, ("auto", "nccl", "mpi"))
+       for op in ("allgatherv", "alltoallv")},
+    **{op: (("auto", "mpi"), ("auto", "nccl", "mpi"))
+       for op in ("gatherv", "scatterv", "reduce_scatterv")},
+    **{op: (("auto", "mpi"), ()) for op in ("scan", "exscan")},        # NCCL has no scan
+}
 
 
 def algorithms(op: str = "allreduce", device: str | None = None) -> tuple[str, ...]:
-    """Names usable as ``algorithm=`` for `op` ("allreduce", or one of OTHER_COLLECTIVES): for
-    host buffers, GPU buffers, or (None) both."""
-    if op in OTHER_COLLECTIVES and device in ("host", None):
-        return COLLECTIVE_ALGORITHMS
-    if op in OTHER_COLLECTIVES and device in ("cuda", "gpu"):
-        return ("mpi",)
-    if op != "allreduce" and op not in OTHER_COLLECTIVES:
-        raise ValueError(f"op: 'allreduce', {', '.join(map(repr, OTHER_COLLECTIVES))} take an "
+    """Names usable as ``algorithm=`` for `op` ("allreduce", or a key of COLLECTIVE_NAMES:
+    "allgather", "alltoall", "allgatherv", "scan", ...; "reduce_scatterv" is Reduce_scatter
+    with recvcounts): for host buffers, GPU buffers, or (None) both."""
+    if device not in ("host", "cuda", "gpu", None):
+        raise ValueError(f"device: expected 'host', 'cuda' or None, got {device!r}")
+    if op in COLLECTIVE_NAMES:
+        host, gpu = COLLECTIVE_NAMES[op]
+    elif op == "allreduce":
+        host, gpu = HOST_ALLREDUCE, GPU_ALLREDUCE
+    else:
+        raise ValueError(f"op: 'allreduce', {', '.join(map(repr, COLLECTIVE_NAMES))} take an "
                          f"algorithm argument, got {op!r}")
     if device == "host":
-        return HOST_ALLREDUCE
+        return host
     if device in ("cuda", "gpu"):
-        return GPU_ALLREDUCE
-    if device is None:
-        return HOST_ALLREDUCE + tuple(a for a in GPU_ALLREDUCE if a not in HOST_ALLREDUCE)
-    raise ValueError(f"device: expected 'host', 'cuda' or None, got {device!r}")
+        return gpu
+    return host + tuple(a for a in gpu if a not in host)
 
 
 def host_algorithm(algorithm: str) -> str:

@@ -276,12 +276,15 @@ class Communicator:
         return (self._calls if type(buf) is _ndarray else self._backend_for(buf, "buf")
                 ).bcast(buf, root, False, algorithm)
 
-    def Alltoall(self, sendbuf, recvbuf=None) -> None:
-        """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i."""
-        self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, True)
+    def Alltoall(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> None:
+        """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i. recvbuf
+        None: in place. algorithm: "mpi", "shm" (as Reduce_scatter's) or "auto" ("shm" where
+        the communicator has a segment and it measured faster at this size:
+        algorithms.shm_preferred)."""
+        self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, True, algorithm)
 
-    def Ialltoall(self, sendbuf, recvbuf=None) -> Request:
-        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, False)
+    def Ialltoall(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
+        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, False, algorithm)
 
     def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Concatenate every rank's sendbuf at root. recvbuf matters at root only; None there:

@@ -278,9 +278,9 @@ class GpuBackend:
 
     # -- the other collectives: NCCL's own, grouped send/recv where NCCL has none
     def _call(self, what: str, algorithm, name: str, root=None):
-        """What a collective checks before its buffers: `algorithm` (GPU buffers take "mpi":
-        NCCL runs it; "shm" is for host buffers) and the root (checked, returned)."""
-        if algorithm != "mpi":
+        """What a collective checks before its buffers: `algorithm` (GPU buffers take "mpi",
+        and "auto" where the host form has it: NCCL runs both; "shm" is for host buffers) and the root (checked, returned)."""
+        if algorithm != "mpi" and algorithm != "auto":     # both run NCCL
             if algorithm == "shm":
                 raise ValueError(f"algorithm: 'shm' is for host buffers; {name} is a GPU buffer "
                                  f"(GPU buffers take 'mpi')")

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _core, config, schedules, tuning
 from ..algorithms import SHM_VCOLLECTIVES, shm_preferred
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
-                          ONE_NODE, OTHER_COLLECTIVES)
+                          ONE_NODE, COLLECTIVE_NAMES)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..buffers import MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count  # v-collectives
@@ -105,6 +105,7 @@ class _Hooks:
     not_vlayout = staticmethod(not_vlayout)         # the v-collectives (vcollectives.pxi)
     tag_arg = staticmethod(tag_arg)
     status_of = staticmethod(_status_of)    # a blocking receive's Status
+    shm_preferred = staticmethod(shm_preferred)     # Alltoall's "auto"
     source_arg = staticmethod(source_arg)
     as_op = staticmethod(as_op)
     Op = Op                 # op_code: al.SUM ... take the one-test path
@@ -113,7 +114,7 @@ class _Hooks:
     @staticmethod
     def bad_collective_algorithm(what, algorithm):
         collective_algorithm(what, algorithm,
-                             COLLECTIVE_ALGORITHMS if what in OTHER_COLLECTIVES else ("mpi",))
+                             COLLECTIVE_NAMES[what][0] if what in COLLECTIVE_NAMES else ("mpi",))
 
     @staticmethod
     def no_ctas():

@@ -129,11 +129,23 @@ cdef class HostCollectives:
         return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.s), msg_obj(m.r))
 
     def alltoall(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
-        """Block j of sendbuf goes to rank j; recvbuf None: in place."""
+        """Block j of sendbuf goes to rank j; recvbuf None: in place.  "auto": "shm" where the
+        communicator has a segment and algorithms.shm_preferred says so for this size (the
+        same on every rank: every rank's blocks have one size), else "mpi"."""
         cdef al_msg m
-        self.shm(algorithm, "alltoall", None)
-        hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, 1, "len(sendbuf)")
-        return self.mpi_op(K_ALLTOALL, "alltoall", &m, 0, 0, blocking)
+        cdef int p = self.state.c.size
+        cdef bint shm
+        if algorithm == "auto":
+            hold = parse_blocks(&m, sendbuf, recvbuf, p, 1, "len(sendbuf)")
+            shm = ((self.state.c.shm != NULL or p == 1)
+                   and _hooks.shm_preferred("alltoall", m.count * m.esize * p, p))
+        else:
+            shm = self.shm(algorithm, "alltoall", "alltoall/shm")
+            hold = parse_blocks(&m, sendbuf, recvbuf, p, 1, "len(sendbuf)")
+        if not shm:
+            return self.mpi_op(K_ALLTOALL, "alltoall", &m, 0, 0, blocking)
+        return shm_alltoall(self.launcher, None if m.inplace else msg_obj(m.s), msg_obj(m.r),
+                            m.count, blocking, hang_timeout())
 
     def bcast(self, buf, root, bint blocking, algorithm="mpi"):
         cdef al_msg m

@@ -591,7 +591,9 @@ def test_algorithm_names():
     assert set(al.algorithms("allreduce", "host")) == set(host)
     assert set(al.algorithms("allreduce", "cuda")) == set(gpu)
     with pytest.raises(ValueError, match=named("op")):
-        al.algorithms("alltoall")
+        al.algorithms("send")
+    assert al.algorithms("alltoall", "host") == ("auto", "mpi", "shm")
+    assert al.algorithms("scan", "cuda") == ()
     with pytest.raises(ValueError, match=named("device")):
         al.algorithms("allreduce", "tpu")
     with pytest.raises(ValueError, match=named("device")):
