@@ -15,15 +15,6 @@
 # and for Allgatherv that sendbuf holds exactly counts[rank] elements.
 # Each returns None (blocking) or a Request, as the other shm entries (Launcher.run_shm).
 
-cdef inline bint vcounts_ok(object c, int p) noexcept:
-    """`c` is what the native op reads: a C-contiguous int32 ndarray of `p` entries."""
-    cdef cnp.ndarray a
-    if type(c) is not cnp.ndarray:
-        return False
-    a = <cnp.ndarray>c
-    return (cnp.PyArray_TYPE(a) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(a)
-            and cnp.PyArray_SIZE(a) == p)
-
 cdef tuple vchecked(object counts, object displs, int p, str name, Py_ssize_t elems):
     """(counts, displs): the given arrays when they are int32 arrays of `p` entries whose blocks
     lie inside a buffer of `elems` elements (the entries' precondition, checked in O(p)), else

@@ -5,16 +5,22 @@
 # and displacements as int32 arrays of `size` entries), then launch it.  The op's keep holds the
 # buffers and the count arrays (op.v points into them) until it completes.
 
+cdef inline bint vcounts_ok(object c, int p) noexcept:
+    """`c` is what a native v-op reads: a C-contiguous int32 ndarray of `p` entries (what
+    buffers.vlayout returns)."""
+    cdef cnp.ndarray a
+    if type(c) is not cnp.ndarray:
+        return False
+    a = <cnp.ndarray>c
+    return (cnp.PyArray_TYPE(a) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and cnp.PyArray_SIZE(a) == p)
+
 cdef int* vints(object a, int size, str name) except? NULL:
     """The data of `a`, an int32 array of `size` entries from buffers.vlayout; NULL for None."""
-    cdef cnp.ndarray arr
     if a is None:
         return NULL
-    if type(a) is cnp.ndarray:
-        arr = <cnp.ndarray>a
-        if (cnp.PyArray_TYPE(arr) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(arr)
-                and cnp.PyArray_SIZE(arr) == size):
-            return <int*>cnp.PyArray_DATA(arr)
+    if vcounts_ok(a, size):
+        return <int*>cnp.PyArray_DATA(<cnp.ndarray>a)
     _hooks.not_vlayout(a, name, size)          # raises
     return NULL
 
