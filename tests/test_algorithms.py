@@ -14,10 +14,17 @@ def test_names():
     assert "nccl" in al.algorithms("allreduce", "cuda")
     assert set(host) <= set(al.algorithms("allreduce"))
     with pytest.raises(ValueError, match="op"):
-        al.algorithms("alltoall")
+        al.algorithms("recv")
     for op in ("allgather", "bcast", "reduce_scatter", "barrier"):
         assert al.algorithms(op, "host") == al.algorithms(op) == ("mpi", "shm")
         assert al.algorithms(op, "cuda") == ("mpi",)
+    assert al.algorithms("alltoall", "host") == ("auto", "mpi", "shm")
+    for op in ("allgatherv", "alltoallv"):
+        assert al.algorithms(op, "host") == ("auto", "mpi", "shm")
+        assert al.algorithms(op, "cuda") == ("auto", "nccl", "mpi")
+    for op in ("gatherv", "scatterv", "reduce_scatterv", "scan", "exscan"):
+        assert al.algorithms(op, "host") == ("auto", "mpi")
+    assert al.algorithms("scan", "cuda") == ()
     with pytest.raises(ValueError, match="device"):
         al.algorithms("allreduce", "tpu")
 
