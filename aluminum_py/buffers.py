@@ -167,7 +167,12 @@ def vlayout(counts, displs, size: int, name: str, elems: int):
     int32 arrays of `size` entries. `displs` None: the blocks packed in rank order (the exclusive
     prefix sum of counts). Every block must lie inside the buffer; blocks may not overlap where
     they are written (`elems` is the buffer's length; use vno_overlap for a receive side).
-    Python lists, not numpy, below: for the few ranks of a call numpy's per-call cost dominates."""
+    Lists of plain ints (the common case) are checked in C (_core.vlayout_common); anything else,
+    and every error, here (Python lists, not numpy: for a few ranks numpy's per-call cost
+    dominates)."""
+    common = _core.vlayout_common(counts, displs, size, elems)
+    if common is not None:
+        return common
     c = _int_list(counts, f"{name} counts", size, "counts")
     if displs is None:
         d, at = [], 0
@@ -190,7 +195,10 @@ def vlayout(counts, displs, size: int, name: str, elems: int):
 
 
 def vno_overlap(counts: np.ndarray, displs: np.ndarray, name: str) -> None:
-    """Raise if two non-empty blocks of a receive layout overlap (each element is written once)."""
+    """Raise if two non-empty blocks of a receive layout overlap (each element is written once).
+    `counts`, `displs`: vlayout's int32 arrays."""
+    if _core.vblocks_in_order(counts, displs):
+        return
     c, d = counts.tolist(), displs.tolist()
     end, prev = -1, -1
     for i in sorted(range(len(c)), key=d.__getitem__):      # stable: ties in rank order
@@ -215,10 +223,12 @@ def vself_counts(sendcounts, recvcounts, rank: int) -> None:
 def unless_in_place(buf):
     """None for an in-place marker (None or MPI.IN_PLACE), else `buf`: how the Communicator's
     v-collectives pass "in place" on to a backend."""
-    if buf is None:
+    if buf is None or buf is _IN_PLACE:
         return None
-    from mpi4py import MPI
-    return None if buf is MPI.IN_PLACE else buf
+    return buf
+
+
+from mpi4py.MPI import IN_PLACE as _IN_PLACE  # noqa: E402  (mpi4py is loaded: _core needs it)
 
 
 def vsame_count(arr: np.ndarray, n: int, name: str, what: str) -> None:

@@ -476,11 +476,13 @@ class HostBackend:
             same_dtype(s, r, "sendbuf", "recvbuf")
         rc, rd = vlayout(counts, displs, self.size, "recvbuf", r.size)
         vno_overlap(rc, rd, "recvbuf")
-        if s is not None:
-            vsame_count(s, int(rc[self.rank]), "sendbuf", f"recvcounts[{self.rank}] (this "
-                        f"rank's block)")
-            no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) for an "
-                       f"in-place {what}")
+        if s is not None:                       # (the messages are built only to raise)
+            if s.size != rc[self.rank]:
+                vsame_count(s, int(rc[self.rank]), "sendbuf", f"recvcounts[{self.rank}] (this "
+                            f"rank's block)")
+            if s.size and r.size and np.may_share_memory(s, r):
+                no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) "
+                           f"for an in-place {what}")
         return s, r, rc, rd
 
     def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
