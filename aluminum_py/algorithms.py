@@ -206,39 +206,43 @@ def model_choice(p: int, nbytes: int, params=None, shm: ShmCost | None = None) -
 # "Allgatherv and Alltoallv over the segment").
 
 SHM_VCOLLECTIVES = ("allgatherv", "alltoall", "alltoallv")
-SHM_ALLTOALL_MAX_BYTES = 1 << 20     # Alltoall: "shm" up to this many bytes sent per rank
+# bytes sent per rank up to which "auto" runs "shm"
+SHM_MAX_BYTES = {"allgatherv": 1 << 20, "alltoall": 64 << 10}
 
 
 def shm_preferred(collective: str, nbytes_per_rank: int, size: int) -> bool:
     """Whether ``algorithm="auto"`` runs `collective` ("allgatherv", "alltoall" or "alltoallv")
-    over the communicator's shared-memory segment rather than the MPI library's call: the
-    measured speed only (the caller uses "shm" where the communicator has a segment, or one rank).
+    over the communicator's shared-memory segment rather than the MPI library's call (the caller
+    asks only where the communicator has a segment, or one rank).
 
     Every rank must make the same choice (the two paths do not talk to each other), so the
     arguments must be the same on every rank: `size` the communicator's, `nbytes_per_rank` the
     bytes each rank sends on average: Allgatherv ``sum(counts) * itemsize // size``, Alltoall
     ``size * count * itemsize`` (count per block). An Alltoallv's sizes are known to no rank whole
-    (each sees its own row and column of the count matrix), so its choice ignores
-    `nbytes_per_rank`.
+    (each sees its own row and column of the count matrix), so its choice cannot depend on them.
 
-    The figures it rests on (bench/results/issue29_vcollectives_{2,4}ranks.txt: float32, MPICH
-    5.0.2, 2 and 4 ranks on a 2-core machine at load 9-11, so 4 ranks are oversubscribed; shm
-    time / mpi4py time of the same run, medians of the max over ranks, interleaved; three runs
-    each, their geometric mean per size):
-      * Allgatherv (uneven counts): 0.14x-0.69x at every size from 4 B to 16 MiB per rank, no
-        single run above 0.93x: always "shm".
-      * Alltoall: 0.34x-0.84x up to 1 MiB per rank; at 4 MiB 0.75x (2 ranks) and 1.02x (4); at
-        16 MiB 1.23x and 1.47x: "shm" up to SHM_ALLTOALL_MAX_BYTES.
-      * Alltoallv (uneven splits): 2 ranks 0.23x-0.81x at every size; 4 ranks 0.66x-0.78x from
-        64 B to 256 KiB, 1.13x-1.62x from 1 to 16 MiB (over the whole sweep about even, 0.96x);
-        at 4 B on 4 ranks every count is 0 and MPICH returns at once, while the segment's
-        round 0 still synchronises (10x-129x of MPICH's microsecond there, on oversubscribed
-        cores). As the size cannot count, "shm" at every size.
+    The rule takes the better worst case over the runs, because the segment's protocols are
+    bimodal on this machine: within minutes of each other, on an idle machine, the same sweep
+    gave shm 0.5x of the MPI library's time in one run and 2-3x in the next
+    (bench/results/issue29_vcollectives_lead.txt: bench/vcollectives.py, float32, MPICH 5.0.2,
+    2 and 4 ranks on 2 cores, 2026-11-25 00:31-00:36 UTC; the helper's earlier runs under load:
+    issue29_vcollectives_{2,4}ranks.txt):
+      * Allgatherv: shm won at every size up to 1 MiB per rank in every run (16 KiB: 12 vs 20
+        us, our "mpi"; 256 KiB 38-177 vs 61-218 us; 1 MiB 704 vs 787 us at 2 ranks, 950-1060
+        vs 1270-1390 us at 4); at 4 and 16 MiB it lost 2.3-3.2x in 6 of 8 runs at 2 ranks: "shm"
+        up to 1 MiB.
+      * Alltoall: shm won up to 64 KiB in every run (0.3-0.5x); at 256 KiB it won (0.6x) in 4
+        runs and lost 2.7x in 6: "shm" up to 64 KiB.
+      * Alltoallv: shm won at 16 KiB (19 vs 23 us) and lost 2x at 256 KiB-16 MiB in 6 of 8 runs
+        at 2 ranks, and at every size at 4 ranks (1.3-1.8x of mpi4py): never "shm" (it stays
+        available as algorithm="shm").
     One rank: "shm" (a local copy, no MPI call).
     """
     if collective not in SHM_VCOLLECTIVES:
         raise ValueError(f"collective: expected one of {', '.join(map(repr, SHM_VCOLLECTIVES))}, "
                          f"got {collective!r}")
-    if size <= 1 or collective in ("allgatherv", "alltoallv"):
+    if size <= 1:
         return True
-    return nbytes_per_rank <= SHM_ALLTOALL_MAX_BYTES
+    if collective == "alltoallv":
+        return False
+    return nbytes_per_rank <= SHM_MAX_BYTES[collective]

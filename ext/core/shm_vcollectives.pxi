@@ -36,13 +36,6 @@ cdef tuple vchecked(object counts, object displs, int p, str name, Py_ssize_t el
 cdef inline int* vints_data(object a) noexcept:
     return <int*>cnp.PyArray_DATA(<cnp.ndarray>a)
 
-cdef inline int64_t vtotal(const int* c, int p) noexcept:
-    cdef int64_t t = 0
-    cdef int i
-    for i in range(p):
-        t += c[i]
-    return t
-
 
 def shm_allgatherv(Launcher L, s, r, counts, displs, bint blocking, double timeout):
     """Allgatherv over the segment: rank j's `counts[j]` elements land at `r[displs[j]:]` on
@@ -74,7 +67,7 @@ def shm_allgatherv(Launcher L, s, r, counts, displs, bint blocking, double timeo
             _hooks.no_overlap(sb, rb, "sendbuf", "recvbuf")
         sp = <char*>cnp.PyArray_DATA(sb)
     o = L.shm_op(K_SHM_ALLGATHERV, "allgatherv/shm", sp, <char*>cnp.PyArray_DATA(rb),
-                 vtotal(vints_data(counts), p), code, esize, 0, 0)
+                 vtotal_of(counts), code, esize, 0, 0)
     o.op.v.rcounts = vints_data(counts)
     o.op.v.rdispls = vints_data(displs)
     return L.run_shm(o, blocking, timeout, sb, (rb, counts, displs))
@@ -149,7 +142,7 @@ def shm_alltoallv(Launcher L, s, scounts, sdispls, r, rcounts, rdispls, bint blo
                     f"have {L.state.c.shm.slot} (AL_SHM_SLOT_BYTES); use algorithm='mpi'")
     o = L.shm_op(K_SHM_ALLTOALLV, "alltoallv/shm",
                  rp if sb is None else <char*>cnp.PyArray_DATA(sb), rp,
-                 vtotal(vints_data(rcounts), p), code, esize, 0, 0)
+                 vtotal_of(rcounts), code, esize, 0, 0)
     o.op.v.scounts = vints_data(scounts)
     o.op.v.sdispls = vints_data(sdispls)
     o.op.v.rcounts = vints_data(rcounts)
