@@ -398,7 +398,8 @@ class Communicator:
         """Every rank's sendbuf lands in every rank's recvbuf, rank i's block at displs[i]
         with recvcounts[i] elements (recvbuf: buf, [buf, counts] or [buf, counts, displs]).
         sendbuf None or MPI.IN_PLACE: in place, this rank's block already at displs[rank].
-        Out of place, len(sendbuf) must equal recvcounts[rank].  algorithm: "auto" or "mpi"."""
+        Out of place, len(sendbuf) must equal recvcounts[rank].  algorithm: "mpi", "shm" (the
+        node's segment) or "auto" ("shm" up to 1 MiB per rank where there is a segment)."""
         self._allgatherv(sendbuf, recvbuf, recvcounts, displs, algorithm, True)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, recvcounts=None, displs=None,
@@ -455,7 +456,8 @@ class Communicator:
         """Block j of sendbuf (sendcounts[j] elements at sdispls[j]) goes to rank j; block i of
         recvbuf (recvcounts[i] at rdispls[i]) comes from rank i (each buffer: buf,
         [buf, counts] or [buf, counts, displs]). sendbuf None or MPI.IN_PLACE: in place,
-        recvbuf's layout for both sides.  algorithm: "auto" or "mpi"."""
+        recvbuf's layout for both sides.  algorithm: "mpi", "shm" (the node's segment) or
+        "auto" (= "mpi": algorithms.shm_preferred)."""
         self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls, algorithm,
                         True)
 
