@@ -206,8 +206,8 @@ def model_choice(p: int, nbytes: int, params=None, shm: ShmCost | None = None) -
 # "Allgatherv and Alltoallv over the segment").
 
 SHM_VCOLLECTIVES = ("allgatherv", "alltoall", "alltoallv")
-# bytes sent per rank up to which "auto" runs "shm"
-SHM_MAX_BYTES = {"allgatherv": 1 << 20, "alltoall": 64 << 10}
+# bytes sent per rank up to which "auto" runs "shm" (Alltoall)
+SHM_ALLTOALL_MAX_BYTES = 64 << 10
 
 
 def shm_preferred(collective: str, nbytes_per_rank: int, size: int) -> bool:
@@ -217,22 +217,25 @@ def shm_preferred(collective: str, nbytes_per_rank: int, size: int) -> bool:
 
     Every rank must make the same choice (the two paths do not talk to each other), so the
     arguments must be the same on every rank: `size` the communicator's, `nbytes_per_rank` the
-    bytes each rank sends on average: Allgatherv ``sum(counts) * itemsize // size``, Alltoall
-    ``size * count * itemsize`` (count per block). An Alltoallv's sizes are known to no rank whole
-    (each sees its own row and column of the count matrix), so its choice cannot depend on them.
+    bytes each rank sends: Alltoall ``size * count * itemsize`` (count per block). A choice that
+    depends on a size lets an erroneous call (counts that differ between ranks) put ranks on
+    different transports, where no fingerprint can catch it; so only Alltoall, whose one block
+    count users rarely get wrong, uses the size. Allgatherv's and Alltoallv's counts are the
+    error-prone part of a v-collective: their choice ignores `nbytes_per_rank`.
 
-    The rule takes the better worst case over the runs, because the segment's protocols are
-    bimodal on this machine: within minutes of each other, on an idle machine, the same sweep
-    gave shm 0.5x of the MPI library's time in one run and 2-3x in the next
-    (bench/results/issue29_vcollectives_lead.txt: bench/vcollectives.py, float32, MPICH 5.0.2,
-    2 and 4 ranks on 2 cores, 2026-11-25 00:31-00:36 UTC; the helper's earlier runs under load:
-    issue29_vcollectives_{2,4}ranks.txt):
+    The figures it rests on: the segment's protocols are bimodal on this machine: within
+    minutes of each other, on an idle machine, the same sweep gave shm 0.5x of the MPI library's
+    time in one run and 2-3x in the next (bench/results/issue29_vcollectives_lead.txt:
+    bench/vcollectives.py, float32, MPICH 5.0.2, 2 and 4 ranks on 2 cores, 2026-11-25
+    00:31-00:37 UTC; the helper's earlier runs under load: issue29_vcollectives_{2,4}ranks.txt):
       * Allgatherv: shm won at every size up to 1 MiB per rank in every run (16 KiB: 12 vs 20
-        us, our "mpi"; 256 KiB 38-177 vs 61-218 us; 1 MiB 704 vs 787 us at 2 ranks, 950-1060
-        vs 1270-1390 us at 4); at 4 and 16 MiB it lost 2.3-3.2x in 6 of 8 runs at 2 ranks: "shm"
-        up to 1 MiB.
+        us, our "mpi"; 1 MiB 704 vs 787 us at 2 ranks, 950-1060 vs 1270-1390 us at 4) and at
+        every size at 4 ranks (0.32-0.38x of mpi4py at 4-16 MiB against "mpi"'s 0.44-0.48x); at
+        4 and 16 MiB on 2 ranks it lost 2.3-3.2x in 6 of 8 runs and won by 5% in one. "shm"
+        always: with it, counts that differ between ranks are always caught (the counts are in
+        the fingerprint of every round).
       * Alltoall: shm won up to 64 KiB in every run (0.3-0.5x); at 256 KiB it won (0.6x) in 4
-        runs and lost 2.7x in 6: "shm" up to 64 KiB.
+        runs and lost 2.7x in 6: "shm" up to SHM_ALLTOALL_MAX_BYTES.
       * Alltoallv: shm won at 16 KiB (19 vs 23 us) and lost 2x at 256 KiB-16 MiB in 6 of 8 runs
         at 2 ranks, and at every size at 4 ranks (1.3-1.8x of mpi4py): never "shm" (it stays
         available as algorithm="shm").
@@ -241,8 +244,8 @@ def shm_preferred(collective: str, nbytes_per_rank: int, size: int) -> bool:
     if collective not in SHM_VCOLLECTIVES:
         raise ValueError(f"collective: expected one of {', '.join(map(repr, SHM_VCOLLECTIVES))}, "
                          f"got {collective!r}")
-    if size <= 1:
+    if size <= 1 or collective == "allgatherv":
         return True
     if collective == "alltoallv":
         return False
-    return nbytes_per_rank <= SHM_MAX_BYTES[collective]
+    return nbytes_per_rank <= SHM_ALLTOALL_MAX_BYTES

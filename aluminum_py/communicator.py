@@ -399,7 +399,7 @@ class Communicator:
         with recvcounts[i] elements (recvbuf: buf, [buf, counts] or [buf, counts, displs]).
         sendbuf None or MPI.IN_PLACE: in place, this rank's block already at displs[rank].
         Out of place, len(sendbuf) must equal recvcounts[rank].  algorithm: "mpi", "shm" (the
-        node's segment) or "auto" ("shm" up to 1 MiB per rank where there is a segment)."""
+        node's segment) or "auto" ("shm" where there is a segment)."""
         self._allgatherv(sendbuf, recvbuf, recvcounts, displs, algorithm, True)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, recvcounts=None, displs=None,

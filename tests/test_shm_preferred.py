@@ -2,23 +2,25 @@
 (its figures: bench/results/issue29_vcollectives_lead.txt)."""
 import pytest
 
-from aluminum_py.algorithms import SHM_MAX_BYTES, SHM_VCOLLECTIVES, shm_preferred
+from aluminum_py.algorithms import SHM_ALLTOALL_MAX_BYTES, SHM_VCOLLECTIVES, shm_preferred
 
 
-@pytest.mark.parametrize("coll", ["allgatherv", "alltoall"])
-def test_shm_up_to_the_threshold(coll):
-    limit = SHM_MAX_BYTES[coll]
+def test_alltoall_up_to_the_threshold():
     for size in (2, 3, 4, 64):
-        assert shm_preferred(coll, 0, size) and shm_preferred(coll, limit, size)
-        assert not shm_preferred(coll, limit + 1, size)
-        assert not shm_preferred(coll, 16 << 20, size)
-    assert shm_preferred(coll, 16 << 20, 1)         # one rank: a local copy
+        assert shm_preferred("alltoall", 0, size)
+        assert shm_preferred("alltoall", SHM_ALLTOALL_MAX_BYTES, size)
+        assert not shm_preferred("alltoall", SHM_ALLTOALL_MAX_BYTES + 1, size)
+        assert not shm_preferred("alltoall", 16 << 20, size)
+    assert shm_preferred("alltoall", 16 << 20, 1)         # one rank: a local copy
 
 
-def test_alltoallv_never_by_size():
-    """No rank knows an Alltoallv's whole count matrix: the choice may not depend on it (and shm
-    lost at 256 KiB and above in most runs): "mpi" wherever there is more than one rank."""
-    assert {shm_preferred("alltoallv", n, 4) for n in (0, 1, 1 << 20, 1 << 34)} == {False}
+def test_v_collectives_never_by_size():
+    """An erroneous v-collective (counts that differ between ranks) must not put ranks on
+    different transports: Allgatherv always "shm" (its fingerprints catch the counts),
+    Alltoallv always "mpi" where there is more than one rank."""
+    sizes = (0, 1, 1 << 20, 16 << 20, 1 << 34)
+    assert {shm_preferred("allgatherv", n, 4) for n in sizes} == {True}
+    assert {shm_preferred("alltoallv", n, 4) for n in sizes} == {False}
     assert shm_preferred("alltoallv", 1 << 20, 1)
 
 

@@ -486,12 +486,8 @@ class HostBackend:
         return s, r, rc, rd
 
     def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
-        auto = algorithm == "auto"
-        alg = "auto" if auto else self._v_algorithm("allgatherv", algorithm)
+        alg = self._v_algorithm("allgatherv", algorithm)    # its "auto" ignores the size
         s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
-        if auto:            # every rank has the same counts: the same choice everywhere
-            alg = self._v_algorithm("allgatherv", "auto",
-                                    _core.vcount_sum(rc) * r.itemsize // self.size)
         self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
         run = _core.shm_allgatherv if alg == "shm" else _core.allgatherv
         return run(self.launcher, s, r, rc, rd, blocking, config.hang_timeout_native())

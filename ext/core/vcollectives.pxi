@@ -40,10 +40,6 @@ cdef int64_t vtotal_of(object counts) except -1:
         t += p[i]
     return t
 
-def vcount_sum(counts):
-    """The sum of an int32 count array (vlayout's), as an int."""
-    return vtotal_of(counts)
-
 cdef NativeOp vop(Launcher L, int kind, str name, s, r, int64_t count, sc, sd, rc, rd,
                   int root, int rop):
     """One op of `kind` on the checked arrays s (None: in place, MPI_IN_PLACE) and r (None: not

@@ -400,3 +400,26 @@ def test_truncation_hint_names_the_arguments():
     Op.name = "allreduce/mpi"
     with pytest.raises(al.MPIError, match=r"truncated$"):
         _check(Op())
+
+
+@pytest.mark.skipif(WORLD.size < 2, reason="counts that differ between ranks need two")
+@pytest.mark.parametrize("small", [True, False], ids=["16B", "8MiB"])
+def test_auto_allgatherv_with_counts_that_differ_fails_on_every_rank(small):
+    """"auto" never picks a transport from the counts: rank 1's recvcounts[1] off by one, at a
+    small and a large size, raises al.Error on every rank (the segment's fingerprints carry the
+    counts) instead of leaving ranks on different transports, waiting for each other."""
+    comm = al.Communicator()
+    if comm._host._no_shm is not None:      # the same on every rank
+        pytest.skip(f"no shared-memory segment: {comm._host._no_shm}")
+    p, r = WORLD.size, WORLD.rank
+    n = 4 if small else (2 << 20)                  # float32 elements per rank
+    c = [n] * p
+    if r == 1:
+        c[1] += 1
+    out = np.zeros(sum(c) + 1, np.float32)
+    try:
+        comm.Allgatherv(np.ones(c[r], np.float32), [out, c])
+        outcome = "returned"
+    except al.Error as e:
+        outcome = str(e)
+    assert all_ranks_ok("differ" in outcome), every_rank([outcome])
