@@ -29,12 +29,6 @@ if TYPE_CHECKING:
 _ndarray = np.ndarray
 
 
-def _is_in_place(buf) -> bool:
-    """`buf` is mpi4py's MPI.IN_PLACE."""
-    from mpi4py import MPI
-    return buf is MPI.IN_PLACE
-
-
 def _warn_thread_level() -> None:
     import warnings
     from mpi4py import MPI
@@ -318,8 +312,7 @@ class Communicator:
         return self._backend_for(buf, "buf").send(buf, dest, tag, False)
 
     def _recv(self, buf, source, tag, blocking, status):
-        source = self._source(source)
-        status_arg(status)
+        status_arg(status)                      # the backend checks source and tag
         backend = self._backend_for(buf, "buf")
         if backend is not self._host:
             if status is not None:
@@ -349,9 +342,7 @@ class Communicator:
 
     def _sendrecv(self, sendbuf, dest, recvbuf, source, tag, blocking, sendtag, recvtag,
                   status):
-        dest = self._rank_arg(dest, "dest")
-        source = self._source(source)
-        status_arg(status)
+        status_arg(status)                      # the backend checks dest, source and tags
         backend = self._backend_for(sendbuf, "sendbuf")
         if backend is not self._host:
             if sendtag is not None:
@@ -486,7 +477,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ scans (issue 29)
     def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
-        if sendbuf is None or _is_in_place(sendbuf):    # mpi4py's form: in place in recvbuf
+        if unless_in_place(sendbuf) is None:    # mpi4py's form: in place in recvbuf
             sendbuf, recvbuf = recvbuf, None
         return getattr(self._backend_for(sendbuf, "sendbuf"), kind)(sendbuf, recvbuf, op,
                                                                     blocking,

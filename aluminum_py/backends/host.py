@@ -17,7 +17,8 @@ from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, 
                           ONE_NODE, COLLECTIVE_NAMES)
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
-from ..buffers import MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count  # v-collectives
+from ..buffers import (MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count,  # v-collectives
+                       vself_counts)
 from ..errors import Error, MPIError, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
@@ -550,10 +551,7 @@ class HostBackend:
         if s is not None:
             sc, sd = vlayout(scounts, sdispls, self.size, "sendbuf", s.size)
             if sc[self.rank] != rc[self.rank]:
-                raise ValueError(f"sendbuf counts: this rank's own block is {int(sc[self.rank])} "
-                                 f"elements to send but {int(rc[self.rank])} to receive "
-                                 f"(sendcounts[{self.rank}] and recvcounts[{self.rank}] must "
-                                 f"be equal)")
+                vself_counts(sc, rc, self.rank)             # raises
             no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
                        "in-place Alltoallv")
         self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
