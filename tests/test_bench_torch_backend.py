@@ -33,16 +33,20 @@ def test_quick_run_every_part(tmp_path):
         assert r["ratio"] == pytest.approx(r["gloo"] / r["aluminum"])
     (ddp,) = run["ddp"]
     assert ddp["model"] == "mlp" and set(ddp["median_step_ms"]) == {"aluminum", "gloo",
-                                                                     "gloo+hook"}
+                                                                     "gloo+hook", "local"}
     # DDP at 2 ranks: the same sum of two gradients whatever the order, so bitwise equal
     assert ddp["max_param_diff_vs_gloo"] == {"aluminum": 0.0, "gloo": 0.0, "gloo+hook": 0.0}
     fsdp = run["fsdp"]
-    assert set(fsdp["median_step_ms"]) == {"aluminum", "gloo"}
+    assert set(fsdp["median_step_ms"]) == {"aluminum", "gloo", "local"}
+    assert set(fsdp["max_param_diff_vs_reference"]) == {"aluminum", "gloo"}
     for name, diff in fsdp["max_param_diff_vs_reference"].items():
         assert diff < 1e-5, (name, diff)
     assert {(r["hidden"], r["batch"]) for r in run["tp"]} == {(256, 1), (256, 8), (1024, 1),
                                                                 (1024, 8)}
     for r in run["tp"]:
-        assert r["wrong"] == [] and min(r["aluminum"], r["gloo"], r["none"]) > 0
+        assert r["wrong"] == [] and set(r["block_ms"]) == {"aluminum", "gloo", "none"}
+        assert set(r["allreduce_us"]) == {"aluminum", "gloo"} and min(r["block_ms"].values()) > 0
+        ms = r["block_ms"]
+        assert r["speedup"]["gloo"] == pytest.approx(ms["gloo"] / ms["aluminum"])
     assert run["skipped"] == {"deepspeed": "--no-deepspeed"}
     assert len(run["targets"]) == 8 and "against issue 30's targets" in proc.stdout
