@@ -267,6 +267,9 @@ def part_ddp(world, groups: dict, comm, args) -> list:
             + f"  [{sum(p.numel() for p in initial.parameters()) / 1e6:.2f} M parameters]")
         say(world, f"      after {args.steps + 2} steps, max |param - gloo DDP|: " + "  ".join(
             f"{k} {d:.3g}{' (bitwise)' if d == 0 else ''}" for k, d in diffs.items()))
+        if args.profile:
+            say(world, "\n## profile: " + profiled(world, trainers[first].step, 3,
+                                                    f"DDP {name} step on {first}"))
         results.append({"model": name, "median_step_ms": {k: v * 1e3 for k, v in med.items()},
                         "steps": args.steps, "max_param_diff_vs_gloo": diffs})
     return results
@@ -353,6 +356,9 @@ def part_fsdp(world, groups: dict, args) -> dict:
                                 for k, v in med.items()))
     say(world, f"  after {args.steps + 1} steps, max |param - single-process reference|: "
         + "  ".join(f"{k} {v:.3g}" for k, v in diffs.items()))
+    if args.profile:
+        say(world, "\n## profile: " + profiled(world, trainers[first].step, 3,
+                                                f"FSDP2 step on {first}"))
     return {"d_model": d, "layers": layers, "parameters": nparams, "batch": batch, "seq": seq,
             "median_step_ms": {k: v * 1e3 for k, v in med.items()}, "steps": args.steps,
             "max_param_diff_vs_reference": diffs}
@@ -477,32 +483,39 @@ def deepspeed_allreduce(world, args, skipped: dict):
 
 # --------------------------------------------------------------------------------- profile
 
-def profile_calls(world, group, name: str, calls: int, top: int = 25) -> str:
-    """cProfile of `calls` 4-byte (one element per rank) `name` calls on `group`, every rank
-    calling, rank 0 profiled: the Python functions behind the per-call cost, by own time."""
+def profiled(world, call, times: int, what: str, top: int = 15) -> str:
+    """cProfile of `times` calls of `call` (every rank calling, rank 0 profiled): the Python
+    functions behind its cost, by own time, with the wall time per call under the profiler."""
     import cProfile
     import io
     import pstats
-    inp, out, _ = collective_case(name, world.size, world.size, world.rank)
-    call = torch_collective(name, group, inp, out)
-    for _ in range(20):
-        call()
     world.Barrier()
     prof = cProfile.Profile() if world.rank == 0 else None
     t0 = MPI.Wtime()
     if prof:
         prof.enable()
-    for _ in range(calls):
+    for _ in range(times):
         call()
     if prof:
         prof.disable()
-    per_call = world.allreduce((MPI.Wtime() - t0) / calls, op=MPI.MAX)
+    per_call = world.allreduce((MPI.Wtime() - t0) / times, op=MPI.MAX)
     if prof is None:
         return ""
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    return f"{calls} x {name} (4 B) on the default group, {per_call * 1e6:.1f} us per call " \
-           f"under the profiler:\n" + text.getvalue()
+    body = text.getvalue().strip().splitlines()
+    start = next(i for i, line in enumerate(body) if line.lstrip().startswith("ncalls"))
+    return f"{times} x {what}, {per_call * 1e6:.1f} us per call under the profiler:\n" \
+        + "\n".join(body[start:])
+
+
+def profile_calls(world, group, name: str, calls: int) -> str:
+    """:func:`profiled` 4-byte (one element per rank) `name` calls on `group`."""
+    inp, out, _ = collective_case(name, world.size, world.size, world.rank)
+    call = torch_collective(name, group, inp, out)
+    for _ in range(20):
+        call()
+    return profiled(world, call, calls, f"{name} (4 B) on the default group")
 
 
 def layers(world, group, gloo, comm, nbytes: int, iters: int) -> dict:
@@ -581,8 +594,10 @@ def main(argv=None) -> int:
                     help="the FSDP2 transformer: d_model, layers, batch and sequence per rank")
     ap.add_argument("--no-deepspeed", action="store_true", help="no DeepSpeed peer in tp")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="at the end: cProfile of N 4-byte all_reduce and all_gather_into_tensor "
-                         "calls on the default group (rank 0's Python functions by own time)")
+                    help="cProfile (rank 0's Python functions by own time) of 3 DDP and FSDP2 "
+                         "steps and, at the end, of N 4-byte all_reduce and "
+                         "all_gather_into_tensor calls on the default group; then all_reduce "
+                         "through each layer of the path, N calls")
     ap.add_argument("--no-comm", action="store_true",
                     help="no al.Communicator column in collectives")
     args = ap.parse_args(argv)
