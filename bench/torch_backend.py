@@ -559,7 +559,7 @@ def targets(world, results: dict, first: str) -> list[str]:
         if "gloo+hook" in m and first != "gloo":
             ratio = m["gloo+hook"] / m[first]
             lines.append(f"DDP {r['model']}: {first} {m[first]:.1f} ms vs gloo+hook "
-                         f"{m['gloo+hook']:.1f} ms ({ratio:.2f}x): "
+                         f"{m['gloo+hook']:.1f} ms ({ratio:.3f}x): "
                          f"{'met' if ratio >= 1 else 'MISSED'}")
     f = results.get("fsdp")
     if f and "gloo" in f["median_step_ms"] and first != "gloo":
