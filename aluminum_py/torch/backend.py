@@ -248,6 +248,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                  global_ranks: list[int] | None = None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        comm.timeout = timeout          # bounds the blocking calls
         self._op_timeout = timeout
         self._store = store
         self._global_ranks = list(range(comm.size)) if global_ranks is None else global_ranks
@@ -290,9 +291,10 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         self._broken = err
         return err
 
-    def _comm(self, t: torch.Tensor) -> Communicator:
+    def _comm(self, t: torch.Tensor, what: str) -> Communicator:
         if self._broken is not None:
-            raise self._broken
+            raise dist.DistBackendError(f"aluminum: {what}: this process group failed before "
+                                        f"and is unusable: {self._broken}")
         comm = self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
         comm.bind_thread()              # torch calls from its autograd thread and others
         return comm
@@ -304,7 +306,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         the communicator for `tensor`: blocking in this thread when torch waits anyway (CPU
         tensors, ``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking; `finish` runs
         once they completed (copies out of temporary buffers)."""
-        comm = self._comm(tensor)
+        comm = self._comm(tensor, what)
         limit = _seconds(getattr(opts, "timeout", None))
         blocking = (not tensor.is_cuda and opts is not None and not opts.asyncOp
                     and limit is None)
