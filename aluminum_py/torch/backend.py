@@ -23,8 +23,6 @@ host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
 from __future__ import annotations
 
 import datetime
-import queue
-import threading
 from typing import Callable
 
 import torch
@@ -33,7 +31,7 @@ import torch.distributed as dist
 from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
 from ..errors import Error, TimeoutError as _AlTimeout
 from ..status import ANY_SOURCE
-from . import hooks, rendezvous
+from . import completion, hooks, rendezvous
 
 NAME = "aluminum"
 
@@ -93,91 +91,61 @@ def _is_block(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
 # ---------------------------------------------------------------------------------- Work
 class Work(dist.Work):
     """A started call: ``wait(timeout)`` (raises the call's error), ``get_future()``,
-    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive from any
-    source ``_source_rank()`` (what ``dist.recv`` returns).  The Future's value is the list of
-    output tensors."""
+    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive
+    ``_source_rank()`` (what ``dist.recv`` without ``src`` returns).  The Future's value is the
+    list of output tensors.  Completed by a :class:`~aluminum_py.torch.completion.Completion`:
+    by ``wait()`` in the calling thread, or, once ``get_future()`` handed it out, by the waiter
+    thread, bounded by the group's timeout."""
 
     def __init__(self, group: "ProcessGroupAluminum", what: str, requests: list,
                  finish: Callable[[], None] | None, result: list, devices=None,
-                 receive: bool = False):
+                 receive=None):
         super().__init__()
-        self._group, self._what = group, what
-        self._requests, self._finish, self._result = requests, finish, result
-        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-        self._lock = threading.Lock()
-        self._claimed = False
+        self._what, self._source, self._outputs = what, None, result
+        future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+
+        def done() -> list:
+            if receive is not None:
+                self._source = receive.status.source
+            if finish is not None:
+                finish()
+            return result
+        self._completion = completion.Completion(
+            requests, future, done, group._op_timeout,
+            lambda e, limit: group._failure(what, e, limit))
         self._queued = False
-        self._exception: BaseException | None = None
-        self._source: int | None = None
-        self._receive = requests[0] if receive else None
-        if not requests:
-            self._settle()
-
-    # completion: exactly one thread (the waiter or the completer) claims it
-    def _run(self, timeout: float | None) -> None:
-        requests = self._requests
-        if requests is None:            # settled by another thread
-            return
-        try:
-            for r in requests:
-                r.Wait(timeout)
-        except _AlTimeout as e:
-            self._settle(self._group._timed_out(self._what, timeout, e))
-        except BaseException as e:      # noqa: BLE001  (delivered through the Future)
-            self._settle(_backend_error(self._what, e))
-        else:
-            self._settle()
-
-    def _settle(self, error: BaseException | None = None) -> None:
-        with self._lock:
-            if self._claimed:
-                return
-            self._claimed = True
-        if error is None:
-            try:
-                if self._receive is not None:
-                    self._source = self._receive.status.source
-                if self._finish is not None:
-                    self._finish()
-            except BaseException as e:  # noqa: BLE001
-                error = _backend_error(self._what, e)
-        self._requests = self._finish = self._receive = None
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._exception = error
-            self._future.set_exception(error)
 
     def wait(self, timeout=None) -> bool:
-        if not self._future.done():
-            limit = _seconds(timeout)
-            self._run(self._group._op_timeout if limit is None else limit)
-        self._future.wait()             # raises the call's error; returns at once otherwise
+        self._completion.run(_seconds(timeout))
+        self._completion.future.wait()  # raises the call's error; returns at once otherwise
         return True
 
     def get_future(self) -> torch.futures.Future:
-        if not self._future.done():
-            with self._lock:
-                queued, self._queued = self._queued, True
-            if not queued:
-                _completer.put(self)
-        return self._future
+        c = self._completion
+        if not c.future.done() and not self._queued:
+            self._queued = True
+            completion.waiter.submit(c)
+        return c.future
 
     def is_completed(self) -> bool:
-        requests = self._requests
-        if not self._future.done() and requests is not None and all(r.done for r in requests):
-            self._run(None)
-        return self._future.done()
+        return self._completion.ready()
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._exception is None
+        return self.is_completed() and self.exception() is None
 
     def exception(self):
-        return self._exception
+        f = self._completion.future
+        if not f.done():
+            return None
+        try:
+            f.value()
+        except Exception as e:          # noqa: BLE001
+            return e
+        return None
 
     def result(self) -> list:
         self.wait()
-        return self._result
+        return self._completion.future.value()
 
     def synchronize(self) -> None:
         pass                            # CUDA work is ordered on torch's stream already
@@ -189,35 +157,6 @@ class Work(dist.Work):
         return self._source
 
     source_rank = _source_rank
-
-
-class _Completer:
-    """One daemon thread that completes the Futures of Works someone holds the Future of, in
-    the order they were asked for (DDP's buckets: launch order), each bounded by its group's
-    timeout."""
-
-    def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def put(self, work: Work) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name="aluminum_py.torch completer")
-                self._thread.start()
-        self._queue.put(work)
-
-    def _loop(self):
-        while True:
-            work = self._queue.get()
-            if not work._future.done():
-                work._run(work._group._op_timeout)
-            del work
-
-
-_completer = _Completer()
 
 
 def _backend_error(what: str, e: BaseException) -> BaseException:
@@ -282,6 +221,12 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 f"name={self._name!r})")
 
     # --- one mechanism for every call
+    def _failure(self, what: str, e: BaseException, timeout) -> BaseException:
+        """What a failed call raises: DistBackendError; after a timeout the group is broken."""
+        if isinstance(e, _AlTimeout):
+            return self._timed_out(what, timeout, e)
+        return _backend_error(what, e)
+
     def _timed_out(self, what: str, timeout, cause) -> BaseException:
         err = dist.DistBackendError(
             f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank} (a rank "
@@ -330,9 +275,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 requests = []
             work = Work(self, what, requests, finish, result,
                         devices=[tensor.device] if tensor.is_cuda else None,
-                        receive=receive and bool(requests))
+                        receive=requests[0] if receive and requests else None)
             if limit is not None and requests:
-                work._run(limit)        # a call's own timeout: waited for here
+                work._completion.run(limit)     # a call's own timeout: waited for here
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -534,7 +479,8 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def _end_coalescing(self, device=None):
         works, self._coalesced = self._coalesced or [], None
-        return _joined("coalesced", self, works, [t for w in works for t in w._result])
+        return _joined("coalesced", self, works,
+                       [t for w in works for t in w._outputs])
 
     def _coalesce(self, what, opts, outputs, works):
         if self._coalesced is not None:      # inside _start_coalescing: each part counts
