@@ -240,9 +240,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         if self._broken is not None:
             raise dist.DistBackendError(f"aluminum: {what}: this process group failed before "
                                         f"and is unusable: {self._broken}")
-        comm = self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
-        comm.bind_thread()              # torch calls from its autograd thread and others
-        return comm
+        return self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
 
     def _start(self, what: str, opts, tensor: torch.Tensor, calls: list,
                result: list, finish: Callable[[], None] | None = None,
@@ -257,18 +255,22 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                     and limit is None)
         if blocking:
             try:
+                comm.bind_thread()      # torch calls from its autograd thread and others
                 for name, args, kwargs in calls:
                     getattr(comm, name)(*args, **kwargs)
             except _AlTimeout as e:
                 raise self._timed_out(what, self._op_timeout or 0.0, e) from e
-            except (TypeError, ValueError):
-                raise
-            except Error as e:
+            except Error as e:          # argument errors (TypeError, ValueError) pass as such
                 raise _backend_error(what, e) from e
             work = Work(self, what, [], finish, result)
         else:
-            requests = [getattr(comm, _nonblocking_name(name))(*args, **kwargs)
-                        for name, args, kwargs in calls]
+            requests = []
+            try:
+                comm.bind_thread()
+                for name, args, kwargs in calls:
+                    requests.append(getattr(comm, _nonblocking_name(name))(*args, **kwargs))
+            except Error as e:          # delivered through the Work (DDP: from backward())
+                requests.append(_Failed(e))
             if tensor.is_cuda:
                 for r in requests:
                     r.Wait()            # makes torch's current stream wait for the op
@@ -533,14 +535,21 @@ _CPU_TOKEN = torch.empty(0)
 
 
 def _joined(what: str, group: ProcessGroupAluminum, works: list, result: list) -> Work:
-    """One Work that completes when every part has (a coalesced call)."""
-    parts = list(works)
+    """One Work that completes when every part has (a coalesced call); its error is the first
+    failed part's."""
+    return Work(group, what, [_Parts(list(works))], None, result)
 
-    def finish():
-        for w in parts:
-            w.wait()
-    joined = Work(group, what, [_Parts(parts)], finish, result)
-    return joined
+
+class _Failed:
+    """A call that failed to start, as a request: ``Wait`` raises its error."""
+
+    done = True
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def Wait(self, timeout=None):
+        raise self.error
 
 
 class _Parts:
