@@ -57,20 +57,33 @@ def reduce_op(op, dtype: torch.dtype):
     raise ValueError(f"aluminum: unknown ReduceOp {op!r}")
 
 
-def buffer(t: torch.Tensor):
-    """A buffer the Communicator reads and writes in place, sharing `t`'s memory: as the DDP
-    hook's (:func:`aluminum_py.torch.hooks.as_buffer`: numpy views, bfloat16 through ml_dtypes,
-    CUDA tensors as they are), bool as bytes, dtypes numpy lacks (float8, ...) as bytes (for
-    the calls that only move data; a reduction of them raises TypeError)."""
+_NUMPY_TYPES = {torch.float32, torch.float64, torch.float16, torch.int8, torch.int16,
+                torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
+                torch.complex64, torch.complex128}
+
+
+def buffer(t: torch.Tensor, reduce: bool = False):
+    """A buffer the Communicator reads and writes in place, sharing `t`'s memory (no copy):
+    CUDA tensors as they are, CPU tensors as numpy views; bool as bytes (reductions map the op
+    to a logical one, :func:`reduce_op`).  bfloat16 is reduced through ``ml_dtypes`` (as the
+    DDP hook's :func:`~aluminum_py.torch.hooks.as_buffer`); types numpy lacks (bfloat16, float8)
+    move as bytes, and reducing the ones without an ``ml_dtypes`` view raises TypeError."""
     if not t.is_contiguous():
         raise ValueError(f"aluminum: tensors must be contiguous (got strides {t.stride()} for "
                          f"shape {tuple(t.shape)}); call .contiguous() first")
-    if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
-    try:
-        return hooks.as_buffer(t)
-    except TypeError:
-        return hooks.as_buffer(t.reshape(-1).view(torch.uint8))
+    dt = t.dtype
+    if t.is_cuda:
+        return t.view(torch.uint8) if dt == torch.bool else t
+    if dt in _NUMPY_TYPES:
+        return t.detach().numpy()
+    if dt == torch.bool:
+        return t.detach().view(torch.uint8).numpy()
+    if reduce:
+        if dt == torch.bfloat16:
+            return hooks.as_buffer(t)   # TypeError naming ml_dtypes if it is missing
+        raise TypeError(f"aluminum: {dt} tensors cannot be reduced (no such numpy type); "
+                        f"they can be moved (gather, broadcast, all-to-all, send)")
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _seconds(timeout) -> float | None:
@@ -101,7 +114,13 @@ class Work(dist.Work):
                  finish: Callable[[], None] | None, result: list, devices=None,
                  receive=None):
         super().__init__()
-        self._what, self._source, self._outputs = what, None, result
+        self._what, self._source, self._outputs, self._devices = what, None, result, devices
+        self._queued = False
+        if not requests:                # a call that ran to completion: a Future on demand
+            self._completion = None
+            if finish is not None:
+                finish()
+            return
         future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
         def done() -> list:
@@ -113,28 +132,38 @@ class Work(dist.Work):
         self._completion = completion.Completion(
             requests, future, done, group._op_timeout,
             lambda e, limit: group._failure(what, e, limit))
-        self._queued = False
+
+    def _settled(self) -> completion.Completion:
+        """The Completion (made now, already settled, for a call that ran to completion)."""
+        c = self._completion
+        if c is None:
+            future = (torch.futures.Future(devices=self._devices) if self._devices
+                      else torch.futures.Future())
+            c = self._completion = completion.Completion([], future, lambda: self._outputs)
+        return c
 
     def wait(self, timeout=None) -> bool:
-        self._completion.run(_seconds(timeout))
-        self._completion.future.wait()  # raises the call's error; returns at once otherwise
+        c = self._completion
+        if c is not None:
+            c.run(_seconds(timeout))
+            c.future.wait()             # raises the call's error; returns at once otherwise
         return True
 
     def get_future(self) -> torch.futures.Future:
-        c = self._completion
+        c = self._settled()
         if not c.future.done() and not self._queued:
             self._queued = True
             completion.waiter.submit(c)
         return c.future
 
     def is_completed(self) -> bool:
-        return self._completion.ready()
+        return self._completion is None or self._completion.ready()
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
 
     def exception(self):
-        f = self._completion.future
+        f = self._settled().future
         if not f.done():
             return None
         try:
@@ -145,7 +174,7 @@ class Work(dist.Work):
 
     def result(self) -> list:
         self.wait()
-        return self._completion.future.value()
+        return self._outputs
 
     def synchronize(self) -> None:
         pass                            # CUDA work is ordered on torch's stream already
@@ -287,7 +316,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     # --- reductions
     def allreduce(self, tensors, opts=None):
         opts = dist.AllreduceOptions() if opts is None else opts
-        calls = [("Allreduce", (buffer(t),),
+        calls = [("Allreduce", (buffer(t, True),),
                   {"op": reduce_op(opts.reduceOp, t.dtype), "algorithm": "auto"})
                  for t in tensors]
         return self._start("all_reduce", opts, tensors[0], calls, list(tensors))
@@ -297,7 +326,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         t = tensors[0]
-        calls = [("Reduce", (buffer(t),), {"op": reduce_op(opts.reduceOp, t.dtype),
+        calls = [("Reduce", (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
                                           "root": opts.rootRank})]
         return self._start("reduce", opts, t, calls, list(tensors))
 
@@ -318,7 +347,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return self._start(what, opts, out, [self._rs_call(flat, out, opts)], result)
 
     def _rs_call(self, flat, out, opts):
-        return ("Reduce_scatter", (buffer(flat), buffer(out)),
+        return ("Reduce_scatter", (buffer(flat, True), buffer(out, True)),
                 {"op": reduce_op(opts.reduceOp, out.dtype)})
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -398,9 +427,11 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                                  f"{size} ranks")
             call = ("Alltoall", (buffer(input), buffer(output)), {})
         else:
-            scounts, sdispls = _splits(input, input_split_sizes, size, "input")
-            rcounts, rdispls = _splits(output, output_split_sizes, size, "output")
-            call = ("Alltoallv", (buffer(input), buffer(output)),
+            sbuf, rbuf = buffer(input), buffer(output)
+            scounts, sdispls = _splits(input, input_split_sizes, size, "input", _per(input, sbuf))
+            rcounts, rdispls = _splits(output, output_split_sizes, size, "output",
+                                       _per(output, rbuf))
+            call = ("Alltoallv", (sbuf, rbuf),
                     {"sendcounts": scounts, "sdispls": sdispls, "recvcounts": rcounts,
                      "rdispls": rdispls})
         return self._start("all_to_all_single", opts, output, [call], [output])
@@ -412,15 +443,17 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in input_tensors])
         recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype,
                            device=send.device)
-        scounts = [t.numel() for t in input_tensors]
-        rcounts = [t.numel() for t in output_tensors]
+        sbuf, rbuf = buffer(send), buffer(recv)
+        per = _per(send, sbuf)                  # buffer elements per tensor element
+        scounts = [t.numel() * per for t in input_tensors]
+        rcounts = [t.numel() * per for t in output_tensors]
 
         def finish():
             off = 0
             for o in output_tensors:
                 o.copy_(recv[off:off + o.numel()].view(o.shape))
                 off += o.numel()
-        call = ("Alltoallv", (buffer(send), buffer(recv)),
+        call = ("Alltoallv", (sbuf, rbuf),
                 {"sendcounts": scounts, "sdispls": _offsets(scounts), "recvcounts": rcounts,
                  "rdispls": _offsets(rcounts)})
         return self._start("all_to_all", opts, send, [call], list(output_tensors), finish)
@@ -592,9 +625,14 @@ def _offsets(counts: list[int]) -> list[int]:
     return out
 
 
-def _splits(t: torch.Tensor, split_sizes, size: int, name: str):
-    """Counts and displacements in elements for all_to_all_single's splits of dim 0 (empty:
-    even)."""
+def _per(t: torch.Tensor, buf) -> int:
+    """Elements of `t`'s buffer per element of `t` (2 for bfloat16 moved as bytes, else 1)."""
+    return t.element_size() // (buf.itemsize if hasattr(buf, "itemsize") else buf.element_size())
+
+
+def _splits(t: torch.Tensor, split_sizes, size: int, name: str, per: int = 1):
+    """Counts and displacements in buffer elements (`per` per tensor element) for
+    all_to_all_single's splits of dim 0 (empty: even)."""
     rows = t.shape[0] if t.dim() else 1
     row = t.numel() // rows if rows else 0
     if not split_sizes:
@@ -606,7 +644,7 @@ def _splits(t: torch.Tensor, split_sizes, size: int, name: str):
     if len(split_sizes) != size or sum(split_sizes) != rows or min(split_sizes) < 0:
         raise ValueError(f"aluminum: all_to_all_single: {name}_split_sizes {split_sizes} must "
                          f"be {size} non-negative row counts summing to {rows}")
-    counts = [s * row for s in split_sizes]
+    counts = [s * row * per for s in split_sizes]
     return counts, _offsets(counts)
 
 
