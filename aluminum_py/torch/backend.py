@@ -398,12 +398,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         outs, inp = output_tensors[0], input_tensors[0]
         _same_sizes("all_gather", inp, outs, self.comm.size)
-        flat = torch.empty((self.comm.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
-        n = inp.numel()
-
-        def finish():
-            for i, o in enumerate(outs):
-                o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        flat, finish = _gathered(inp, outs)
         return self._start("all_gather", opts, inp,
                            [("Allgather", (buffer(inp), buffer(flat)), {})],
                            list(output_tensors), finish)
@@ -441,18 +436,11 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = dist.AllToAllOptions() if opts is None else opts
         send = torch.cat([t.reshape(-1) for t in input_tensors])
-        recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype,
-                           device=send.device)
+        recv, finish = _gathered(send, output_tensors)
         sbuf, rbuf = buffer(send), buffer(recv)
         per = _per(send, sbuf)                  # buffer elements per tensor element
         scounts = [t.numel() * per for t in input_tensors]
         rcounts = [t.numel() * per for t in output_tensors]
-
-        def finish():
-            off = 0
-            for o in output_tensors:
-                o.copy_(recv[off:off + o.numel()].view(o.shape))
-                off += o.numel()
         call = ("Alltoallv", (sbuf, rbuf),
                 {"sendcounts": scounts, "sdispls": _offsets(scounts), "recvcounts": rcounts,
                  "rdispls": _offsets(rcounts)})
@@ -465,12 +453,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                                                       {"root": root})], [])
         outs = output_tensors[0]
         _same_sizes("gather", inp, outs, self.comm.size)
-        flat = torch.empty((self.comm.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
-        n = inp.numel()
-
-        def finish():
-            for i, o in enumerate(outs):
-                o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        flat, finish = _gathered(inp, outs)
         return self._start("gather", opts, inp,
                            [("Gather", (buffer(inp), buffer(flat)), {"root": root})],
                            list(output_tensors), finish)
@@ -598,6 +581,19 @@ class _Parts:
     @property
     def done(self) -> bool:
         return all(w.is_completed() for w in self.works)
+
+
+def _gathered(like: torch.Tensor, outs: list):
+    """A flat buffer of `like`'s dtype and device as long as the tensors `outs` together, and
+    the finish that copies its consecutive blocks into them."""
+    flat = torch.empty((sum(o.numel() for o in outs),), dtype=like.dtype, device=like.device)
+
+    def finish():
+        off = 0
+        for o in outs:
+            o.copy_(flat[off:off + o.numel()].view(o.shape))
+            off += o.numel()
+    return flat, finish
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -250,6 +250,28 @@ def check_timeline() -> bool:
     return report("timeline", problems, f"{len(trace['traceEvents'])} events in {path}")
 
 
+def train_on_cuda(models: dict, steps: int) -> dict:
+    """`steps` SGD steps of each DDP model on this rank's random batches (the same for every
+    model); the median step time in ms per model, the first step left out."""
+    import torch
+    times = {}
+    for name, model in models.items():
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        gen = torch.Generator(device="cuda").manual_seed(1000 + RANK)
+        took = []
+        for _ in range(steps):
+            inp = torch.randn(64, 256, device="cuda", generator=gen)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            model(inp).square().mean().backward()
+            opt.step()
+            torch.cuda.synchronize()
+            took.append(time.perf_counter() - t0)
+        times[name] = sorted(took[1:])[len(took[1:]) // 2] * 1e3
+    return times
+
+
 def check_ddp(steps: int = 8) -> bool:
     try:
         import torch
@@ -272,21 +294,7 @@ def check_ddp(steps: int = 8) -> bool:
     models = {"gloo": DDP(copy.deepcopy(base), device_ids=[0]),
               "hook": DDP(copy.deepcopy(base), device_ids=[0])}
     models["hook"].register_comm_hook(None, alt.allreduce_hook)
-    times = {}
-    for name, model in models.items():
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator(device="cuda").manual_seed(1000 + RANK)
-        took = []
-        for _ in range(steps):
-            inp = torch.randn(64, 256, device="cuda", generator=gen)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            model(inp).square().mean().backward()
-            opt.step()
-            torch.cuda.synchronize()
-            took.append(time.perf_counter() - t0)
-        times[name] = sorted(took[1:])[len(took[1:]) // 2] * 1e3
+    times = train_on_cuda(models, steps)
     diff = max(float((a - b).abs().max()) for a, b in
                zip(models["gloo"].parameters(), models["hook"].parameters()))
     problems = [] if diff <= 1e-5 else [f"parameters differ from gloo DDP by {diff:g}"]
@@ -356,21 +364,7 @@ def check_torch_backend(steps: int = 8) -> bool:
     import copy
     models = {"gloo": DDP(copy.deepcopy(base), device_ids=[0], process_group=gloo),
               "aluminum": DDP(copy.deepcopy(base), device_ids=[0])}
-    times = {}
-    for name, model in models.items():
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator(device="cuda").manual_seed(1000 + r)
-        took = []
-        for _ in range(steps):
-            inp = torch.randn(64, 256, device="cuda", generator=gen)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            model(inp).square().mean().backward()
-            opt.step()
-            torch.cuda.synchronize()
-            took.append(time.perf_counter() - t0)
-        times[name] = sorted(took[1:])[len(took[1:]) // 2] * 1e3
+    times = train_on_cuda(models, steps)
     diff = max(float((a - b).abs().max()) for a, b in
                zip(models["gloo"].parameters(), models["aluminum"].parameters()))
     if diff > 1e-5:
