@@ -115,7 +115,7 @@ class Work(dist.Work):
                  receive=None):
         super().__init__()
         self._what, self._source, self._outputs, self._devices = what, None, result, devices
-        self._queued = False
+        self._queued, self._handed = False, None
         if not requests:                # a call that ran to completion: a Future on demand
             self._completion = None
             if finish is not None:
@@ -150,11 +150,16 @@ class Work(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
-        c = self._settled()
-        if not c.future.done() and not self._queued:
-            self._queued = True
-            completion.waiter.submit(c)
-        return c.future
+        """The Future of the outputs, completed by this side (the waiter thread).  A failure is
+        an error of that Future, as C++ reads it (``Future.set_exception`` would store the
+        exception as the value, which DDP's reducer then parses as tensors)."""
+        if self._handed is None:
+            c = self._settled()
+            if not c.future.done() and not self._queued:
+                self._queued = True
+                completion.waiter.submit(c)
+            self._handed = c.future.then(_value)
+        return self._handed
 
     def is_completed(self) -> bool:
         return self._completion is None or self._completion.ready()
@@ -186,6 +191,10 @@ class Work(dist.Work):
         return self._source
 
     source_rank = _source_rank
+
+
+def _value(future: torch.futures.Future):
+    return future.value()           # raises the failure: the chained Future fails with it
 
 
 def _backend_error(what: str, e: BaseException) -> BaseException:
@@ -404,9 +413,14 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                            list(output_tensors), finish)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self._coalesce("allgather_coalesced", opts, output_lists,
-                              [self.allgather([o], [i], opts)
-                               for o, i in zip(output_lists, input_tensors)])
+        """`output_lists[r][p]` receives part `p` (`input_tensors[p]`) of rank `r`."""
+        size = self.comm.size
+        if len(output_lists) != size or any(len(o) != len(input_tensors) for o in output_lists):
+            raise ValueError(f"aluminum: all_gather_coalesced: expected {size} output lists "
+                             f"(one per rank) of {len(input_tensors)} tensors (one per input)")
+        return self._coalesce("allgather_coalesced", opts, [t for o in output_lists for t in o],
+                              [self.allgather([[o[p] for o in output_lists]], [inp], opts)
+                               for p, inp in enumerate(input_tensors)])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: even splits (both lists empty) as Alltoall, uneven as Alltoallv

@@ -122,8 +122,7 @@ cdef class HostCollectives:
         cdef int p = self.state.c.size
         cdef NativeOp o
         cdef bint shm = self.shm(algorithm, "allgather", "allgather/shm")
-        hold = parse_blocks(&m, sendbuf, recvbuf, p, p, "size * len(sendbuf)",
-                            self.state.c.rank)
+        hold = parse_blocks(&m, sendbuf, recvbuf, p, p, "size * len(sendbuf)")
         if not shm:
             return self.mpi_op(K_ALLGATHER, "allgather", &m, 0, 0, blocking)
         if m.inplace:                           # the shm op reads this rank's own block
@@ -171,7 +170,7 @@ cdef class HostCollectives:
         self.shm(algorithm, "gather", None)
         if self.state.c.rank == r:
             hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, self.state.c.size,
-                                "size * len(sendbuf)", r)
+                                "size * len(sendbuf)")
         else:
             hold = parse_one(&m, sendbuf, "sendbuf", False, False, "count")
         return self.mpi_op(K_GATHER, "gather", &m, 0, r, blocking)
