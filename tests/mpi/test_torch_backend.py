@@ -1,0 +1,513 @@
+"""The "aluminum" torch.distributed backend (issue 30), at every rank count of the suite.
+
+The default process group is the backend under test, made the way users make it
+(``init_process_group("aluminum", init_method="mpi://")`` under mpiexec); a gloo group of the same
+ranks (``new_group(backend="gloo")``) runs every call again. Each collective x dtype x reduce op x
+way of waiting (``async_op=False``; ``async_op=True`` then ``Work.wait()``; then
+``Work.get_future().wait()``) is checked against numpy computed from every rank's input (each rank
+rebuilds all of them: the inputs come from rank-seeded generators) and bit for bit against gloo.
+Then what frameworks do on top: DDP against gloo DDP, FSDP2 against single-process training,
+DTensor and the functional collectives, sub-groups, timeouts, errors raised from backward and
+calls from other threads.
+
+AL_TORCH_TEST_BACKEND=gloo makes gloo the backend under test (a check of the tests themselves:
+everything but the aluminum-only requirements must pass with it).
+"""
+import os
+import tempfile
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+from torch.distributed import ReduceOp  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import aluminum_py.torch  # noqa: E402,F401  (registers the "aluminum" backend and mpi://)
+
+from conftest import WORLD, all_ranks_ok, every_rank, wait_for  # noqa: E402
+
+BACKEND = os.environ.get("AL_TORCH_TEST_BACKEND", "aluminum")
+RANK, SIZE = WORLD.rank, WORLD.size
+ROOT = SIZE - 1                 # the root of rooted calls: not 0, so a root argument is honoured
+WAIT_LIMIT = timedelta(seconds=60)   # every group's timeout: a mismatch fails, never hangs
+torch.set_num_threads(1)
+
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"),      # the *_tensor names
+              pytest.mark.filterwarnings("ignore::UserWarning")]        # non-member warnings
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+          "uint8": torch.uint8, "bool": torch.bool}
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+MODES = ("sync", "wait", "future")      # async_op=False; Work.wait(); Work.get_future().wait()
+BITWISE = ("BAND", "BOR", "BXOR")
+
+
+def ops_for(dtype: str):
+    """The reduce ops torch allows on `dtype`: AVG on floating types only, the bitwise ones on
+    integers and bool only."""
+    if dtype in FLOATS:
+        return ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+    return ("SUM", "PRODUCT", "MIN", "MAX") + BITWISE
+
+
+class Groups:
+    """The default group (the backend under test) and a gloo group of the same ranks."""
+    al = None
+    gloo = None
+
+
+G = Groups()
+
+
+def init_default_group():
+    if BACKEND == "aluminum":
+        dist.init_process_group("aluminum", init_method="mpi://", timeout=WAIT_LIMIT)
+        return
+    path = None
+    if RANK == 0:
+        path = os.path.join(tempfile.mkdtemp(prefix="al-torch-backend-"), "store")
+    path = WORLD.bcast(path, root=0)
+    dist.init_process_group(BACKEND, init_method=f"file://{path}", rank=RANK, world_size=SIZE,
+                            timeout=WAIT_LIMIT)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def groups():
+    init_default_group()
+    G.al = dist.group.WORLD
+    G.gloo = dist.new_group(backend="gloo", timeout=WAIT_LIMIT)
+    yield G
+    dist.destroy_process_group()
+    G.al = G.gloo = None
+
+
+def is_gloo(group) -> bool:
+    """Whether `group` is gloo's (the reference, or the backend under test with
+    AL_TORCH_TEST_BACKEND=gloo): the few calls gloo cannot make are made on the others only."""
+    return dist.get_backend(group) == "gloo"
+
+
+def both():
+    return (("aluminum", G.al), ("gloo", G.gloo))
+
+
+# ----------------------------------------------------------------------------- inputs, references
+def values(dtype: str, n: int, rank: int, seed: int, op: str = "SUM") -> np.ndarray:
+    """Rank `rank`'s input: float64 (floating dtypes), int64 or bool values that `dtype` holds
+    exactly and whose reduction by `op` over <= 4 ranks is exact in `dtype` too."""
+    rng = np.random.default_rng([seed, rank, n, len(dtype)])
+    if dtype == "bool":
+        return rng.integers(0, 2, size=n).astype(bool)
+    unsigned = dtype == "uint8"
+    if op in BITWISE:
+        info = torch.iinfo(DTYPES[dtype])
+        return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=np.int64)
+    if op == "PRODUCT":
+        vals = [1, 2] if unsigned else [-2, -1, 1, 2]
+    elif op in ("MIN", "MAX"):
+        vals = range(0, 100) if unsigned else range(-50, 50)
+    else:                                   # SUM, AVG
+        vals = range(0, 9) if unsigned else range(-4, 5)
+    out = rng.choice(np.array(list(vals), dtype=np.int64), size=n)
+    return out.astype(np.float64) if dtype in FLOATS else out
+
+
+def every_input(dtype, n, seed, op="SUM"):
+    """Every rank's input, in rank order (each rank computes all of them)."""
+    return [values(dtype, n, r, seed, op) for r in range(SIZE)]
+
+
+def reduced(op: str, stack: np.ndarray) -> np.ndarray:
+    """numpy's reduction of the stacked inputs over axis 0 (bool: SUM and MAX are "or", PRODUCT
+    and MIN "and", as torch's backends define them); AVG divides the exact sum in float64."""
+    if stack.dtype == bool:
+        f = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
+             "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
+             "BXOR": np.logical_xor}[op]
+        return f.reduce(stack, axis=0)
+    if op == "AVG":
+        return stack.sum(axis=0) / len(stack)
+    f = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+         "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+    return f.reduce(stack, axis=0)
+
+
+def T(a, dtype: str) -> torch.Tensor:
+    """numpy values as a new tensor of `dtype` (a copy: calls write to it; a single rounding
+    for AVG's quotients)."""
+    return torch.from_numpy(np.array(a, copy=True)).to(DTYPES[dtype])
+
+
+def poison(expected: torch.Tensor) -> torch.Tensor:
+    """An output buffer that differs from `expected` at every element, so an element the call
+    does not write is caught."""
+    return ~expected if expected.dtype == torch.bool else expected + 1
+
+
+def blank(dtype: str) -> torch.Tensor:
+    """A receive buffer of N elements: 100 (a value no input holds) or, for bool, False."""
+    return torch.full((N,), 100).to(DTYPES[dtype])
+
+
+def splits(src: int, dst: int) -> int:
+    """Elements rank `src` sends rank `dst` in the uneven all-to-alls (0 to 3: some are empty)."""
+    return (src + 2 * dst + 1) % 4
+
+
+GLOO_WITHOUT_FUTURE = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+                       "isend/irecv")
+
+
+def finish(mode: str, work, group, name: str = ""):
+    """Complete call `name` made on `group` with async_op=(mode != "sync") the way `mode` says.
+    On the backend under test, a Work must report completion after it. (gloo's reduce-scatter
+    and point-to-point Works have no Future and some never report completion: there, gloo is
+    waited on with wait() and is_completed() is not checked.)"""
+    if mode == "sync":
+        assert work is None, f"async_op=False returned {work!r}"
+        return
+    assert work is not None, "async_op=True returned no Work"
+    if mode == "wait" or (is_gloo(group) and name in GLOO_WITHOUT_FUTURE):
+        work.wait()
+    else:
+        fut = work.get_future()
+        fut.wait()
+        assert fut.done(), "the Work's Future is not done after Future.wait()"
+    if not is_gloo(group):  # (a Work may learn of its completion a little after its Future)
+        assert wait_for(work.is_completed), f"Work.is_completed() stays False after {mode}"
+
+
+def call(mode: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with async_op per `mode`, completed (finish)."""
+    finish(mode, fn(*args, async_op=mode != "sync", **kwargs), kwargs["group"], fn.__name__)
+
+
+def differences(what: str, got, expected) -> list:
+    """[] if `got` equals `expected` bit for bit (dtype, shape, every element), else a message."""
+    if not isinstance(got, torch.Tensor):
+        return [f"{what}: got {type(got).__name__}, expected a tensor"]
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return [f"{what}: got {got.dtype}{tuple(got.shape)}, "
+                f"expected {expected.dtype}{tuple(expected.shape)}"]
+    if torch.equal(got, expected):
+        return []
+    bad = (got != expected).reshape(-1).nonzero().reshape(-1)[:5]
+    return [f"{what}: {int((got != expected).sum())} elements differ, at {bad.tolist()} got "
+            f"{got.reshape(-1)[bad].tolist()} expected {expected.reshape(-1)[bad].tolist()}"]
+
+
+def differential(case, *args) -> None:
+    """Run `case(group, *args)` (a list of (name, result, expected) triples) on the backend
+    under test and on gloo: every result must equal numpy's expected value, and the backend's
+    must equal gloo's of the same name (where gloo can make the call), on every rank."""
+    failures, results = [], {}
+    for label, group in both():
+        try:
+            results[label] = case(group, *args)
+        except Exception as e:          # noqa: BLE001 (reported, with every rank's, below)
+            failures.append(f"{label}: {type(e).__name__}: {e}")
+            continue
+        for name, got, expected in results[label]:
+            failures += differences(f"{label} {name}", got, expected)
+    if len(results) == 2:
+        gloo = {name: got for name, got, _ in results["gloo"]}
+        for name, got, _ in results["aluminum"]:
+            if name in gloo:
+                failures += differences(f"aluminum vs gloo {name}", got, gloo[name])
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+# ------------------------------------------------------------------------------ the collectives
+def case_all_reduce(group, dtype, op, mode):
+    out = []
+    for n in (0, 1, 7, 3001):
+        xs = every_input(dtype, n, 1, op)
+        t = T(xs[RANK], dtype)
+        call(mode, dist.all_reduce, t, op=getattr(ReduceOp, op), group=group)
+        out.append((f"all_reduce {op} n={n}", t, T(reduced(op, np.stack(xs)), dtype)))
+    return out
+
+
+ALL_REDUCE = [(d, op, m) for d in DTYPES for op in ops_for(d) for m in MODES]
+
+
+@pytest.mark.parametrize("dtype,op,mode", ALL_REDUCE)
+def test_all_reduce(dtype, op, mode):
+    differential(case_all_reduce, dtype, op, mode)
+
+
+N = 5                           # elements per rank's block in the other collectives
+
+
+def case_all_gather(group, dtype, mode):
+    xs = every_input(dtype, N, 2)
+    mine = T(xs[RANK], dtype)
+    flat = T(np.concatenate(xs), dtype)
+    out = []
+    blocks = [poison(T(x, dtype)) for x in xs]
+    call(mode, dist.all_gather, blocks, mine, group=group)
+    out += [(f"all_gather block {r}", b, T(x, dtype)) for r, (b, x) in enumerate(zip(blocks, xs))]
+    for fn in (dist.all_gather_into_tensor, dist.all_gather_single):
+        name = fn.__name__
+        o = poison(flat)
+        call(mode, fn, o, mine, group=group)
+        out.append((name, o, flat))
+        o = poison(flat)                            # in place: the input is block RANK (FSDP2)
+        block = o[RANK * N:(RANK + 1) * N]
+        block.copy_(mine)
+        call(mode, fn, o, block, group=group)
+        out.append((f"{name} in place", o, flat))
+    return out
+
+
+def case_reduce_scatter(group, dtype, mode):
+    out = []
+    for op in ("SUM", "MAX") + (("AVG",) if dtype in FLOATS else ()):
+        xs = every_input(dtype, SIZE * N, 3, op)
+        expected = T(reduced(op, np.stack(xs))[RANK * N:(RANK + 1) * N], dtype)
+        mine = T(xs[RANK], dtype)
+        o = poison(expected)
+        call(mode, dist.reduce_scatter, o, list(mine.split(N)), op=getattr(ReduceOp, op),
+             group=group)
+        out.append((f"reduce_scatter {op}", o, expected))
+        for fn in (dist.reduce_scatter_tensor, dist.reduce_scatter_single):
+            o = poison(expected)
+            call(mode, fn, o, mine, op=getattr(ReduceOp, op), group=group)
+            out.append((f"{fn.__name__} {op}", o, expected))
+    return out
+
+
+def case_all_to_all(group, dtype, mode):
+    out = []
+    xs = every_input(dtype, SIZE * N, 4)            # even splits: N elements to each rank
+    expected = T(np.concatenate([x[RANK * N:(RANK + 1) * N] for x in xs]), dtype)
+    o = poison(expected)
+    call(mode, dist.all_to_all_single, o, T(xs[RANK], dtype), group=group)
+    out.append(("all_to_all_single even", o, expected))
+    # uneven: rank s sends splits(s, d) elements to rank d
+    sent = [np.cumsum([0] + [splits(s, d) for d in range(SIZE)]) for s in range(SIZE)]
+    xs = [values(dtype, int(sent[s][-1]), s, 5) for s in range(SIZE)]
+    got_from = [xs[s][sent[s][RANK]:sent[s][RANK + 1]] for s in range(SIZE)]
+    expected = T(np.concatenate(got_from), dtype)
+    o = poison(expected)
+    call(mode, dist.all_to_all_single, o, T(xs[RANK], dtype),
+         output_split_sizes=[splits(s, RANK) for s in range(SIZE)],
+         input_split_sizes=[splits(RANK, d) for d in range(SIZE)], group=group)
+    out.append(("all_to_all_single uneven", o, expected))
+    mine = T(xs[RANK], dtype)
+    ins = [mine[sent[RANK][d]:sent[RANK][d + 1]].clone() for d in range(SIZE)]
+    outs = [poison(T(g, dtype)) for g in got_from]
+    if not is_gloo(group):              # gloo's all_to_all takes equal sizes only
+        call(mode, dist.all_to_all, outs, ins, group=group)
+        out += [(f"all_to_all uneven from {s}", o, T(g, dtype))
+                for s, (o, g) in enumerate(zip(outs, got_from))]
+    xs = every_input(dtype, SIZE * N, 13)
+    outs = [poison(T(x[RANK * N:(RANK + 1) * N], dtype)) for x in xs]
+    call(mode, dist.all_to_all, outs, list(T(xs[RANK], dtype).split(N)), group=group)
+    return out + [(f"all_to_all even from {s}", o, T(x[RANK * N:(RANK + 1) * N], dtype))
+                  for s, (o, x) in enumerate(zip(outs, xs))]
+
+
+def case_rooted(group, dtype, mode):
+    out = []
+    xs = every_input(dtype, N, 6)
+    for root in range(SIZE):
+        t = T(xs[RANK], dtype)
+        call(mode, dist.broadcast, t, src=root, group=group)
+        out.append((f"broadcast from {root}", t, T(xs[root], dtype)))
+    for op in ("SUM", "MAX"):
+        ys = every_input(dtype, N, 7, op)
+        t = T(ys[RANK], dtype)
+        call(mode, dist.reduce, t, dst=ROOT, op=getattr(ReduceOp, op), group=group)
+        if RANK == ROOT:                    # elsewhere the buffer's content is unspecified
+            out.append((f"reduce {op} to {ROOT}", t, T(reduced(op, np.stack(ys)), dtype)))
+    blocks = [poison(T(x, dtype)) for x in xs] if RANK == ROOT else None
+    call(mode, dist.gather, T(xs[RANK], dtype), blocks, dst=ROOT, group=group)
+    if RANK == ROOT:
+        out += [(f"gather block {r}", b, T(x, dtype)) for r, (b, x) in enumerate(zip(blocks, xs))]
+    zs = every_input(dtype, N, 8)
+    o = poison(T(zs[RANK], dtype))
+    call(mode, dist.scatter, o, [T(z, dtype) for z in zs] if RANK == ROOT else None, src=ROOT,
+         group=group)
+    out.append((f"scatter from {ROOT}", o, T(zs[RANK], dtype)))
+    return out
+
+
+COLLECTIVES = {"all_gather": case_all_gather, "reduce_scatter": case_reduce_scatter,
+               "all_to_all": case_all_to_all, "rooted": case_rooted}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_collective(collective, dtype, mode):
+    differential(COLLECTIVES[collective], dtype, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_barrier(mode):
+    def case(group, mode):
+        call(mode, dist.barrier, group=group)
+        return []
+    differential(case, mode)
+
+
+# -------------------------------------------------------------------------------- point to point
+needs_two = pytest.mark.skipif(SIZE < 2, reason="point to point needs two ranks")
+NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+
+
+def case_send_recv(group, dtype):
+    """Blocking send/recv around the ring (even ranks send first), then receives from any
+    source on ROOT, which must return each sender's rank."""
+    xs = every_input(dtype, N, 9)
+    out = []
+    t = poison(T(xs[PREV], dtype))
+    if RANK % 2 == 0:
+        dist.send(T(xs[RANK], dtype), NEXT, group=group)
+        dist.recv(t, PREV, group=group)
+    else:
+        dist.recv(t, PREV, group=group)
+        dist.send(T(xs[RANK], dtype), NEXT, group=group)
+    out.append(("recv from the previous rank", t, T(xs[PREV], dtype)))
+    if RANK == ROOT:
+        senders = []
+        for _ in range(SIZE - 1):
+            t = blank(dtype)
+            src = dist.recv(t, group=group)
+            senders.append(src)
+            if isinstance(src, int) and 0 <= src < SIZE:
+                out.append((f"recv from any source (sender {src})", t, T(xs[src], dtype)))
+        ok = sorted(senders) == list(range(SIZE - 1))
+        out.append(("senders returned by recv(src=None)", torch.tensor(ok), torch.tensor(True)))
+    else:
+        dist.send(T(xs[RANK], dtype), ROOT, group=group)
+    return out
+
+
+def case_isend_irecv(group, dtype, mode):
+    """isend/irecv around the ring in both directions, two tags received in the opposite order
+    of sending, then batch_isend_irecv."""
+    xs, ys = every_input(dtype, N, 10), every_input(dtype, N, 11)
+    a, b = poison(T(xs[PREV], dtype)), poison(T(ys[PREV], dtype))
+    works = [dist.isend(T(xs[RANK], dtype), NEXT, group=group, tag=1),
+             dist.isend(T(ys[RANK], dtype), NEXT, group=group, tag=2)]
+    works.insert(0, dist.irecv(b, PREV, group=group, tag=2))
+    works.insert(1, dist.irecv(a, PREV, group=group, tag=1))
+    for w in works:
+        finish(mode, w, group, "isend/irecv")
+    out = [("irecv tag 1", a, T(xs[PREV], dtype)), ("irecv tag 2", b, T(ys[PREV], dtype))]
+    c, d = poison(T(xs[PREV], dtype)), poison(T(ys[NEXT], dtype))
+    ops = [dist.P2POp(dist.isend, T(xs[RANK], dtype), NEXT, group, tag=3),   # at 2 ranks
+           dist.P2POp(dist.isend, T(ys[RANK], dtype), PREV, group, tag=4),   # NEXT == PREV:
+           dist.P2POp(dist.irecv, c, PREV, group, tag=3),                    # the tags tell
+           dist.P2POp(dist.irecv, d, NEXT, group, tag=4)]                    # them apart
+    for w in dist.batch_isend_irecv(ops):
+        finish(mode, w, group, "isend/irecv")
+    return out + [("batch_isend_irecv from previous", c, T(xs[PREV], dtype)),
+                  ("batch_isend_irecv from next", d, T(ys[NEXT], dtype))]
+
+
+@needs_two
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_send_recv(dtype):
+    differential(case_send_recv, dtype)
+
+
+@needs_two
+@pytest.mark.parametrize("mode", ("wait", "future"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_isend_irecv(dtype, mode):
+    differential(case_isend_irecv, dtype, mode)
+
+
+# ---------------------------------------------------------------------- objects and coalescing
+def test_object_collectives():
+    def obj(r):
+        return {"rank": r, "payload": list(range(r * 3)), "name": f"rank-{r}"}
+
+    def case(group):
+        out = []
+
+        def same(name, got, expected):
+            out.append((name, torch.tensor(got == expected), torch.tensor(True)))
+
+        gathered = [None] * SIZE
+        dist.all_gather_object(gathered, obj(RANK), group=group)
+        same("all_gather_object", gathered, [obj(r) for r in range(SIZE)])
+        lst = [obj(RANK), RANK]
+        dist.broadcast_object_list(lst, src=ROOT, group=group)
+        same("broadcast_object_list", lst, [obj(ROOT), ROOT])
+        got = [None]
+        dist.scatter_object_list(got, [obj(r) for r in range(SIZE)] if RANK == ROOT else None,
+                                 src=ROOT, group=group)
+        same("scatter_object_list", got[0], obj(RANK))
+        into = [None] * SIZE if RANK == ROOT else None
+        dist.gather_object(obj(RANK), into, dst=ROOT, group=group)
+        if RANK == ROOT:
+            same("gather_object", into, [obj(r) for r in range(SIZE)])
+        if SIZE > 1:
+            got = [None]
+            if RANK % 2 == 0:
+                dist.send_object_list([obj(RANK)], NEXT, group=group)
+                dist.recv_object_list(got, PREV, group=group)
+            else:
+                dist.recv_object_list(got, PREV, group=group)
+                dist.send_object_list([obj(RANK)], NEXT, group=group)
+            same("send/recv_object_list", got[0], obj(PREV))
+        return out
+    differential(case)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "int64"))
+def test_coalesced(dtype):
+    """all_reduce_coalesced and all_gather_coalesced, and _coalescing_manager around
+    all_reduce, all_gather_into_tensor and reduce_scatter_tensor (FSDP2's calls): each part
+    complete when the coalesced Work is."""
+    lengths = (3, 1, 8)
+
+    def case(group):
+        out = []
+        xs = [every_input(dtype, n, 12 + n) for n in lengths]
+        ts = [T(x[RANK], dtype) for x in xs]
+        dist.all_reduce_coalesced(ts, group=group)
+        out += [(f"all_reduce_coalesced part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
+                for k, (t, x) in enumerate(zip(ts, xs))]
+        outs = [[poison(T(x[r], dtype)) for x in xs] for r in range(SIZE)]
+        dist.all_gather_coalesced(outs, [T(x[RANK], dtype) for x in xs], group=group)
+        out += [(f"all_gather_coalesced rank {r} part {k}", outs[r][k], T(x[r], dtype))
+                for r in range(SIZE) for k, x in enumerate(xs)]
+        ts = [T(x[RANK], dtype) for x in xs]
+        with dist._coalescing_manager(group=group, async_ops=True) as cm:
+            for t in ts:
+                dist.all_reduce(t, group=group)
+        cm.wait()
+        out += [(f"coalesced all_reduce part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
+                for k, (t, x) in enumerate(zip(ts, xs))]
+        flats = [T(np.concatenate(x), dtype) for x in xs]
+        gathered = [poison(f) for f in flats]
+        with dist._coalescing_manager(group=group, async_ops=True) as cm:
+            for o, x in zip(gathered, xs):
+                dist.all_gather_into_tensor(o, T(x[RANK], dtype), group=group)
+        cm.wait()
+        out += [(f"coalesced all_gather_into_tensor part {k}", o, f)
+                for k, (o, f) in enumerate(zip(gathered, flats))]
+        ys = [every_input(dtype, SIZE * n, 20 + n) for n in lengths]
+        exp = [T(reduced("SUM", np.stack(y))[RANK * n:(RANK + 1) * n], dtype)
+               for y, n in zip(ys, lengths)]
+        scattered = [poison(e) for e in exp]
+        with dist._coalescing_manager(group=group, async_ops=True) as cm:
+            for o, y in zip(scattered, ys):
+                dist.reduce_scatter_tensor(o, T(y[RANK], dtype), group=group)
+        cm.wait()
+        return out + [(f"coalesced reduce_scatter_tensor part {k}", o, e)
+                      for k, (o, e) in enumerate(zip(scattered, exp))]
+    differential(case)
