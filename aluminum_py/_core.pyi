@@ -110,7 +110,9 @@ class HostCollectives:
     """One entry per host call (ext/core/collectives.pxi), bound as HostBackend's methods;
     arguments as backends/base.py's Backend. Blocking: None; else a Request."""
     launcher: Launcher
+    timeout: float | None
     def __init__(self, launcher: Launcher) -> None: ...
+    def wait_limit(self) -> float: ...
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str, blocking: bool,
                   min_ctas: int | None = ..., max_ctas: int | None = ...) -> Any: ...
     def reduce(self, sendbuf: Any, recvbuf: Any, op: Any, root: int, blocking: bool,

@@ -138,6 +138,22 @@ class Communicator:
         """The mpi4py communicator used for collectives (do not send on it)."""
         return self._coll
 
+    @property
+    def timeout(self) -> float | None:
+        """Seconds this communicator's blocking host calls (and ``Probe``) wait before raising
+        aluminum_py.TimeoutError; None (the default): AL_HANG_TIMEOUT (unset: no limit).
+        ``Request.Wait`` takes its own ``timeout``.  Local: set it on every rank (the torch
+        backend sets the process group's timeout here)."""
+        return self._calls.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float | None) -> None:
+        if seconds is not None:
+            seconds = float(seconds)
+            if not seconds > 0:
+                raise ValueError(f"timeout: expected seconds > 0 or None, got {seconds!r}")
+        self._calls.timeout = seconds
+
     def bind_thread(self) -> None:
         """Make the calling thread the communicator's owner: from now on only this thread may
         start calls on it (collectives, point-to-point, Free; ``Wait``/``Test`` of requests

@@ -144,7 +144,8 @@ class _Hooks:
     @staticmethod
     def raise_timeout(op, timeout):
         raise TimeoutError(f"{op.describe()}: not complete after {timeout:g} s "
-                           f"(AL_HANG_TIMEOUT; a peer that never joined?)")
+                           f"(Communicator.timeout or AL_HANG_TIMEOUT; a peer that never "
+                           f"joined?)")
 
     @staticmethod
     def setup_timeout(what, timeout):
@@ -367,7 +368,7 @@ class HostBackend:
     # For calls still built in Python (make_op + launch) until their shapes join msgbuffer.pxi:
     # the v-collectives, Scan/Exscan and the point-to-point calls with a status (issue 29).
     def _launch(self, op, blocking: bool, algorithm: str):
-        return self.launcher.launch(op, blocking, config.hang_timeout_native(), algorithm)
+        return self.launcher.launch(op, blocking, self.calls.wait_limit(), algorithm)
 
     def _reduction(self, op, arr):
         """(op as an Op, arr's dtype code), or the error of an op the dtype does not take."""
@@ -491,7 +492,7 @@ class HostBackend:
         s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
         self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
         run = _core.shm_allgatherv if alg == "shm" else _core.allgatherv
-        return run(self.launcher, s, r, rc, rd, blocking, config.hang_timeout_native())
+        return run(self.launcher, s, r, rc, rd, blocking, self.calls.wait_limit())
 
     def gatherv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
         self._v_algorithm("gatherv", algorithm)
@@ -504,11 +505,11 @@ class HostBackend:
             self._v_expect("gatherv", lambda: (self._v_rows(s.size, root),
                                                self._v_rows(at=root)))
             return _core.gatherv(self.launcher, s, None, None, None, root, blocking,
-                                 config.hang_timeout_native())
+                                 self.calls.wait_limit())
         s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Gatherv at the root")
         self._v_expect("gatherv", lambda: (self._v_rows(int(rc[root]), root), rc))
         return _core.gatherv(self.launcher, s, r, rc, rd, root, blocking,
-                             config.hang_timeout_native())
+                             self.calls.wait_limit())
 
     def scatterv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
         self._v_algorithm("scatterv", algorithm)
@@ -521,7 +522,7 @@ class HostBackend:
             self._v_expect("scatterv", lambda: (self._v_rows(at=root),
                                                 self._v_rows(r.size, root)))
             return _core.scatterv(self.launcher, None, r, None, None, root, blocking,
-                                  config.hang_timeout_native())
+                                  self.calls.wait_limit())
         s = as_array(sendbuf, "sendbuf")
         r = None if recvbuf is None else as_array(recvbuf, "recvbuf", writable=True)
         if r is not None:
@@ -533,7 +534,7 @@ class HostBackend:
                        "root for an in-place Scatterv")
         self._v_expect("scatterv", lambda: (sc, self._v_rows(int(sc[root]), root)))
         return _core.scatterv(self.launcher, s, r, sc, sd, root, blocking,
-                              config.hang_timeout_native())
+                              self.calls.wait_limit())
 
     def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking,
                   algorithm="auto"):
@@ -557,9 +558,9 @@ class HostBackend:
         self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
         if alg == "shm":
             return _core.shm_alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
-                                       config.hang_timeout_native())
+                                       self.calls.wait_limit())
         return _core.alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
-                               config.hang_timeout_native())
+                               self.calls.wait_limit())
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking, algorithm="auto"):
         """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as
@@ -587,17 +588,16 @@ class HostBackend:
         self._v_expect("reduce_scatterv", lambda: (c.astype("int64"),
                                                    self._v_rows(int(c[self.rank]))))
         return _core.reduce_scatterv(self.launcher, s, r, c, op.code, blocking,
-                                     config.hang_timeout_native())
+                                     self.calls.wait_limit())
+
     def probe(self, source, tag, blocking, timeout, name):
         """MPI_Iprobe on the user's point-to-point communicator: the Status of the first
         matching message (count in bytes), or None (nonblocking: none there). Blocking: polls
         until one is there (aluminum_py.TimeoutError after `timeout` seconds, None:
         AL_HANG_TIMEOUT; unset: no limit)."""
         tag = self._tag_arg(tag, True)
-        if timeout is None:
-            timeout = config.hang_timeout()
         found = _core.probe(self.state, source, tag, blocking,
-                            -1.0 if timeout is None else float(timeout), name)
+                            self.calls.wait_limit() if timeout is None else float(timeout), name)
         if found is None:
             if blocking:
                 _Hooks.probe_timeout(name, source, tag, timeout)

@@ -10,21 +10,24 @@
 # The HostBackend binds these methods as its own (backends/host.py), and the Communicator calls
 # them directly for numpy arrays: no Python runs between a Communicator method and here.
 
-cdef inline double hang_timeout():
-    """AL_HANG_TIMEOUT for the native layer, read at every call (config._hang_timeout; tests
-    change it): -1.0 means wait forever."""
-    t = _config._hang_timeout
-    return -1.0 if t is None else <double>t
-
 cdef class HostCollectives:
     """The host-buffer calls of one communicator, over its Launcher.  Arguments as the
     HostBackend's (backends/base.py); `blocking` False returns a Request."""
     cdef readonly Launcher launcher
     cdef CommState state
+    cdef public object timeout      # seconds a call waits (Communicator.timeout); None: below
 
     def __cinit__(self, Launcher launcher):
         self.launcher = launcher
         self.state = launcher.state
+        self.timeout = None
+
+    cpdef double wait_limit(self):
+        """How long this communicator's calls wait, in seconds (-1.0: forever): its
+        ``timeout``, else AL_HANG_TIMEOUT read at every call (config._hang_timeout; tests
+        change it)."""
+        t = self.timeout if self.timeout is not None else _config._hang_timeout
+        return -1.0 if t is None else <double>t
 
     cdef bint shm(self, algorithm, str what, str shm_name) except -1:
         """Whether `what` runs over the segment: False for "mpi", True for "shm" where it has
@@ -51,7 +54,7 @@ cdef class HostCollectives:
     cdef object mpi_op(self, int kind, str name, al_msg* m, int rop, int root, bint blocking):
         """Launch the MPI pass-through op `kind` of the message `m`."""
         return self.launcher.launch(self.new_op(kind, name, m, rop, root), blocking,
-                                    hang_timeout(), "mpi")
+                                    self.wait_limit(), "mpi")
 
     # ---------------------------------------------------------------- reductions
     def allreduce(self, sendbuf, recvbuf, op, str algorithm, bint blocking, min_ctas=None,
@@ -71,10 +74,10 @@ cdef class HostCollectives:
         if alg == "shm":
             o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize,
                                 opcode, alg, m.inplace, None)
-            return L.run_shm(o, blocking, hang_timeout(), msg_obj(m.s), msg_obj(m.r))
+            return L.run_shm(o, blocking, self.wait_limit(), msg_obj(m.s), msg_obj(m.r))
         o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize, opcode,
                             alg, m.inplace, (msg_obj(m.s), msg_obj(m.r)))
-        return L.launch(o, blocking, hang_timeout(), alg)
+        return L.launch(o, blocking, self.wait_limit(), alg)
 
     def reduce(self, sendbuf, recvbuf, op, root, bint blocking, algorithm="mpi"):
         """recvbuf matters at root only (None there: in place in sendbuf)."""
@@ -91,7 +94,7 @@ cdef class HostCollectives:
             check_op_for(opcode, m.code, <cnp.ndarray><object>m.s)
         o = self.new_op(K_REDUCE, "reduce", &m, opcode, r)
         result_avg(o, m.rp, m.count, opcode, at_root, self.state.c.size)
-        return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+        return self.launcher.launch(o, blocking, self.wait_limit(), "mpi")
 
     def reduce_scatter(self, sendbuf, recvbuf, op, bint blocking, algorithm="mpi"):
         """Block reduce-scatter: rank i gets block i; recvbuf None: in place, the result in
@@ -105,11 +108,11 @@ cdef class HostCollectives:
             o = self.launcher.shm_op(K_SHM_REDUCE_SCATTER, "reduce_scatter/shm", m.sp, m.rp,
                                      m.count, m.code, m.esize, opcode, 0)
             result_avg(o, m.rp, m.count, opcode, True, p)
-            return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.s),
+            return self.launcher.run_shm(o, blocking, self.wait_limit(), msg_obj(m.s),
                                          msg_obj(m.r))
         o = self.new_op(K_REDUCE_SCATTER, "reduce_scatter", &m, opcode, 0)
         result_avg(o, m.rp, m.count, opcode, True, p)
-        return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+        return self.launcher.launch(o, blocking, self.wait_limit(), "mpi")
 
     # ---------------------------------------------------------------- data movement
     def allgather(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
@@ -119,14 +122,15 @@ cdef class HostCollectives:
         cdef int p = self.state.c.size
         cdef NativeOp o
         cdef bint shm = self.shm(algorithm, "allgather", "allgather/shm")
-        hold = parse_blocks(&m, sendbuf, recvbuf, p, p, "size * len(sendbuf)")
+        hold = parse_blocks(&m, sendbuf, recvbuf, p, p, "size * len(sendbuf)",
+                            self.state.c.rank)
         if not shm:
             return self.mpi_op(K_ALLGATHER, "allgather", &m, 0, 0, blocking)
         if m.inplace:                           # the shm op reads this rank's own block
             m.sp = m.rp + self.state.c.rank * m.count * m.esize
         o = self.launcher.shm_op(K_SHM_ALLGATHER, "allgather/shm", m.sp, m.rp, m.count, m.code,
                                  m.esize, 0, 0)
-        return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.s), msg_obj(m.r))
+        return self.launcher.run_shm(o, blocking, self.wait_limit(), msg_obj(m.s), msg_obj(m.r))
 
     def alltoall(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
         """Block j of sendbuf goes to rank j; recvbuf None: in place.  "auto": "shm" where the
@@ -145,7 +149,7 @@ cdef class HostCollectives:
         if not shm:
             return self.mpi_op(K_ALLTOALL, "alltoall", &m, 0, 0, blocking)
         return shm_alltoall(self.launcher, None if m.inplace else msg_obj(m.s), msg_obj(m.r),
-                            m.count, blocking, hang_timeout())
+                            m.count, blocking, self.wait_limit())
 
     def bcast(self, buf, root, bint blocking, algorithm="mpi"):
         cdef al_msg m
@@ -157,7 +161,7 @@ cdef class HostCollectives:
             return self.mpi_op(K_BCAST, "bcast", &m, 0, r, blocking)
         o = self.launcher.shm_op(K_SHM_BCAST, "bcast/shm", m.rp, m.rp, m.count, m.code, m.esize,
                                  0, r)
-        return self.launcher.run_shm(o, blocking, hang_timeout(), msg_obj(m.r), None)
+        return self.launcher.run_shm(o, blocking, self.wait_limit(), msg_obj(m.r), None)
 
     def gather(self, sendbuf, recvbuf, root, bint blocking, algorithm="mpi"):
         """Every rank's sendbuf at root, in rank order; recvbuf matters at root only (None
@@ -167,7 +171,7 @@ cdef class HostCollectives:
         self.shm(algorithm, "gather", None)
         if self.state.c.rank == r:
             hold = parse_blocks(&m, sendbuf, recvbuf, self.state.c.size, self.state.c.size,
-                                "size * len(sendbuf)")
+                                "size * len(sendbuf)", r)
         else:
             hold = parse_one(&m, sendbuf, "sendbuf", False, False, "count")
         return self.mpi_op(K_GATHER, "gather", &m, 0, r, blocking)
@@ -192,12 +196,12 @@ cdef class HostCollectives:
         cdef NativeOp o
         if self.shm(algorithm, "barrier", "barrier/shm"):
             o = self.launcher.shm_op(K_SHM_BARRIER, "barrier/shm", NULL, NULL, 0, 0, 1, 0, 0)
-            return self.launcher.run_shm(o, blocking, hang_timeout(), None, None)
+            return self.launcher.run_shm(o, blocking, self.wait_limit(), None, None)
         o = NativeOp.__new__(NativeOp)
         init_op(o.op, self.state.c, K_BARRIER, NULL, NULL, 0, 0, 1, 0)
         o.name = "barrier"
         o.keep = (self.state, None, None)
-        return self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+        return self.launcher.launch(o, blocking, self.wait_limit(), "mpi")
 
     # ---------------------------------------------------------------- point to point
     def send(self, buf, dest, tag, bint blocking):
@@ -238,7 +242,7 @@ cdef class HostCollectives:
         o.op.mpi.count2 = count2
         o.op.tag = tag
         o.op.mpi.tag2 = tag2
-        done = self.launcher.launch(o, blocking, hang_timeout(), "mpi")
+        done = self.launcher.launch(o, blocking, self.wait_limit(), "mpi")
         if blocking and kind != K_SEND:
             return _hooks.status_of(o)
         return done

@@ -139,11 +139,21 @@ cdef object parse_reduce(al_msg* m, sendbuf, recvbuf, int opcode, int blocks, st
         check_count(n, count_name)
     return msg_hold(m, sendbuf, recvbuf)
 
-cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str what):
+cdef inline bint own_block(cnp.ndarray s, cnp.ndarray r, int rank, int p) noexcept:
+    """Whether `s` is exactly block `rank` of `r`'s `p` equal blocks (same memory and length)."""
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(s)
+    cdef char* block = <char*>cnp.PyArray_DATA(r) + rank * n * cnp.PyArray_ITEMSIZE(s)
+    return cnp.PyArray_SIZE(r) == n * p and <char*>cnp.PyArray_DATA(s) == block
+
+
+cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str what,
+                         int rank=-1):
     """Equal blocks, one per rank of `p`; `count` is a block's.  recvbuf None: in place,
     sendbuf holds the p blocks (m.s is None, m.r that buffer).  Else sendbuf and a separate
     recvbuf of `blocks` times sendbuf's length: `blocks` = p (allgather, gather: sendbuf is
-    one block) or 1 (alltoall: sendbuf holds p blocks)."""
+    one block) or 1 (alltoall: sendbuf holds p blocks).  With `rank` >= 0 (allgather, gather
+    at root), a sendbuf that is exactly block `rank` of a recvbuf of p blocks is in place too
+    (FSDP's all-gather of a shard inside the gathered parameter); other overlaps raise."""
     cdef cnp.ndarray s, r
     cdef int code
     cdef Py_ssize_t n
@@ -165,8 +175,12 @@ cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str wha
         if cnp.PyArray_SIZE(r) < blocks * n:
             _hooks.at_least(r, blocks * n, "recvbuf", what)
         if overlap(s, r):
-            _hooks.no_overlap(s, r, "sendbuf", "recvbuf")            # raises
-        msg_set(m, s, r, n if blocks > 1 else n // p, code)
+            if rank < 0 or not own_block(s, r, rank, p):
+                _hooks.no_overlap(s, r, "sendbuf", "recvbuf")        # raises
+            msg_set(m, None, r, n, code)
+            m.inplace = True
+        else:
+            msg_set(m, s, r, n if blocks > 1 else n // p, code)
     check_count(m.count, "count")
     return msg_hold(m, sendbuf, recvbuf)
 

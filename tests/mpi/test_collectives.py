@@ -129,7 +129,39 @@ def test_allgather(comm, dtype):
             buf[r * count:(r + 1) * count] = x
             call(comm, "Allgather", blocking, buf)
             check(failures, what + " in place", buf, expected)
+            for alg in ("mpi", "shm"):      # sendbuf = this rank's block of recvbuf: in place
+                buf = filled(p * count, dtype)
+                buf[r * count:(r + 1) * count] = x
+                call(comm, "Allgather", blocking, buf[r * count:(r + 1) * count], buf,
+                     algorithm=alg)
+                check(failures, what + f" own block {alg}", buf, expected)
     assert all_ranks_ok(not failures), failures[:10]
+
+
+def test_allgather_and_gather_refuse_other_overlaps(comm):
+    """Only exactly this rank's block of recvbuf is in place; any other overlap is an error on
+    every rank, before any communication."""
+    p, r = comm.size, comm.rank
+    buf = np.zeros(3 * p + 1, dtype=np.float32)
+    wrong = buf[3 * r + 1:3 * r + 4]                  # shifted by one element
+    with pytest.raises(ValueError, match="overlap"):
+        comm.Allgather(wrong, buf[:3 * p])
+    with pytest.raises(ValueError, match="overlap"):
+        comm.Allgather(buf[3 * r:3 * r + 3], buf)     # recvbuf longer than p blocks
+    if r == 0:
+        with pytest.raises(ValueError, match="overlap"):
+            comm.Gather(wrong, buf[:3 * p], root=0)
+    comm.Barrier()
+
+
+def test_gather_own_block_at_root_is_in_place(comm):
+    p, r = comm.size, comm.rank
+    x = np.arange(4, dtype=np.float64) + 10 * r
+    expected = gather_all(x).reshape(-1)
+    buf = np.full(4 * p, -1.0)
+    buf[4 * r:4 * r + 4] = x
+    comm.Gather(buf[4 * r:4 * r + 4] if r == 0 else x, buf if r == 0 else None, root=0)
+    assert all_ranks_ok(r != 0 or np.array_equal(buf, expected)), buf
 
 
 # ---------------------------------------------------------------------------- Bcast

@@ -1,0 +1,707 @@
+"""The torch.distributed backend ``"aluminum"`` (docs/torch.md): a ``ProcessGroup`` whose
+collectives run on an :class:`aluminum_py.Communicator`.
+
+    import aluminum_py.torch                      # registers "aluminum" and mpi://
+    torch.distributed.init_process_group("aluminum", init_method="mpi://")
+
+How torch reaches it: C++ callers (DDP's reducer, functional collectives, DTensor, FSDP2)
+through torch's ``PyProcessGroup`` trampoline, by the C++ method's Python name (``allreduce``,
+``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``, ``alltoall_base``,
+...); ``torch.distributed``'s Python functions by their own names (``all_gather_single``,
+``reduce_scatter_single``, ``all_to_all_single``, ``recv_anysource``, ...).  Both lead to the
+same methods here.
+
+One call: the tensors become buffers sharing their memory (:func:`buffer`), the Communicator
+call runs -- blocking in the caller when torch does not ask for async work (``opts.asyncOp``
+False: ``dist.all_reduce(t)``), else nonblocking -- and the call returns a :class:`Work`.
+A Work's Future is completed by this side: by the thread that calls ``wait()``, or, once
+someone holds the Future (``get_future()``: DDP), by the completer thread; never left for a
+``wait()`` nobody calls.  Errors are set on the Future (DDP raises them from ``backward()``).
+CUDA tensors run on a communicator bound to torch's current stream (the GPU backend: NCCL or
+host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
+"""
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
+from ..errors import Error, TimeoutError as _AlTimeout
+from ..status import ANY_SOURCE
+from . import hooks, rendezvous
+
+NAME = "aluminum"
+
+_R = dist.ReduceOp
+# torch's ReduceOp -> ours; for bool tensors (reduced as bytes holding 0 or 1) the logical one
+_OPS = ((_R.SUM, SUM, BOR), (_R.AVG, AVG, None), (_R.PRODUCT, PROD, BAND), (_R.MIN, MIN, BAND),
+        (_R.MAX, MAX, BOR), (_R.BAND, BAND, BAND), (_R.BOR, BOR, BOR), (_R.BXOR, BXOR, BXOR))
+
+
+def reduce_op(op, dtype: torch.dtype):
+    """Our op for torch's ReduceOp `op` on tensors of `dtype` (ValueError for the ones we cannot
+    do: PREMUL_SUM, AVG of bool)."""
+    for theirs, ours, logical in _OPS:
+        if op == theirs:
+            if dtype != torch.bool:
+                return ours
+            if logical is None:
+                raise ValueError(f"aluminum: ReduceOp.{theirs.name} of bool tensors is not defined")
+            return logical
+    if op == _R.PREMUL_SUM:
+        raise ValueError("aluminum: ReduceOp.PREMUL_SUM is not supported: multiply the tensor "
+                         "by the factor, then reduce with ReduceOp.SUM")
+    raise ValueError(f"aluminum: unknown ReduceOp {op!r}")
+
+
+def buffer(t: torch.Tensor):
+    """A buffer the Communicator reads and writes in place, sharing `t`'s memory: as the DDP
+    hook's (:func:`aluminum_py.torch.hooks.as_buffer`: numpy views, bfloat16 through ml_dtypes,
+    CUDA tensors as they are), bool as bytes, dtypes numpy lacks (float8, ...) as bytes (for
+    the calls that only move data; a reduction of them raises TypeError)."""
+    if not t.is_contiguous():
+        raise ValueError(f"aluminum: tensors must be contiguous (got strides {t.stride()} for "
+                         f"shape {tuple(t.shape)}); call .contiguous() first")
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    try:
+        return hooks.as_buffer(t)
+    except TypeError:
+        return hooks.as_buffer(t.reshape(-1).view(torch.uint8))
+
+
+def _seconds(timeout) -> float | None:
+    """A torch timeout (timedelta; negative or zero: unset) in seconds, or None."""
+    if timeout is None:
+        return None
+    s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return s if s > 0 else None
+
+
+def _is_block(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
+    """Whether `part` is exactly block `index` of `whole` (same memory, len(part) elements)."""
+    return (part.dtype == whole.dtype and part.device == whole.device
+            and whole.numel() % max(part.numel(), 1) == 0
+            and part.data_ptr() == whole.data_ptr() + index * part.numel() * part.element_size())
+
+
+# ---------------------------------------------------------------------------------- Work
+class Work(dist.Work):
+    """A started call: ``wait(timeout)`` (raises the call's error), ``get_future()``,
+    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive from any
+    source ``_source_rank()`` (what ``dist.recv`` returns).  The Future's value is the list of
+    output tensors."""
+
+    def __init__(self, group: "ProcessGroupAluminum", what: str, requests: list,
+                 finish: Callable[[], None] | None, result: list, devices=None,
+                 receive: bool = False):
+        super().__init__()
+        self._group, self._what = group, what
+        self._requests, self._finish, self._result = requests, finish, result
+        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self._lock = threading.Lock()
+        self._claimed = False
+        self._queued = False
+        self._exception: BaseException | None = None
+        self._source: int | None = None
+        self._receive = requests[0] if receive else None
+        if not requests:
+            self._settle()
+
+    # completion: exactly one thread (the waiter or the completer) claims it
+    def _run(self, timeout: float | None) -> None:
+        requests = self._requests
+        if requests is None:            # settled by another thread
+            return
+        try:
+            for r in requests:
+                r.Wait(timeout)
+        except _AlTimeout as e:
+            self._settle(self._group._timed_out(self._what, timeout, e))
+        except BaseException as e:      # noqa: BLE001  (delivered through the Future)
+            self._settle(_backend_error(self._what, e))
+        else:
+            self._settle()
+
+    def _settle(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        if error is None:
+            try:
+                if self._receive is not None:
+                    self._source = self._receive.status.source
+                if self._finish is not None:
+                    self._finish()
+            except BaseException as e:  # noqa: BLE001
+                error = _backend_error(self._what, e)
+        self._requests = self._finish = self._receive = None
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._exception = error
+            self._future.set_exception(error)
+
+    def wait(self, timeout=None) -> bool:
+        if not self._future.done():
+            limit = _seconds(timeout)
+            self._run(self._group._op_timeout if limit is None else limit)
+        self._future.wait()             # raises the call's error; returns at once otherwise
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if not self._future.done():
+            with self._lock:
+                queued, self._queued = self._queued, True
+            if not queued:
+                _completer.put(self)
+        return self._future
+
+    def is_completed(self) -> bool:
+        requests = self._requests
+        if not self._future.done() and requests is not None and all(r.done for r in requests):
+            self._run(None)
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._exception is None
+
+    def exception(self):
+        return self._exception
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        pass                            # CUDA work is ordered on torch's stream already
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if self._source is None:
+            raise ValueError(f"aluminum: {self._what} has no source rank (only a receive does)")
+        return self._source
+
+    source_rank = _source_rank
+
+
+class _Completer:
+    """One daemon thread that completes the Futures of Works someone holds the Future of, in
+    the order they were asked for (DDP's buckets: launch order), each bounded by its group's
+    timeout."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, work: Work) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="aluminum_py.torch completer")
+                self._thread.start()
+        self._queue.put(work)
+
+    def _loop(self):
+        while True:
+            work = self._queue.get()
+            if not work._future.done():
+                work._run(work._group._op_timeout)
+            del work
+
+
+_completer = _Completer()
+
+
+def _backend_error(what: str, e: BaseException) -> BaseException:
+    """`e` as torch's DistBackendError naming the call (argument errors stay what they are)."""
+    if isinstance(e, (TypeError, ValueError, dist.DistBackendError)):
+        return e
+    err = dist.DistBackendError(f"aluminum: {what} failed: {type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
+
+
+def _nonblocking_name(name: str) -> str:
+    return "I" + name[0].lower() + name[1:]
+
+
+# ---------------------------------------------------------------------------------- the group
+class ProcessGroupAluminum(dist.ProcessGroup):
+    """A torch.distributed process group over an :class:`aluminum_py.Communicator` (created by
+    torch through the registered backend; see :func:`create`).
+
+    Attributes:
+        comm: the Communicator (its ranks are the group's).
+        timeout: seconds an operation may take before its Work fails with DistBackendError
+            (init_process_group's / new_group's ``timeout``; a call's ``opts.timeout`` wins).
+    """
+
+    def __init__(self, comm: Communicator, timeout: float | None, store=None,
+                 global_ranks: list[int] | None = None):
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        comm.timeout = timeout          # bounds the blocking calls
+        self._op_timeout = timeout
+        self._store = store
+        self._global_ranks = list(range(comm.size)) if global_ranks is None else global_ranks
+        self._name, self._desc = "", ""
+        self._broken: BaseException | None = None
+        self._coalesced: list | None = None
+
+    # --- identity (torch sets the name after creating the group; DeviceMesh, functional
+    # collectives and FSDP2 look the group up by it)
+    def getBackendName(self) -> str:
+        return NAME
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    @property
+    def timeout(self) -> float | None:
+        return self._op_timeout
+
+    def __repr__(self) -> str:
+        return (f"ProcessGroupAluminum(rank={self.comm.rank}, size={self.comm.size}, "
+                f"name={self._name!r})")
+
+    # --- one mechanism for every call
+    def _timed_out(self, what: str, timeout, cause) -> BaseException:
+        err = dist.DistBackendError(
+            f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank} (a rank "
+            f"that never made the matching call?); this process group is unusable now: "
+            f"destroy it (and usually end the job)")
+        err.__cause__ = cause
+        self._broken = err
+        return err
+
+    def _comm(self, t: torch.Tensor, what: str) -> Communicator:
+        if self._broken is not None:
+            raise dist.DistBackendError(f"aluminum: {what}: this process group failed before "
+                                        f"and is unusable: {self._broken}")
+        comm = self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
+        comm.bind_thread()              # torch calls from its autograd thread and others
+        return comm
+
+    def _start(self, what: str, opts, tensor: torch.Tensor, calls: list,
+               result: list, finish: Callable[[], None] | None = None,
+               receive: bool = False) -> Work:
+        """Run `calls` (``(name, args, kwargs)`` of Communicator methods, blocking names) on
+        the communicator for `tensor`: blocking in this thread when torch waits anyway (CPU
+        tensors, ``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking; `finish` runs
+        once they completed (copies out of temporary buffers)."""
+        comm = self._comm(tensor, what)
+        limit = _seconds(getattr(opts, "timeout", None))
+        blocking = (not tensor.is_cuda and opts is not None and not opts.asyncOp
+                    and limit is None)
+        if blocking:
+            try:
+                for name, args, kwargs in calls:
+                    getattr(comm, name)(*args, **kwargs)
+            except _AlTimeout as e:
+                raise self._timed_out(what, self._op_timeout or 0.0, e) from e
+            except (TypeError, ValueError):
+                raise
+            except Error as e:
+                raise _backend_error(what, e) from e
+            work = Work(self, what, [], finish, result)
+        else:
+            requests = [getattr(comm, _nonblocking_name(name))(*args, **kwargs)
+                        for name, args, kwargs in calls]
+            if tensor.is_cuda:
+                for r in requests:
+                    r.Wait()            # makes torch's current stream wait for the op
+                requests = []
+            work = Work(self, what, requests, finish, result,
+                        devices=[tensor.device] if tensor.is_cuda else None,
+                        receive=receive and bool(requests))
+            if limit is not None and requests:
+                work._run(limit)        # a call's own timeout: waited for here
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    # --- reductions
+    def allreduce(self, tensors, opts=None):
+        opts = dist.AllreduceOptions() if opts is None else opts
+        calls = [("Allreduce", (buffer(t),),
+                  {"op": reduce_op(opts.reduceOp, t.dtype), "algorithm": "auto"})
+                 for t in tensors]
+        return self._start("all_reduce", opts, tensors[0], calls, list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts=None):
+        t = tensors[0]
+        calls = [("Reduce", (buffer(t),), {"op": reduce_op(opts.reduceOp, t.dtype),
+                                          "root": opts.rootRank})]
+        return self._start("reduce", opts, t, calls, list(tensors))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out, ins = output_tensors[0], input_tensors[0]
+        _same_sizes("reduce_scatter", out, ins, self.comm.size)
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        return self._reduce_scatter("reduce_scatter", out, flat, opts, list(output_tensors))
+
+    def _reduce_scatter(self, what, out, flat, opts, result):
+        if flat.numel() != out.numel() * self.comm.size:
+            raise ValueError(f"aluminum: {what}: the input has {flat.numel()} elements, "
+                             f"expected {self.comm.size} x the output's {out.numel()}")
+        if _overlaps(out, flat):            # the output inside the input: reduce into a copy
+            tmp = torch.empty_like(out)
+            return self._start(what, opts, out, [self._rs_call(flat, tmp, opts)], result,
+                               lambda: out.copy_(tmp))
+        return self._start(what, opts, out, [self._rs_call(flat, out, opts)], result)
+
+    def _rs_call(self, flat, out, opts):
+        return ("Reduce_scatter", (buffer(flat), buffer(out)),
+                {"op": reduce_op(opts.reduceOp, out.dtype)})
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        return self._reduce_scatter("reduce_scatter_tensor", output, input.reshape(-1), opts,
+                                    [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._coalesce("reduce_scatter_tensor_coalesced", opts, outputs,
+                              [self._reduce_scatter_base(o, i, opts)
+                               for o, i in zip(outputs, inputs)])
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # --- data movement
+    def broadcast(self, tensors, opts=None):
+        calls = [("Bcast", (buffer(t),), {"root": opts.rootRank}) for t in tensors]
+        return self._start("broadcast", opts, tensors[0], calls, list(tensors))
+
+    def _allgather_base(self, output, input, opts=None):
+        """all_gather_into_tensor: `output` holds size blocks of `input`'s element count; when
+        `input` is block `rank` of `output` (FSDP2), in place."""
+        opts = dist.AllgatherOptions() if opts is None else opts
+        size, rank = self.comm.size, self.comm.rank
+        if output.numel() != input.numel() * size:
+            raise ValueError(f"aluminum: all_gather_into_tensor: the output has "
+                             f"{output.numel()} elements, expected {size} x the input's "
+                             f"{input.numel()}")
+        if _is_block(input, output, rank):
+            call = ("Allgather", (buffer(output),), {})
+        elif _overlaps(input, output):
+            src = input.clone()
+            call = ("Allgather", (buffer(src), buffer(output)), {})
+        else:
+            call = ("Allgather", (buffer(input), buffer(output)), {})
+        return self._start("all_gather_into_tensor", opts, output, [call], [output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._coalesce("allgather_into_tensor_coalesced", opts, outputs,
+                              [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outs, inp = output_tensors[0], input_tensors[0]
+        _same_sizes("all_gather", inp, outs, self.comm.size)
+        flat = torch.empty((self.comm.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
+        n = inp.numel()
+
+        def finish():
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        return self._start("all_gather", opts, inp,
+                           [("Allgather", (buffer(inp), buffer(flat)), {})],
+                           list(output_tensors), finish)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        return self._coalesce("allgather_coalesced", opts, output_lists,
+                              [self.allgather([o], [i], opts)
+                               for o, i in zip(output_lists, input_tensors)])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """all_to_all_single: even splits (both lists empty) as Alltoall, uneven as Alltoallv
+        (counts and displacements in elements: a split of dim 0 times the row's elements)."""
+        opts = dist.AllToAllOptions() if opts is None else opts
+        size = self.comm.size
+        if _overlaps(input, output):
+            input = input.clone()
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % size or output.numel() != input.numel():
+                raise ValueError(f"aluminum: all_to_all_single: {input.numel()} input and "
+                                 f"{output.numel()} output elements do not split evenly over "
+                                 f"{size} ranks")
+            call = ("Alltoall", (buffer(input), buffer(output)), {})
+        else:
+            scounts, sdispls = _splits(input, input_split_sizes, size, "input")
+            rcounts, rdispls = _splits(output, output_split_sizes, size, "output")
+            call = ("Alltoallv", (buffer(input), buffer(output)),
+                    {"sendcounts": scounts, "sdispls": sdispls, "recvcounts": rcounts,
+                     "rdispls": rdispls})
+        return self._start("all_to_all_single", opts, output, [call], [output])
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = dist.AllToAllOptions() if opts is None else opts
+        send = torch.cat([t.reshape(-1) for t in input_tensors])
+        recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype,
+                           device=send.device)
+        scounts = [t.numel() for t in input_tensors]
+        rcounts = [t.numel() for t in output_tensors]
+
+        def finish():
+            off = 0
+            for o in output_tensors:
+                o.copy_(recv[off:off + o.numel()].view(o.shape))
+                off += o.numel()
+        call = ("Alltoallv", (buffer(send), buffer(recv)),
+                {"sendcounts": scounts, "sdispls": _offsets(scounts), "recvcounts": rcounts,
+                 "rdispls": _offsets(rcounts)})
+        return self._start("all_to_all", opts, send, [call], list(output_tensors), finish)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        inp, root = input_tensors[0], opts.rootRank
+        if self.comm.rank != root:
+            return self._start("gather", opts, inp, [("Gather", (buffer(inp), None),
+                                                      {"root": root})], [])
+        outs = output_tensors[0]
+        _same_sizes("gather", inp, outs, self.comm.size)
+        flat = torch.empty((self.comm.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
+        n = inp.numel()
+
+        def finish():
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        return self._start("gather", opts, inp,
+                           [("Gather", (buffer(inp), buffer(flat)), {"root": root})],
+                           list(output_tensors), finish)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        out, root = output_tensors[0], opts.rootRank
+        if self.comm.rank != root:
+            return self._start("scatter", opts, out, [("Scatter", (None, buffer(out)),
+                                                       {"root": root})], list(output_tensors))
+        ins = input_tensors[0]
+        _same_sizes("scatter", out, ins, self.comm.size)
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        return self._start("scatter", opts, out,
+                           [("Scatter", (buffer(flat), buffer(out)), {"root": root})],
+                           list(output_tensors))
+
+    def barrier(self, opts=None):
+        opts = dist.BarrierOptions() if opts is None else opts
+        return self._start("barrier", opts, _CPU_TOKEN, [("Barrier", (), {})], [])
+
+    # --- point to point (always nonblocking: batch_isend_irecv starts both sides first)
+    def send(self, tensors, dst, tag):
+        t = tensors[0]
+        return self._start("send", None, t, [("Send", (buffer(t), dst, tag), {})], list(tensors))
+
+    def recv(self, tensors, src, tag):
+        t = tensors[0]
+        return self._start("recv", None, t, [("Recv", (buffer(t), src, tag), {})], list(tensors),
+                           receive=True)
+
+    def recv_anysource(self, tensors, tag):
+        t = tensors[0]
+        return self._start("recv", None, t, [("Recv", (buffer(t), ANY_SOURCE, tag), {})],
+                           list(tensors), receive=True)
+
+    # --- coalescing: torch's _coalescing_manager(device=...) brackets calls with these
+    def _start_coalescing(self, device=None):
+        if self._coalesced is not None:
+            raise RuntimeError("aluminum: coalescing already started on this group")
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalesced = self._coalesced or [], None
+        return _joined("coalesced", self, works, [t for w in works for t in w._result])
+
+    def _coalesce(self, what, opts, outputs, works):
+        if self._coalesced is not None:      # inside _start_coalescing: each part counts
+            for w in works:
+                self._coalesced.remove(w)
+        work = _joined(what, self, works, list(outputs))
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    # --- groups
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    devices=None):
+        """A group of the ranks `ranks` (this group's numbering) over a sub-communicator, or
+        None on a rank not in `ranks`; collective over every rank of this group (each passes
+        the ranks of its own part; parts must not overlap)."""
+        from mpi4py import MPI
+        ranks = sorted(int(r) for r in ranks)
+        member = self.comm.rank in ranks
+        sub = self.comm.mpi_comm.Split(ranks[0] if member else MPI.UNDEFINED, self.comm.rank)
+        if not member:
+            return None
+        try:
+            pg = ProcessGroupAluminum(Communicator(sub), _seconds(timeout) or self._op_timeout,
+                                      self._store, [self._global_ranks[r] for r in ranks])
+        finally:
+            sub.Free()
+        if group_name:
+            pg.setGroupName(group_name)
+        if group_desc:
+            pg.setGroupDesc(group_desc)
+        return pg
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Free the communicator (torch calls it from destroy_process_group)."""
+        if self._broken is None:
+            self._broken = dist.DistBackendError("aluminum: this process group was shut down")
+        if not self.comm._state.freed:
+            try:
+                self.comm.bind_thread()
+                self.comm.Free()
+            except Error:
+                pass                    # pending ops (a timed-out call): leave it to exit
+
+
+_CPU_TOKEN = torch.empty(0)
+
+
+def _joined(what: str, group: ProcessGroupAluminum, works: list, result: list) -> Work:
+    """One Work that completes when every part has (a coalesced call)."""
+    parts = list(works)
+
+    def finish():
+        for w in parts:
+            w.wait()
+    joined = Work(group, what, [_Parts(parts)], finish, result)
+    return joined
+
+
+class _Parts:
+    """The parts of a coalesced call as one request: ``Wait`` waits for each."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def Wait(self, timeout=None):
+        for w in self.works:
+            w.wait(None if timeout is None else datetime.timedelta(seconds=timeout))
+
+    @property
+    def done(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _same_sizes(what: str, one: torch.Tensor, many, size: int) -> None:
+    if len(many) != size:
+        raise ValueError(f"aluminum: {what}: {len(many)} tensors in the list, expected the "
+                         f"group size {size}")
+    for i, t in enumerate(many):
+        if t.numel() != one.numel() or t.dtype != one.dtype:
+            raise ValueError(f"aluminum: {what}: tensor {i} of the list has {t.numel()} "
+                             f"elements of {t.dtype}, expected {one.numel()} of {one.dtype}")
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, off = [], 0
+    for c in counts:
+        out.append(off)
+        off += c
+    return out
+
+
+def _splits(t: torch.Tensor, split_sizes, size: int, name: str):
+    """Counts and displacements in elements for all_to_all_single's splits of dim 0 (empty:
+    even)."""
+    rows = t.shape[0] if t.dim() else 1
+    row = t.numel() // rows if rows else 0
+    if not split_sizes:
+        if rows % size:
+            raise ValueError(f"aluminum: all_to_all_single: the {name}'s {rows} rows do not "
+                             f"split evenly over {size} ranks; give {name}_split_sizes")
+        split_sizes = [rows // size] * size
+    split_sizes = [int(s) for s in split_sizes]
+    if len(split_sizes) != size or sum(split_sizes) != rows or min(split_sizes) < 0:
+        raise ValueError(f"aluminum: all_to_all_single: {name}_split_sizes {split_sizes} must "
+                         f"be {size} non-negative row counts summing to {rows}")
+    counts = [s * row for s in split_sizes]
+    return counts, _offsets(counts)
+
+
+# ---------------------------------------------------------------------------------- creation
+_world: Communicator | None = None      # the default group's communicator: new groups' parent
+
+
+def create(options, backend_options=None) -> ProcessGroupAluminum:
+    """The backend's creator (``register_backend(..., extended_api=True)``): the default group
+    over ``MPI.COMM_WORLD`` (whose ranks must be torch's: ``init_method="mpi://"``), a new group
+    over the members' sub-communicator of the default group's (collective over the members
+    only, as torch calls it)."""
+    global _world
+    world = rendezvous.mpi_world("init_process_group('aluminum')")
+    ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
+    timeout = _seconds(options.timeout)
+    if not options.global_ranks_in_group or _world is None or _world._state.freed:
+        if options.group_size != world.size or options.group_rank != world.rank:
+            raise Error(f"the 'aluminum' backend: torch's rank {options.group_rank} of "
+                        f"{options.group_size} is not MPI's ({world.rank} of {world.size}): "
+                        f"use init_method='mpi://' and {rendezvous.HOW_TO_LAUNCH}")
+        comm = Communicator(world)
+        if not options.global_ranks_in_group:
+            _world = comm
+        return ProcessGroupAluminum(comm, timeout, options.store, ranks)
+    base = _world.mpi_comm
+    sub = base.Create_group(base.group.Incl(ranks), tag=_CREATE_TAG)
+    try:
+        comm = Communicator(sub)
+    finally:
+        sub.Free()
+    if comm.rank != options.group_rank:
+        raise Error(f"new_group: torch's group rank {options.group_rank} is not MPI's "
+                    f"{comm.rank}")
+    return ProcessGroupAluminum(comm, timeout, options.store, ranks)
+
+
+_CREATE_TAG = 2120
+
+
+def register() -> None:
+    """Register the backend "aluminum" (CPU and CUDA tensors) with torch.distributed (once)."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def init_process_group(**kwargs) -> None:
+    """``torch.distributed.init_process_group(backend="aluminum", init_method="mpi://",
+    **kwargs)``: under ``mpiexec -n N python prog.py`` nothing else is needed."""
+    kwargs.setdefault("backend", NAME)
+    if "store" not in kwargs:
+        kwargs.setdefault("init_method", f"{rendezvous.SCHEME}://")
+    dist.init_process_group(**kwargs)
