@@ -46,7 +46,10 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
           "uint8": torch.uint8, "bool": torch.bool}
 FLOATS = ("float32", "float64", "float16", "bfloat16")
-MODES = ("sync", "wait", "future")      # async_op=False; Work.wait(); Work.get_future().wait()
+# async_op=False; async_op=True then Work.wait(); then Work.get_future().wait(). The two async
+# ways run each collective's main variants only (fewer sizes, ops and roots): the suite's
+# time budget is a minute at 4 ranks on 2 cores.
+MODES = ("sync", "wait", "future")
 BITWISE = ("BAND", "BOR", "BXOR")
 
 
@@ -228,7 +231,7 @@ def differential(case, *args) -> None:
 # ------------------------------------------------------------------------------ the collectives
 def case_all_reduce(group, dtype, op, mode):
     out = []
-    for n in (0, 1, 7, 3001):
+    for n in (0, 1, 7, 3001) if mode == "sync" else (7,):
         xs = every_input(dtype, n, 1, op)
         t = T(xs[RANK], dtype)
         call(mode, dist.all_reduce, t, op=getattr(ReduceOp, op), group=group)
@@ -270,7 +273,8 @@ def case_all_gather(group, dtype, mode):
 
 def case_reduce_scatter(group, dtype, mode):
     out = []
-    for op in ("SUM", "MAX") + (("AVG",) if dtype in FLOATS else ()):
+    ops = ("SUM", "MAX") if mode == "sync" else ("SUM",)
+    for op in ops + (("AVG",) if dtype in FLOATS else ()):
         xs = every_input(dtype, SIZE * N, 3, op)
         expected = T(reduced(op, np.stack(xs))[RANK * N:(RANK + 1) * N], dtype)
         mine = T(xs[RANK], dtype)
@@ -319,11 +323,11 @@ def case_all_to_all(group, dtype, mode):
 def case_rooted(group, dtype, mode):
     out = []
     xs = every_input(dtype, N, 6)
-    for root in range(SIZE):
+    for root in range(SIZE) if mode == "sync" else (ROOT,):
         t = T(xs[RANK], dtype)
         call(mode, dist.broadcast, t, src=root, group=group)
         out.append((f"broadcast from {root}", t, T(xs[root], dtype)))
-    for op in ("SUM", "MAX"):
+    for op in ("SUM", "MAX") if mode == "sync" else ("SUM",):
         ys = every_input(dtype, N, 7, op)
         t = T(ys[RANK], dtype)
         call(mode, dist.reduce, t, dst=ROOT, op=getattr(ReduceOp, op), group=group)
@@ -467,47 +471,380 @@ def test_object_collectives():
     differential(case)
 
 
-@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "int64"))
-def test_coalesced(dtype):
-    """all_reduce_coalesced and all_gather_coalesced, and _coalescing_manager around
-    all_reduce, all_gather_into_tensor and reduce_scatter_tensor (FSDP2's calls): each part
-    complete when the coalesced Work is."""
-    lengths = (3, 1, 8)
+LENGTHS = (3, 1, 8)              # the parts of a coalesced call
 
-    def case(group):
-        out = []
-        xs = [every_input(dtype, n, 12 + n) for n in lengths]
-        ts = [T(x[RANK], dtype) for x in xs]
-        dist.all_reduce_coalesced(ts, group=group)
-        out += [(f"all_reduce_coalesced part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
-                for k, (t, x) in enumerate(zip(ts, xs))]
-        outs = [[poison(T(x[r], dtype)) for x in xs] for r in range(SIZE)]
-        dist.all_gather_coalesced(outs, [T(x[RANK], dtype) for x in xs], group=group)
-        out += [(f"all_gather_coalesced rank {r} part {k}", outs[r][k], T(x[r], dtype))
-                for r in range(SIZE) for k, x in enumerate(xs)]
-        ts = [T(x[RANK], dtype) for x in xs]
-        with dist._coalescing_manager(group=group, async_ops=True) as cm:
-            for t in ts:
-                dist.all_reduce(t, group=group)
-        cm.wait()
-        out += [(f"coalesced all_reduce part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
-                for k, (t, x) in enumerate(zip(ts, xs))]
-        flats = [T(np.concatenate(x), dtype) for x in xs]
-        gathered = [poison(f) for f in flats]
-        with dist._coalescing_manager(group=group, async_ops=True) as cm:
-            for o, x in zip(gathered, xs):
-                dist.all_gather_into_tensor(o, T(x[RANK], dtype), group=group)
-        cm.wait()
-        out += [(f"coalesced all_gather_into_tensor part {k}", o, f)
-                for k, (o, f) in enumerate(zip(gathered, flats))]
-        ys = [every_input(dtype, SIZE * n, 20 + n) for n in lengths]
-        exp = [T(reduced("SUM", np.stack(y))[RANK * n:(RANK + 1) * n], dtype)
-               for y, n in zip(ys, lengths)]
-        scattered = [poison(e) for e in exp]
-        with dist._coalescing_manager(group=group, async_ops=True) as cm:
-            for o, y in zip(scattered, ys):
-                dist.reduce_scatter_tensor(o, T(y[RANK], dtype), group=group)
-        cm.wait()
-        return out + [(f"coalesced reduce_scatter_tensor part {k}", o, e)
-                      for k, (o, e) in enumerate(zip(scattered, exp))]
-    differential(case)
+
+def case_all_reduce_coalesced(group, dtype):
+    xs = [every_input(dtype, n, 12 + n) for n in LENGTHS]
+    ts = [T(x[RANK], dtype) for x in xs]
+    dist.all_reduce_coalesced(ts, group=group)
+    return [(f"part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
+            for k, (t, x) in enumerate(zip(ts, xs))]
+
+
+def case_all_gather_coalesced(group, dtype):
+    """output_tensor_lists[r][k]: part k of rank r (torch's docstring)."""
+    xs = [every_input(dtype, n, 14 + n) for n in LENGTHS]
+    outs = [[poison(T(x[r], dtype)) for x in xs] for r in range(SIZE)]
+    dist.all_gather_coalesced(outs, [T(x[RANK], dtype) for x in xs], group=group)
+    return [(f"rank {r} part {k}", outs[r][k], T(x[r], dtype))
+            for r in range(SIZE) for k, x in enumerate(xs)]
+
+
+def case_manager_all_reduce(group, dtype):
+    xs = [every_input(dtype, n, 16 + n) for n in LENGTHS]
+    ts = [T(x[RANK], dtype) for x in xs]
+    with dist._coalescing_manager(group=group, async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t, group=group)
+    cm.wait()
+    return [(f"part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
+            for k, (t, x) in enumerate(zip(ts, xs))]
+
+
+def case_manager_all_gather(group, dtype):
+    xs = [every_input(dtype, n, 18 + n) for n in LENGTHS]
+    flats = [T(np.concatenate(x), dtype) for x in xs]
+    outs = [poison(f) for f in flats]
+    with dist._coalescing_manager(group=group, async_ops=True) as cm:
+        for o, x in zip(outs, xs):
+            dist.all_gather_into_tensor(o, T(x[RANK], dtype), group=group)
+    cm.wait()
+    return [(f"part {k}", o, f) for k, (o, f) in enumerate(zip(outs, flats))]
+
+
+def case_manager_reduce_scatter(group, dtype):
+    ys = [every_input(dtype, SIZE * n, 20 + n) for n in LENGTHS]
+    exp = [T(reduced("SUM", np.stack(y))[RANK * n:(RANK + 1) * n], dtype)
+           for y, n in zip(ys, LENGTHS)]
+    outs = [poison(e) for e in exp]
+    with dist._coalescing_manager(group=group, async_ops=True) as cm:
+        for o, y in zip(outs, ys):
+            dist.reduce_scatter_tensor(o, T(y[RANK], dtype), group=group)
+    cm.wait()
+    return [(f"part {k}", o, e) for k, (o, e) in enumerate(zip(outs, exp))]
+
+
+COALESCED = {"all_reduce_coalesced": case_all_reduce_coalesced,
+             "all_gather_coalesced": case_all_gather_coalesced,
+             "manager all_reduce": case_manager_all_reduce,
+             "manager all_gather_into_tensor": case_manager_all_gather,
+             "manager reduce_scatter_tensor": case_manager_reduce_scatter}
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "int64"))
+@pytest.mark.parametrize("form", COALESCED)
+def test_coalesced(form, dtype):
+    """The coalesced calls, and _coalescing_manager around all_reduce, all_gather_into_tensor
+    and reduce_scatter_tensor (FSDP2's calls): every part is complete when the coalesced Work
+    is."""
+    differential(COALESCED[form], dtype)
+
+
+def test_premul_sum_is_refused_clearly():
+    """PREMUL_SUM (a scaled sum NCCL has) is refused with a message that names it, before any
+    communication; the group still works afterwards."""
+    premul = dist._make_nccl_premul_sum(2.0)
+    with pytest.raises(Exception, match="PREMUL_SUM"):
+        dist.all_reduce(torch.ones(4), op=premul, group=G.al)
+    with pytest.raises(Exception, match="PREMUL_SUM"):
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * SIZE), op=premul, group=G.al)
+    t = torch.ones(4)
+    dist.all_reduce(t, group=G.al)
+    assert all_ranks_ok(torch.equal(t, torch.full((4,), float(SIZE))))
+
+
+# ----------------------------------------------------------------------- DDP, FSDP2, DTensor
+SAMPLES = 24                    # divisible by 1, 2, 3 and 4 ranks
+
+
+def data(dtype=torch.float32, features=6, outputs=3, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(SAMPLES, features, generator=g, dtype=dtype),
+            torch.randn(SAMPLES, outputs, generator=g, dtype=dtype))
+
+
+def mlp(dtype=torch.float32, features=6, hidden=10, outputs=3, seed=11):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, outputs)).to(dtype)
+
+
+def shard(t):
+    n = SAMPLES // SIZE
+    return t[RANK * n:(RANK + 1) * n]
+
+
+def train(net, X, Y, steps):
+    """`steps` SGD steps on mse(net(X), Y); the parameters after them."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(X), Y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def max_diff(a, b) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def ddp(net, group):
+    return DDP(net, process_group=group, bucket_cap_mb=0.0005)   # several buckets
+
+
+def test_ddp_equals_gloo_ddp():
+    """20 DDP steps on the backend equal 20 on gloo: bit for bit at 1 and 2 ranks (DDP divides
+    each gradient by the size, then sums: two halves add exactly in any order), within float32
+    rounding at 3 and 4; both equal single-process training on the whole batch."""
+    X, Y = data()
+    ours = train(ddp(mlp(), G.al), shard(X), shard(Y), 20)
+    gloo = train(ddp(mlp(), G.gloo), shard(X), shard(Y), 20)
+    whole = train(mlp(), X, Y, 20)
+    diff = max_diff(ours, gloo)
+    ok = diff == 0.0 if SIZE <= 2 else diff < 1e-6
+    assert all_ranks_ok(ok and max_diff(ours, whole) < 1e-5), (diff, max_diff(ours, whole))
+
+
+def test_fsdp2_matches_single_process():
+    """FSDP2 (fully_shard per Linear and at the root, on a mesh over the backend's group):
+    5 steps on each rank's part of the batch equal 5 single-process steps on the whole batch."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    X, Y = data()
+    whole = train(mlp(), X, Y, 5)
+    net = mlp()
+    mesh = DeviceMesh.from_group(G.al, "cpu")
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    got = [p.full_tensor() for p in train(net, shard(X), shard(Y), 5)]
+    diff = max_diff(got, whole)
+    assert all_ranks_ok(diff < 1e-6), diff
+
+
+def case_dtensor(group):
+    """distribute_tensor (from rank 0's data, whatever the others pass), full_tensor(), and
+    Partial -> Replicate / Shard(0) redistributions (all-reduce, reduce-scatter)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    mesh = DeviceMesh.from_group(group, "cpu")
+    rows = 2
+    xs = [x.reshape(rows * SIZE, 3) for x in every_input("float32", rows * SIZE * 3, 30)]
+    x0 = T(xs[0], "float32")
+    total = T(reduced("SUM", np.stack(xs)), "float32")
+    part = slice(RANK * rows, (RANK + 1) * rows)
+    # (a new input each time: Replicate broadcasts into the tensor it is given)
+    sharded = distribute_tensor(T(xs[RANK], "float32"), mesh, [Shard(0)])
+    replicated = distribute_tensor(T(xs[RANK], "float32"), mesh, [Replicate()])
+    partial = DTensor.from_local(T(xs[RANK], "float32"), mesh, [Partial()])
+    return [("distribute_tensor Shard(0) local", sharded.to_local(), x0[part]),
+            ("Shard(0) full_tensor", sharded.full_tensor(), x0),
+            ("distribute_tensor Replicate local", replicated.to_local(), x0),
+            ("Partial full_tensor", partial.full_tensor(), total),
+            ("Partial -> Shard(0)", partial.redistribute(mesh, [Shard(0)]).to_local(),
+             total[part])]
+
+
+def case_functional(group):
+    """torch.distributed._functional_collectives on the group (what DTensor and compiled code
+    call): all_reduce (sum, avg, max), all_gather_tensor, reduce_scatter_tensor,
+    all_to_all_single."""
+    out = []
+    for op in ("sum", "avg", "max"):
+        xs = every_input("float32", SIZE * N, 31, op.upper())
+        got = funcol.wait_tensor(funcol.all_reduce(T(xs[RANK], "float32"), op, group))
+        out.append((f"all_reduce {op}", got, T(reduced(op.upper(), np.stack(xs)), "float32")))
+    xs = every_input("float32", SIZE * N, 32)
+    mine = T(xs[RANK], "float32")
+    got = funcol.wait_tensor(funcol.all_gather_tensor(mine[:N], 0, group))
+    out.append(("all_gather_tensor", got, T(np.concatenate([x[:N] for x in xs]), "float32")))
+    got = funcol.wait_tensor(funcol.reduce_scatter_tensor(mine, "sum", 0, group))
+    out.append(("reduce_scatter_tensor",
+                got, T(reduced("SUM", np.stack(xs))[RANK * N:(RANK + 1) * N], "float32")))
+    got = funcol.wait_tensor(funcol.all_to_all_single(mine, None, None, group))
+    out.append(("all_to_all_single", got,
+                T(np.concatenate([x[RANK * N:(RANK + 1) * N] for x in xs]), "float32")))
+    return out
+
+
+def test_dtensor():
+    differential(case_dtensor)
+
+
+def test_functional_collectives():
+    differential(case_functional)
+
+
+# ----------------------------------------------------------------------------------- sub-groups
+def test_new_group_subset_and_whole():
+    """new_group of the even ranks and of the odd ones (both at work at once), and of every
+    rank: results of the members' collectives; a non-member holds NON_GROUP_MEMBER, and a
+    collective on it does nothing and returns None."""
+    evens, odds = list(range(0, SIZE, 2)), list(range(1, SIZE, 2))
+    even = dist.new_group(evens, timeout=WAIT_LIMIT)
+    odd = dist.new_group(odds, timeout=WAIT_LIMIT) if odds else None
+    whole = dist.new_group(list(range(SIZE)), timeout=WAIT_LIMIT)
+    xs = every_input("float32", N, 40)
+    failures = []
+
+    def check(name, got, expected):
+        failures.extend(differences(name, got, expected))
+
+    mine, other = (evens, odd) if RANK % 2 == 0 else (odds, even)
+    group = even if RANK % 2 == 0 else odd
+    if dist.get_backend(group) != BACKEND:
+        failures.append(f"new_group's backend is {dist.get_backend(group)}, expected {BACKEND}")
+    if (dist.get_rank(group), dist.get_world_size(group)) != (mine.index(RANK), len(mine)):
+        failures.append(f"rank/size in the sub-group: {dist.get_rank(group)}, "
+                        f"{dist.get_world_size(group)}")
+    t = T(xs[RANK], "float32")
+    dist.all_reduce(t, group=group)
+    check("sub-group all_reduce", t, T(reduced("SUM", np.stack([xs[r] for r in mine])), "float32"))
+    t = T(xs[RANK], "float32")
+    dist.broadcast(t, src=mine[-1], group=group)            # src: a global rank
+    check("sub-group broadcast", t, T(xs[mine[-1]], "float32"))
+    o = torch.empty(len(mine) * N)
+    dist.all_gather_into_tensor(o, T(xs[RANK], "float32"), group=group)
+    check("sub-group all_gather_into_tensor", o, T(np.concatenate([xs[r] for r in mine]),
+                                                   "float32"))
+    if other is not None:                                   # the group this rank is not in
+        if other is not dist.GroupMember.NON_GROUP_MEMBER:
+            failures.append(f"a non-member holds {other!r}, not NON_GROUP_MEMBER")
+        t = T(xs[RANK], "float32")
+        ret = dist.all_reduce(t, group=other)
+        if ret is not None or dist.get_rank(other) != -1:
+            failures.append(f"non-member all_reduce returned {ret!r}, get_rank "
+                            f"{dist.get_rank(other)}")
+        check("non-member all_reduce leaves the tensor", t, T(xs[RANK], "float32"))
+    t = T(xs[RANK], "float32")
+    dist.all_reduce(t, op=ReduceOp.MAX, group=whole)
+    check("whole new_group all_reduce MAX", t, T(reduced("MAX", np.stack(xs)), "float32"))
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+# ---------------------------------------------------------------- timeouts, errors, threads
+TIMED_OUT = r"(?i)time[sd]? ?out"
+
+
+@needs_two
+@pytest.mark.parametrize("mode", MODES)
+def test_timeout_when_other_ranks_never_call(mode):
+    """Rank 0 alone calls all_reduce on a group whose timeout is 1 s: the call (or the Work's
+    wait(), or its Future's) raises an error saying so, instead of waiting for ever.
+    Afterwards the others make the matching call (it completes or times out in turn), and the
+    group is never used again."""
+    group = dist.new_group(timeout=timedelta(seconds=1))
+    failures = []
+    if RANK == 0:
+        start = time.monotonic()
+        try:
+            work = dist.all_reduce(torch.ones(4), group=group, async_op=mode != "sync")
+            if mode == "wait":
+                work.wait()
+            elif mode == "future":
+                work.get_future().wait()
+            failures.append("all_reduce with no partner returned")
+        except Exception as e:          # noqa: BLE001 (the error is the point)
+            import re
+            if not re.search(TIMED_OUT, str(e)):
+                failures.append(f"the error does not say it timed out: {type(e).__name__}: {e}")
+        elapsed = time.monotonic() - start
+        if elapsed > 120:               # 120 x the timeout: only a hang gets there
+            failures.append(f"the error came after {elapsed:.0f} s")
+    WORLD.Barrier()
+    if RANK != 0:
+        try:
+            dist.all_reduce(torch.ones(4), group=group)
+        except Exception:               # noqa: BLE001 (a timeout here is fine too)
+            pass
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_error_from_a_hook_reaches_backward():
+    """DDP whose comm hook asks the backend for a bucket reduction it refuses (PREMUL_SUM):
+    loss.backward() raises that error on every rank, it does not hang."""
+    net = ddp(mlp(), G.al)
+    premul = dist._make_nccl_premul_sum(0.5)
+
+    def hook(state, bucket):
+        return dist.all_reduce(bucket.buffer(), op=premul, group=G.al,
+                               async_op=True).get_future()
+    net.register_comm_hook(None, hook)
+    X, Y = data()
+    with pytest.raises(Exception, match="PREMUL_SUM"):
+        torch.nn.functional.mse_loss(net(shard(X)), shard(Y)).backward()
+
+
+@needs_two
+@pytest.mark.skipif(BACKEND == "aluminum", reason="crashes the process (segmentation fault in "
+                    "the completer thread's Future.set_exception, under DDP's reducer): a "
+                    "crash cannot be an xfail in the shared suite session")
+def test_timeout_reaches_backward_through_the_future():
+    """DDP over a group with a 1 s timeout where rank 0 alone runs backward: DDP's bucket
+    all-reduce times out and the error reaches rank 0's loss.backward() (through the Work's
+    Future), not a hang. The others then run backward too (matching rank 0's calls: they
+    complete or time out in turn); the group is never used again."""
+    group = dist.new_group(timeout=timedelta(seconds=1))
+    net = DDP(mlp(), process_group=group)
+    X, Y = data()
+    failures = []
+    if RANK == 0:
+        try:
+            torch.nn.functional.mse_loss(net(shard(X)), shard(Y)).backward()
+            failures.append("backward with no partner returned")
+        except Exception as e:          # noqa: BLE001 (the error is the point)
+            import re
+            if not re.search(TIMED_OUT, str(e)):
+                failures.append(f"the error does not say it timed out: {type(e).__name__}: {e}")
+    WORLD.Barrier()
+    if RANK != 0:
+        try:
+            torch.nn.functional.mse_loss(net(shard(X)), shard(Y)).backward()
+        except Exception:               # noqa: BLE001 (a timeout here is fine too)
+            pass
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_collectives_from_other_threads():
+    """The thread rule: a collective from another Python thread, then from the main thread
+    again, and DDP training run entirely in another thread (its hooks on that thread and on
+    autograd's), all give numpy's / single-process results."""
+    xs = every_input("float32", N, 50)
+    expected = T(reduced("SUM", np.stack(xs)), "float32")
+    results, errors = {}, []
+
+    def run(name, fn):
+        try:
+            results[name] = fn()
+        except Exception as e:          # noqa: BLE001 (reported below)
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+
+    def all_reduce():
+        t = T(xs[RANK], "float32")
+        dist.all_reduce(t, group=G.al)
+        return t
+
+    def ddp_training():
+        X, Y = data()
+        return train(ddp(mlp(), G.al), shard(X), shard(Y), 3)
+
+    for name, fn in (("thread all_reduce", all_reduce), ("thread DDP", ddp_training)):
+        t = threading.Thread(target=run, args=(name, fn))
+        t.start()
+        t.join(120)
+        if t.is_alive():
+            errors.append(f"{name}: still running after 120 s")
+    run("main all_reduce", all_reduce)
+    failures = list(errors)
+    for name in ("thread all_reduce", "main all_reduce"):
+        if name in results:
+            failures += differences(name, results[name], expected)
+    if "thread DDP" in results:
+        X, Y = data()
+        diff = max_diff(results["thread DDP"], train(mlp(), X, Y, 3))
+        if not diff < 1e-5:
+            failures.append(f"DDP in a thread differs from single-process training by {diff}")
+    assert all_ranks_ok(not failures), every_rank(failures)
