@@ -14,6 +14,7 @@ AL_TORCH_TEST_BACKEND=gloo makes gloo the backend under test (a check of the tes
 everything but the aluminum-only requirements must pass with it).
 """
 import os
+import re
 import tempfile
 import threading
 import time
@@ -729,31 +730,46 @@ def test_new_group_subset_and_whole():
 TIMED_OUT = r"(?i)time[sd]? ?out"
 
 
+def times_out(what: str, fn) -> list:
+    """[] if fn() raises an error that says it timed out, else a message (also if the error
+    took more than 120 s: far above the 1 s timeouts here, only a hang gets there)."""
+    start = time.monotonic()
+    try:
+        fn()
+        failure = f"{what} returned"
+    except Exception as e:              # noqa: BLE001 (the error is the point)
+        failure = (None if re.search(TIMED_OUT, str(e)) else
+                   f"{what}: the error does not say it timed out: {type(e).__name__}: {e}")
+    elapsed = time.monotonic() - start
+    if failure is None and elapsed > 120:
+        failure = f"{what}: the error came after {elapsed:.0f} s"
+    return [failure] if failure else []
+
+
+def lone_all_reduce(group, mode):
+    """all_reduce on `group` completed the way `mode` says (wait_timeout: Work.wait(1 s))."""
+    work = dist.all_reduce(torch.ones(4), group=group, async_op=mode != "sync")
+    if mode == "wait":
+        work.wait()
+    elif mode == "future":
+        work.get_future().wait()
+    elif mode == "wait_timeout":
+        work.wait(timedelta(seconds=1))
+
+
 @needs_two
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + ("wait_timeout",))
 def test_timeout_when_other_ranks_never_call(mode):
     """Rank 0 alone calls all_reduce on a group whose timeout is 1 s: the call (or the Work's
-    wait(), or its Future's) raises an error saying so, instead of waiting for ever.
-    Afterwards the others make the matching call (it completes or times out in turn), and the
-    group is never used again."""
-    group = dist.new_group(timeout=timedelta(seconds=1))
+    wait(), or its Future's) raises an error saying so, instead of waiting for ever; so does
+    Work.wait(timeout=1 s) on a group with the usual timeout. Afterwards the others make the
+    matching call (it completes or times out in turn), and the group is never used again."""
+    short = timedelta(seconds=1) if mode != "wait_timeout" else WAIT_LIMIT
+    group = dist.new_group(timeout=short)
     failures = []
     if RANK == 0:
-        start = time.monotonic()
-        try:
-            work = dist.all_reduce(torch.ones(4), group=group, async_op=mode != "sync")
-            if mode == "wait":
-                work.wait()
-            elif mode == "future":
-                work.get_future().wait()
-            failures.append("all_reduce with no partner returned")
-        except Exception as e:          # noqa: BLE001 (the error is the point)
-            import re
-            if not re.search(TIMED_OUT, str(e)):
-                failures.append(f"the error does not say it timed out: {type(e).__name__}: {e}")
-        elapsed = time.monotonic() - start
-        if elapsed > 120:               # 120 x the timeout: only a hang gets there
-            failures.append(f"the error came after {elapsed:.0f} s")
+        failures += times_out(f"all_reduce ({mode}) with no partner",
+                              lambda: lone_all_reduce(group, mode))
     WORLD.Barrier()
     if RANK != 0:
         try:
@@ -792,13 +808,8 @@ def test_timeout_reaches_backward_through_the_future():
     X, Y = data()
     failures = []
     if RANK == 0:
-        try:
-            torch.nn.functional.mse_loss(net(shard(X)), shard(Y)).backward()
-            failures.append("backward with no partner returned")
-        except Exception as e:          # noqa: BLE001 (the error is the point)
-            import re
-            if not re.search(TIMED_OUT, str(e)):
-                failures.append(f"the error does not say it timed out: {type(e).__name__}: {e}")
+        failures += times_out("backward with no partner", lambda: torch.nn.functional.mse_loss(
+            net(shard(X)), shard(Y)).backward())
     WORLD.Barrier()
     if RANK != 0:
         try:
