@@ -204,7 +204,8 @@ class _Hooks:
         src = "ANY_SOURCE" if source == ANY_SOURCE else f"rank {source}"
         tg = "ANY_TAG" if tag == ANY_TAG else f"tag {tag}"
         raise TimeoutError(f"{name}: no message from {src} with {tg} after {timeout:g} s "
-                           f"(timeout= or AL_HANG_TIMEOUT; a peer that never sent it?)")
+                           f"(timeout=, Communicator.timeout or AL_HANG_TIMEOUT; a peer that never "
+                           f"sent it?)")
 
 
 _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
@@ -593,13 +594,13 @@ class HostBackend:
     def probe(self, source, tag, blocking, timeout, name):
         """MPI_Iprobe on the user's point-to-point communicator: the Status of the first
         matching message (count in bytes), or None (nonblocking: none there). Blocking: polls
-        until one is there (aluminum_py.TimeoutError after `timeout` seconds, None:
-        AL_HANG_TIMEOUT; unset: no limit)."""
+        until one is there (aluminum_py.TimeoutError after `timeout` seconds, None: the
+        communicator's timeout, else AL_HANG_TIMEOUT; unset: no limit)."""
         tag = self._tag_arg(tag, True)
-        found = _core.probe(self.state, source, tag, blocking,
-                            self.calls.wait_limit() if timeout is None else float(timeout), name)
+        limit = self.calls.wait_limit() if timeout is None else float(timeout)
+        found = _core.probe(self.state, source, tag, blocking, limit, name)
         if found is None:
             if blocking:
-                _Hooks.probe_timeout(name, source, tag, timeout)
+                _Hooks.probe_timeout(name, source, tag, limit)
             return None
         return Status()._set(found[0], found[1], found[2], 1, 0)

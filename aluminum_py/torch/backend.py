@@ -23,8 +23,6 @@ host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
 from __future__ import annotations
 
 import datetime
-import queue
-import threading
 from typing import Callable
 
 import torch
@@ -33,7 +31,7 @@ import torch.distributed as dist
 from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
 from ..errors import Error, TimeoutError as _AlTimeout
 from ..status import ANY_SOURCE
-from . import hooks, rendezvous
+from . import completion, hooks, rendezvous
 
 NAME = "aluminum"
 
@@ -59,20 +57,33 @@ def reduce_op(op, dtype: torch.dtype):
     raise ValueError(f"aluminum: unknown ReduceOp {op!r}")
 
 
-def buffer(t: torch.Tensor):
-    """A buffer the Communicator reads and writes in place, sharing `t`'s memory: as the DDP
-    hook's (:func:`aluminum_py.torch.hooks.as_buffer`: numpy views, bfloat16 through ml_dtypes,
-    CUDA tensors as they are), bool as bytes, dtypes numpy lacks (float8, ...) as bytes (for
-    the calls that only move data; a reduction of them raises TypeError)."""
+_NUMPY_TYPES = {torch.float32, torch.float64, torch.float16, torch.int8, torch.int16,
+                torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
+                torch.complex64, torch.complex128}
+
+
+def buffer(t: torch.Tensor, reduce: bool = False):
+    """A buffer the Communicator reads and writes in place, sharing `t`'s memory (no copy):
+    CUDA tensors as they are, CPU tensors as numpy views; bool as bytes (reductions map the op
+    to a logical one, :func:`reduce_op`).  bfloat16 is reduced through ``ml_dtypes`` (as the
+    DDP hook's :func:`~aluminum_py.torch.hooks.as_buffer`); types numpy lacks (bfloat16, float8)
+    move as bytes, and reducing the ones without an ``ml_dtypes`` view raises TypeError."""
     if not t.is_contiguous():
         raise ValueError(f"aluminum: tensors must be contiguous (got strides {t.stride()} for "
                          f"shape {tuple(t.shape)}); call .contiguous() first")
-    if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
-    try:
-        return hooks.as_buffer(t)
-    except TypeError:
-        return hooks.as_buffer(t.reshape(-1).view(torch.uint8))
+    dt = t.dtype
+    if t.is_cuda:
+        return t.view(torch.uint8) if dt == torch.bool else t
+    if dt in _NUMPY_TYPES:
+        return t.detach().numpy()
+    if dt == torch.bool:
+        return t.detach().view(torch.uint8).numpy()
+    if reduce:
+        if dt == torch.bfloat16:
+            return hooks.as_buffer(t)   # TypeError naming ml_dtypes if it is missing
+        raise TypeError(f"aluminum: {dt} tensors cannot be reduced (no such numpy type); "
+                        f"they can be moved (gather, broadcast, all-to-all, send)")
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _seconds(timeout) -> float | None:
@@ -93,91 +104,77 @@ def _is_block(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
 # ---------------------------------------------------------------------------------- Work
 class Work(dist.Work):
     """A started call: ``wait(timeout)`` (raises the call's error), ``get_future()``,
-    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive from any
-    source ``_source_rank()`` (what ``dist.recv`` returns).  The Future's value is the list of
-    output tensors."""
+    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive
+    ``_source_rank()`` (what ``dist.recv`` without ``src`` returns).  The Future's value is the
+    list of output tensors.  Completed by a :class:`~aluminum_py.torch.completion.Completion`:
+    by ``wait()`` in the calling thread, or, once ``get_future()`` handed it out, by the waiter
+    thread, bounded by the group's timeout."""
 
     def __init__(self, group: "ProcessGroupAluminum", what: str, requests: list,
                  finish: Callable[[], None] | None, result: list, devices=None,
-                 receive: bool = False):
+                 receive=None):
         super().__init__()
-        self._group, self._what = group, what
-        self._requests, self._finish, self._result = requests, finish, result
-        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-        self._lock = threading.Lock()
-        self._claimed = False
+        self._what, self._source, self._outputs, self._devices = what, None, result, devices
         self._queued = False
-        self._exception: BaseException | None = None
-        self._source: int | None = None
-        self._receive = requests[0] if receive else None
-        if not requests:
-            self._settle()
-
-    # completion: exactly one thread (the waiter or the completer) claims it
-    def _run(self, timeout: float | None) -> None:
-        requests = self._requests
-        if requests is None:            # settled by another thread
+        if not requests:                # a call that ran to completion: a Future on demand
+            self._completion = None
+            if finish is not None:
+                finish()
             return
-        try:
-            for r in requests:
-                r.Wait(timeout)
-        except _AlTimeout as e:
-            self._settle(self._group._timed_out(self._what, timeout, e))
-        except BaseException as e:      # noqa: BLE001  (delivered through the Future)
-            self._settle(_backend_error(self._what, e))
-        else:
-            self._settle()
+        future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
-    def _settle(self, error: BaseException | None = None) -> None:
-        with self._lock:
-            if self._claimed:
-                return
-            self._claimed = True
-        if error is None:
-            try:
-                if self._receive is not None:
-                    self._source = self._receive.status.source
-                if self._finish is not None:
-                    self._finish()
-            except BaseException as e:  # noqa: BLE001
-                error = _backend_error(self._what, e)
-        self._requests = self._finish = self._receive = None
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._exception = error
-            self._future.set_exception(error)
+        def done() -> list:
+            if receive is not None:
+                self._source = receive.status.source
+            if finish is not None:
+                finish()
+            return result
+        self._completion = completion.Completion(
+            requests, future, done, group._op_timeout,
+            lambda e, limit: group._failure(what, e, limit))
+
+    def _settled(self) -> completion.Completion:
+        """The Completion (made now, already settled, for a call that ran to completion)."""
+        c = self._completion
+        if c is None:
+            future = (torch.futures.Future(devices=self._devices) if self._devices
+                      else torch.futures.Future())
+            c = self._completion = completion.Completion([], future, lambda: self._outputs)
+        return c
 
     def wait(self, timeout=None) -> bool:
-        if not self._future.done():
-            limit = _seconds(timeout)
-            self._run(self._group._op_timeout if limit is None else limit)
-        self._future.wait()             # raises the call's error; returns at once otherwise
+        c = self._completion
+        if c is not None:
+            c.run(_seconds(timeout))
+            c.future.wait()             # raises the call's error; returns at once otherwise
         return True
 
     def get_future(self) -> torch.futures.Future:
-        if not self._future.done():
-            with self._lock:
-                queued, self._queued = self._queued, True
-            if not queued:
-                _completer.put(self)
-        return self._future
+        c = self._settled()
+        if not c.future.done() and not self._queued:
+            self._queued = True
+            completion.waiter.submit(c)
+        return c.future
 
     def is_completed(self) -> bool:
-        requests = self._requests
-        if not self._future.done() and requests is not None and all(r.done for r in requests):
-            self._run(None)
-        return self._future.done()
+        return self._completion is None or self._completion.ready()
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._exception is None
+        return self.is_completed() and self.exception() is None
 
     def exception(self):
-        return self._exception
+        f = self._settled().future
+        if not f.done():
+            return None
+        try:
+            f.value()
+        except Exception as e:          # noqa: BLE001
+            return e
+        return None
 
     def result(self) -> list:
         self.wait()
-        return self._result
+        return self._outputs
 
     def synchronize(self) -> None:
         pass                            # CUDA work is ordered on torch's stream already
@@ -189,35 +186,6 @@ class Work(dist.Work):
         return self._source
 
     source_rank = _source_rank
-
-
-class _Completer:
-    """One daemon thread that completes the Futures of Works someone holds the Future of, in
-    the order they were asked for (DDP's buckets: launch order), each bounded by its group's
-    timeout."""
-
-    def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def put(self, work: Work) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name="aluminum_py.torch completer")
-                self._thread.start()
-        self._queue.put(work)
-
-    def _loop(self):
-        while True:
-            work = self._queue.get()
-            if not work._future.done():
-                work._run(work._group._op_timeout)
-            del work
-
-
-_completer = _Completer()
 
 
 def _backend_error(what: str, e: BaseException) -> BaseException:
@@ -282,6 +250,12 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 f"name={self._name!r})")
 
     # --- one mechanism for every call
+    def _failure(self, what: str, e: BaseException, timeout) -> BaseException:
+        """What a failed call raises: DistBackendError; after a timeout the group is broken."""
+        if isinstance(e, _AlTimeout):
+            return self._timed_out(what, timeout, e)
+        return _backend_error(what, e)
+
     def _timed_out(self, what: str, timeout, cause) -> BaseException:
         err = dist.DistBackendError(
             f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank} (a rank "
@@ -295,9 +269,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         if self._broken is not None:
             raise dist.DistBackendError(f"aluminum: {what}: this process group failed before "
                                         f"and is unusable: {self._broken}")
-        comm = self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
-        comm.bind_thread()              # torch calls from its autograd thread and others
-        return comm
+        return self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
 
     def _start(self, what: str, opts, tensor: torch.Tensor, calls: list,
                result: list, finish: Callable[[], None] | None = None,
@@ -312,27 +284,31 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                     and limit is None)
         if blocking:
             try:
+                comm.bind_thread()      # torch calls from its autograd thread and others
                 for name, args, kwargs in calls:
                     getattr(comm, name)(*args, **kwargs)
             except _AlTimeout as e:
                 raise self._timed_out(what, self._op_timeout or 0.0, e) from e
-            except (TypeError, ValueError):
-                raise
-            except Error as e:
+            except Error as e:          # argument errors (TypeError, ValueError) pass as such
                 raise _backend_error(what, e) from e
             work = Work(self, what, [], finish, result)
         else:
-            requests = [getattr(comm, _nonblocking_name(name))(*args, **kwargs)
-                        for name, args, kwargs in calls]
+            requests = []
+            try:
+                comm.bind_thread()
+                for name, args, kwargs in calls:
+                    requests.append(getattr(comm, _nonblocking_name(name))(*args, **kwargs))
+            except Error as e:          # delivered through the Work (DDP: from backward())
+                requests.append(_Failed(e))
             if tensor.is_cuda:
                 for r in requests:
                     r.Wait()            # makes torch's current stream wait for the op
                 requests = []
             work = Work(self, what, requests, finish, result,
                         devices=[tensor.device] if tensor.is_cuda else None,
-                        receive=receive and bool(requests))
+                        receive=requests[0] if receive and requests else None)
             if limit is not None and requests:
-                work._run(limit)        # a call's own timeout: waited for here
+                work._completion.run(limit)     # a call's own timeout: waited for here
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -340,7 +316,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     # --- reductions
     def allreduce(self, tensors, opts=None):
         opts = dist.AllreduceOptions() if opts is None else opts
-        calls = [("Allreduce", (buffer(t),),
+        calls = [("Allreduce", (buffer(t, True),),
                   {"op": reduce_op(opts.reduceOp, t.dtype), "algorithm": "auto"})
                  for t in tensors]
         return self._start("all_reduce", opts, tensors[0], calls, list(tensors))
@@ -350,7 +326,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         t = tensors[0]
-        calls = [("Reduce", (buffer(t),), {"op": reduce_op(opts.reduceOp, t.dtype),
+        calls = [("Reduce", (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
                                           "root": opts.rootRank})]
         return self._start("reduce", opts, t, calls, list(tensors))
 
@@ -371,7 +347,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return self._start(what, opts, out, [self._rs_call(flat, out, opts)], result)
 
     def _rs_call(self, flat, out, opts):
-        return ("Reduce_scatter", (buffer(flat), buffer(out)),
+        return ("Reduce_scatter", (buffer(flat, True), buffer(out, True)),
                 {"op": reduce_op(opts.reduceOp, out.dtype)})
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -422,12 +398,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         outs, inp = output_tensors[0], input_tensors[0]
         _same_sizes("all_gather", inp, outs, self.comm.size)
-        flat = torch.empty((self.comm.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
-        n = inp.numel()
-
-        def finish():
-            for i, o in enumerate(outs):
-                o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        flat, finish = _gathered(inp, outs)
         return self._start("all_gather", opts, inp,
                            [("Allgather", (buffer(inp), buffer(flat)), {})],
                            list(output_tensors), finish)
@@ -451,9 +422,11 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                                  f"{size} ranks")
             call = ("Alltoall", (buffer(input), buffer(output)), {})
         else:
-            scounts, sdispls = _splits(input, input_split_sizes, size, "input")
-            rcounts, rdispls = _splits(output, output_split_sizes, size, "output")
-            call = ("Alltoallv", (buffer(input), buffer(output)),
+            sbuf, rbuf = buffer(input), buffer(output)
+            scounts, sdispls = _splits(input, input_split_sizes, size, "input", _per(input, sbuf))
+            rcounts, rdispls = _splits(output, output_split_sizes, size, "output",
+                                       _per(output, rbuf))
+            call = ("Alltoallv", (sbuf, rbuf),
                     {"sendcounts": scounts, "sdispls": sdispls, "recvcounts": rcounts,
                      "rdispls": rdispls})
         return self._start("all_to_all_single", opts, output, [call], [output])
@@ -463,17 +436,12 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = dist.AllToAllOptions() if opts is None else opts
         send = torch.cat([t.reshape(-1) for t in input_tensors])
-        recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype,
-                           device=send.device)
-        scounts = [t.numel() for t in input_tensors]
-        rcounts = [t.numel() for t in output_tensors]
-
-        def finish():
-            off = 0
-            for o in output_tensors:
-                o.copy_(recv[off:off + o.numel()].view(o.shape))
-                off += o.numel()
-        call = ("Alltoallv", (buffer(send), buffer(recv)),
+        recv, finish = _gathered(send, output_tensors)
+        sbuf, rbuf = buffer(send), buffer(recv)
+        per = _per(send, sbuf)                  # buffer elements per tensor element
+        scounts = [t.numel() * per for t in input_tensors]
+        rcounts = [t.numel() * per for t in output_tensors]
+        call = ("Alltoallv", (sbuf, rbuf),
                 {"sendcounts": scounts, "sdispls": _offsets(scounts), "recvcounts": rcounts,
                  "rdispls": _offsets(rcounts)})
         return self._start("all_to_all", opts, send, [call], list(output_tensors), finish)
@@ -485,12 +453,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                                                       {"root": root})], [])
         outs = output_tensors[0]
         _same_sizes("gather", inp, outs, self.comm.size)
-        flat = torch.empty((self.comm.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
-        n = inp.numel()
-
-        def finish():
-            for i, o in enumerate(outs):
-                o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        flat, finish = _gathered(inp, outs)
         return self._start("gather", opts, inp,
                            [("Gather", (buffer(inp), buffer(flat)), {"root": root})],
                            list(output_tensors), finish)
@@ -534,7 +497,8 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def _end_coalescing(self, device=None):
         works, self._coalesced = self._coalesced or [], None
-        return _joined("coalesced", self, works, [t for w in works for t in w._result])
+        return _joined("coalesced", self, works,
+                       [t for w in works for t in w._outputs])
 
     def _coalesce(self, what, opts, outputs, works):
         if self._coalesced is not None:      # inside _start_coalescing: each part counts
@@ -587,14 +551,21 @@ _CPU_TOKEN = torch.empty(0)
 
 
 def _joined(what: str, group: ProcessGroupAluminum, works: list, result: list) -> Work:
-    """One Work that completes when every part has (a coalesced call)."""
-    parts = list(works)
+    """One Work that completes when every part has (a coalesced call); its error is the first
+    failed part's."""
+    return Work(group, what, [_Parts(list(works))], None, result)
 
-    def finish():
-        for w in parts:
-            w.wait()
-    joined = Work(group, what, [_Parts(parts)], finish, result)
-    return joined
+
+class _Failed:
+    """A call that failed to start, as a request: ``Wait`` raises its error."""
+
+    done = True
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def Wait(self, timeout=None):
+        raise self.error
 
 
 class _Parts:
@@ -610,6 +581,19 @@ class _Parts:
     @property
     def done(self) -> bool:
         return all(w.is_completed() for w in self.works)
+
+
+def _gathered(like: torch.Tensor, outs: list):
+    """A flat buffer of `like`'s dtype and device as long as the tensors `outs` together, and
+    the finish that copies its consecutive blocks into them."""
+    flat = torch.empty((sum(o.numel() for o in outs),), dtype=like.dtype, device=like.device)
+
+    def finish():
+        off = 0
+        for o in outs:
+            o.copy_(flat[off:off + o.numel()].view(o.shape))
+            off += o.numel()
+    return flat, finish
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -637,9 +621,14 @@ def _offsets(counts: list[int]) -> list[int]:
     return out
 
 
-def _splits(t: torch.Tensor, split_sizes, size: int, name: str):
-    """Counts and displacements in elements for all_to_all_single's splits of dim 0 (empty:
-    even)."""
+def _per(t: torch.Tensor, buf) -> int:
+    """Elements of `t`'s buffer per element of `t` (2 for bfloat16 moved as bytes, else 1)."""
+    return t.element_size() // (buf.itemsize if hasattr(buf, "itemsize") else buf.element_size())
+
+
+def _splits(t: torch.Tensor, split_sizes, size: int, name: str, per: int = 1):
+    """Counts and displacements in buffer elements (`per` per tensor element) for
+    all_to_all_single's splits of dim 0 (empty: even)."""
     rows = t.shape[0] if t.dim() else 1
     row = t.numel() // rows if rows else 0
     if not split_sizes:
@@ -651,7 +640,7 @@ def _splits(t: torch.Tensor, split_sizes, size: int, name: str):
     if len(split_sizes) != size or sum(split_sizes) != rows or min(split_sizes) < 0:
         raise ValueError(f"aluminum: all_to_all_single: {name}_split_sizes {split_sizes} must "
                          f"be {size} non-negative row counts summing to {rows}")
-    counts = [s * row for s in split_sizes]
+    counts = [s * row * per for s in split_sizes]
     return counts, _offsets(counts)
 
 

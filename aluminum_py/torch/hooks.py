@@ -8,14 +8,13 @@
 * :func:`fp16_compress_hook`, :func:`bf16_compress_hook` -- the same on a float16 / bfloat16 copy
   of the bucket, cast back when done (as torch's own compression hooks).
 """
-import collections
-import queue
 import threading
 from typing import Any, Callable
 
 import torch
 
 from .. import AVG, Communicator
+from . import completion
 
 __all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "default_communicator"]
@@ -77,89 +76,7 @@ def as_buffer(tensor: torch.Tensor):
     return t.numpy()
 
 
-class _Job:
-    """A started host allreduce and the Future to complete when it completes."""
-
-    __slots__ = ("request", "future", "finish", "claimed")
-
-    def __init__(self, request, future, finish):
-        self.request, self.future, self.finish, self.claimed = request, future, finish, False
-
-
-class _Waiter:
-    """One daemon thread that waits for host requests in submission order and completes their
-    Futures: ``set_result(finish())`` once the request completed, ``set_exception`` if waiting
-    or ``finish`` failed.  DDP's buckets are launched in order on one communicator, so waiting
-    in submission order delays no Future behind one that completes later.
-
-    :meth:`drain` completes the pending jobs in the calling thread instead: the hook calls it
-    at the last bucket of the backward pass, where DDP's next step is to block on every Future
-    anyway; this saves the hand-off through the waiter thread (a thread wake-up, 2-4 ms on a
-    loaded 2-core machine) on the step's critical path.  Each job is completed exactly once,
-    by whichever thread claims it first.
-    """
-
-    def __init__(self):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: collections.deque = collections.deque()   # unclaimed, in order
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, request, future, finish: Callable[[], Any]) -> None:
-        job = _Job(request, future, finish)
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="aluminum_py.torch waiter")
-                self._thread.start()
-            self._pending.append(job)
-        self._jobs.put(job)
-
-    def drain(self) -> None:
-        """Wait for every pending job in the calling thread and complete its Future."""
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return
-                job = self._pending[0]
-            self._complete(job)
-
-    def _claim(self, job) -> bool:
-        with self._lock:
-            if job.claimed:
-                return False
-            job.claimed = True
-            self._pending.remove(job)
-            return True
-
-    def _complete(self, job) -> None:
-        request, future, finish = job.request, job.future, job.finish
-        if request is None:                 # completed by the other thread
-            return
-        try:
-            request.Wait()                  # releases the GIL; AL_HANG_TIMEOUT bounds it
-        except BaseException as e:          # noqa: BLE001  (delivered through the Future)
-            if self._claim(job):
-                future.set_exception(e)
-            return
-        if not self._claim(job):
-            return
-        job.request = job.finish = None     # drop the buffers
-        try:
-            value = finish()
-        except BaseException as e:          # noqa: BLE001
-            future.set_exception(e)
-        else:
-            future.set_result(value)
-
-    def _run(self):
-        while True:
-            job = self._jobs.get()
-            self._complete(job)
-            del job                         # drop the buffers before blocking again
-
-
-_waiter = _Waiter()
+_waiter = completion.waiter
 
 
 def _failed(exc: BaseException) -> torch.futures.Future:
@@ -174,7 +91,7 @@ def _average(state, tensor, finish: Callable[[], Any], last: bool = False
     allreduce completed.
 
     Host tensors: the shared waiter thread completes the Future, except at the `last` bucket
-    of the backward pass, where this thread completes every pending one (``_Waiter.drain``).
+    of the backward pass, where this thread completes every pending one (``Waiter.drain``).
     The communicator is handed over to the thread torch runs the hook on
     (``Communicator.bind_thread``: torch runs hooks on the thread that called ``backward()``
     for CPU work, on a device thread for CUDA); the waiter thread only waits (``Wait`` is
@@ -189,7 +106,7 @@ def _average(state, tensor, finish: Callable[[], Any], last: bool = False
         request = comm.Iallreduce(as_buffer(tensor), op=AVG, algorithm="auto")
         if not tensor.is_cuda:
             fut = torch.futures.Future()
-            _waiter.submit(request, fut, finish)
+            _waiter.submit(completion.Completion([request], fut, finish))
             if last:
                 _waiter.drain()
             return fut

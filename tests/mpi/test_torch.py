@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import aluminum_py as al  # noqa: E402
 import aluminum_py.torch as alt  # noqa: E402
+from aluminum_py.torch.completion import Completion  # noqa: E402
 
 from conftest import WORLD, all_ranks_ok, gather_all  # noqa: E402
 
@@ -158,9 +159,9 @@ class _FailingRequest:
 
 def test_waiter_sets_exceptions_and_results():
     failed, done = torch.futures.Future(), torch.futures.Future()
-    alt._waiter.submit(_FailingRequest(), failed, lambda: None)
+    alt._waiter.submit(Completion([_FailingRequest()], failed, lambda: None))
     ok = type("Done", (), {"Wait": lambda self, timeout=None: None})()
-    alt._waiter.submit(ok, done, lambda: torch.ones(2))
+    alt._waiter.submit(Completion([ok], done, lambda: torch.ones(2)))
     with pytest.raises(Exception, match="not complete"):
         failed.wait()
     assert torch.equal(done.wait(), torch.ones(2))
@@ -173,7 +174,7 @@ def test_drain_completes_every_pending_future_once():
     ok = type("Done", (), {"Wait": lambda self, timeout=None: None})()
     futs = [torch.futures.Future() for _ in range(20)]
     for k, f in enumerate(futs):
-        alt._waiter.submit(ok, f, lambda k=k: calls.append(k) or torch.tensor([k]))
+        alt._waiter.submit(Completion([ok], f, lambda k=k: calls.append(k) or torch.tensor([k])))
     alt._waiter.drain()
     assert [int(f.wait()) for f in futs] == list(range(20))
     assert sorted(calls) == list(range(20))

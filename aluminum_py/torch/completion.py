@@ -1,0 +1,133 @@
+"""Completing ``torch.futures.Future`` objects when the library's requests complete: one
+mechanism for the DDP hooks' Futures and the backend's Works (docs/torch.md).
+
+* :class:`Completion`: started requests, the Future to complete once every one has, and what
+  to do then (``finish()``: copies out of temporary buffers; its value is the Future's).
+  Whichever thread runs it first settles it, exactly once: the thread that waits for it
+  (``Work.wait``, the hook at the last bucket) or the waiter thread.
+* :class:`Waiter`: one daemon thread that runs the Completions submitted to it in submission
+  order (DDP's buckets are launched in order on one communicator, so waiting in that order
+  delays no Future behind one that completes later); :meth:`Waiter.drain` runs the pending
+  ones in the calling thread instead.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["Completion", "Waiter", "waiter"]
+
+
+class Completion:
+    """Requests (anything with ``Wait(timeout)``), the Future, and ``finish() -> value``.
+
+    Args:
+        requests: the started requests; empty: settled at once (a blocking call that ran).
+        future: the ``torch.futures.Future`` to complete.
+        finish: called once every request completed; its return value is the Future's
+            result (an exception it raises is the Future's).
+        timeout: seconds the waiter thread waits (None: ``Request.Wait``'s default,
+            AL_HANG_TIMEOUT).
+        error: maps a failure (and the timeout it happened under) to the exception set on
+            the Future (None: the failure itself).
+    """
+
+    __slots__ = ("requests", "future", "finish", "timeout", "error", "_lock", "_claimed")
+
+    def __init__(self, requests: list, future: torch.futures.Future,
+                 finish: Callable[[], Any], timeout: float | None = None,
+                 error: Callable[[BaseException, float | None], BaseException] | None = None):
+        self.requests, self.future, self.finish = requests, future, finish
+        self.timeout, self.error = timeout, error
+        self._lock = threading.Lock()
+        self._claimed = False
+        if not requests:
+            self.settle()
+
+    def run(self, timeout: float | None = None) -> None:
+        """Wait for the requests in this thread (``timeout`` seconds each; None: this
+        Completion's), then settle: the Future gets finish()'s value, or the failure."""
+        requests = self.requests
+        if requests is None:                # settled by another thread
+            return
+        limit = self.timeout if timeout is None else timeout
+        try:
+            for r in requests:
+                r.Wait(limit)               # releases the GIL; the limit bounds it
+        except BaseException as e:          # noqa: BLE001  (delivered through the Future)
+            self.settle(e if self.error is None else self.error(e, limit))
+        else:
+            self.settle()
+
+    def settle(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        finish = self.finish
+        self.requests = self.finish = None  # drop the buffers
+        if error is None:
+            try:
+                value = finish()
+            except BaseException as e:      # noqa: BLE001
+                error = e if self.error is None else self.error(e, None)
+        if error is None:
+            self.future.set_result(value)
+        else:
+            self.future.set_exception(error)
+
+    def ready(self) -> bool:
+        """True once settled; settles it here when every request has completed."""
+        requests = self.requests
+        if not self.future.done() and requests is not None and all(r.done for r in requests):
+            self.run()
+        return self.future.done()
+
+
+class Waiter:
+    """One daemon thread (``"aluminum_py.torch waiter"``, started on first use) that runs the
+    submitted Completions in order; :meth:`drain` runs the pending ones in the caller."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: collections.deque = collections.deque()     # not yet run, in order
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, completion: Completion) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="aluminum_py.torch waiter")
+                self._thread.start()
+            self._pending.append(completion)
+        self._queue.put(completion)
+
+    def drain(self) -> None:
+        """Run every pending Completion in the calling thread, in order (the DDP hook at the
+        backward pass's last bucket, where DDP's next step is to block on every Future: this
+        saves the waiter thread's wake-up on the step's critical path)."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                completion = self._pending.popleft()
+            completion.run()
+
+    def _loop(self):
+        while True:
+            completion = self._queue.get()
+            completion.run()
+            with self._lock:
+                try:
+                    self._pending.remove(completion)
+                except ValueError:
+                    pass                    # drained
+            del completion                  # drop the buffers before blocking again
+
+
+waiter = Waiter()

@@ -1,0 +1,66 @@
+"""Sub-groups of the torch backend "aluminum" made by ``ProcessGroupAluminum.split_group`` (torch
+2.13's ``dist.split_group`` needs an accelerator, docs/torch.md "Groups"), and
+``Communicator.timeout``, the per-communicator bound the backend gives a group's timeout."""
+import time
+
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from conftest import WORLD, all_ranks_ok, gather_all
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import aluminum_py.torch as alt  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def world():
+    alt.init_process_group()
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_split_group_parts(world):
+    """Parts [0, 2, 4, ...] and [1, 3, ...]: each rank's part reduces its members' inputs; the
+    part's ranks are ordered as the parent's; a rank left out of every part gets None."""
+    r, n = WORLD.rank, WORLD.size
+    mine = list(range(r % 2, n, 2))
+    sub = world.split_group(mine, group_name=f"part{r % 2}")
+    assert isinstance(sub, alt.ProcessGroupAluminum)
+    x = np.arange(5, dtype=np.float64) + 100 * r
+    t = torch.from_numpy(x.copy())
+    sub.allreduce([t], dist.AllreduceOptions()).wait()
+    every = gather_all(x)
+    ok = (np.array_equal(t.numpy(), every[mine].sum(axis=0)) and sub.size() == len(mine)
+          and sub.rank() == mine.index(r) and sub.getGroupName() == f"part{r % 2}")
+    assert all_ranks_ok(ok)
+    only_first = world.split_group([0])
+    assert all_ranks_ok((only_first is None) == (r != 0))
+    if only_first is not None:
+        t = torch.ones(2)
+        only_first.allreduce([t], dist.AllreduceOptions()).wait()
+        assert t.tolist() == [1.0, 1.0]
+        only_first.shutdown()
+    sub.shutdown()
+
+
+def test_communicator_timeout_bounds_blocking_probe(comm):
+    """A Probe for a message nobody sends raises al.TimeoutError after the communicator's
+    timeout (here 0.3 s; AL_HANG_TIMEOUT otherwise); bad values are refused."""
+    c = al.Communicator(comm)
+    assert c.timeout is None
+    c.timeout = 0.3
+    t0 = time.monotonic()
+    with pytest.raises(al.TimeoutError, match="after 0.3"):
+        c.Probe(source=WORLD.rank, tag=31001)
+    took = time.monotonic() - t0
+    with pytest.raises(ValueError, match="seconds > 0"):
+        c.timeout = 0
+    c.timeout = None
+    assert c.timeout is None
+    c.Free()
+    assert all_ranks_ok(0.3 <= took < 30), took
