@@ -230,13 +230,17 @@ def differential(case, *args) -> None:
 
 
 # ------------------------------------------------------------------------------ the collectives
+# a scalar (a loss), empty, 2-D, and large enough (400 KB in float32) for other algorithms
+SHAPES = ((), (0,), (1,), (7,), (3, 1001), (100003,))
+
+
 def case_all_reduce(group, dtype, op, mode):
     out = []
-    for n in (0, 1, 7, 3001) if mode == "sync" else (7,):
-        xs = every_input(dtype, n, 1, op)
+    for shape in SHAPES if mode == "sync" else ((7,),):
+        xs = [x.reshape(shape) for x in every_input(dtype, int(np.prod(shape)), 1, op)]
         t = T(xs[RANK], dtype)
         call(mode, dist.all_reduce, t, op=getattr(ReduceOp, op), group=group)
-        out.append((f"all_reduce {op} n={n}", t, T(reduced(op, np.stack(xs)), dtype)))
+        out.append((f"all_reduce {op} shape {shape}", t, T(reduced(op, np.stack(xs)), dtype)))
     return out
 
 
@@ -264,6 +268,9 @@ def case_all_gather(group, dtype, mode):
         o = poison(flat)
         call(mode, fn, o, mine, group=group)
         out.append((name, o, flat))
+        o = poison(flat).reshape(SIZE, N)           # 2-D: rows gathered along dim 0
+        call(mode, fn, o, mine.reshape(1, N), group=group)
+        out.append((f"{name} 2-D", o, flat.reshape(SIZE, N)))
         o = poison(flat)                            # in place: the input is block RANK (FSDP2)
         block = o[RANK * N:(RANK + 1) * N]
         block.copy_(mine)
@@ -355,6 +362,37 @@ COLLECTIVES = {"all_gather": case_all_gather, "reduce_scatter": case_reduce_scat
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_collective(collective, dtype, mode):
     differential(COLLECTIVES[collective], dtype, mode)
+
+
+def case_in_flight(group, dtype):
+    """Calls in flight together on one group, blocking ones issued among them, waited for out
+    of order: each still meets its match on the other ranks."""
+    xs = every_input(dtype, SIZE * N, 60)
+    ys = every_input(dtype, SIZE * N, 61, "MAX")
+    block = slice(RANK * N, (RANK + 1) * N)
+    summed = T(reduced("SUM", np.stack(xs)), dtype)
+    gathered = T(np.concatenate([x[:N] for x in xs]), dtype)
+    a = T(xs[RANK], dtype)
+    first = dist.all_reduce(a, group=group, async_op=True)
+    g = poison(gathered)
+    second = dist.all_gather_into_tensor(g, T(xs[RANK][:N], dtype), group=group, async_op=True)
+    b = T(xs[RANK][:N], dtype)
+    dist.broadcast(b, src=ROOT, group=group)
+    r = poison(summed[block])
+    third = dist.reduce_scatter_tensor(r, T(xs[RANK], dtype), group=group, async_op=True)
+    c = T(ys[RANK], dtype)
+    dist.all_reduce(c, op=ReduceOp.MAX, group=group)
+    for name, w in (("third", third), ("first", first), ("second", second)):
+        finish("wait", w, group, name)
+    return [("async all_reduce", a, summed), ("async all_gather_into_tensor", g, gathered),
+            ("blocking broadcast", b, T(xs[ROOT][:N], dtype)),
+            ("async reduce_scatter_tensor", r, summed[block]),
+            ("blocking all_reduce MAX", c, T(reduced("MAX", np.stack(ys)), dtype))]
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "int32"))
+def test_calls_in_flight_together(dtype):
+    differential(case_in_flight, dtype)
 
 
 @pytest.mark.parametrize("mode", MODES)
