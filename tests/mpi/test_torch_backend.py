@@ -335,7 +335,8 @@ def case_rooted(group, dtype, mode):
         t = T(xs[RANK], dtype)
         call(mode, dist.broadcast, t, src=root, group=group)
         out.append((f"broadcast from {root}", t, T(xs[root], dtype)))
-    for op in ("SUM", "MAX") if mode == "sync" else ("SUM",):
+    ops = ("SUM", "MAX") + (("AVG",) if dtype in FLOATS else ()) if mode == "sync" else ("SUM",)
+    for op in ops:
         ys = every_input(dtype, N, 7, op)
         t = T(ys[RANK], dtype)
         call(mode, dist.reduce, t, dst=ROOT, op=getattr(ReduceOp, op), group=group)
@@ -749,6 +750,21 @@ def test_new_group_subset_and_whole():
     dist.all_gather_into_tensor(o, T(xs[RANK], "float32"), group=group)
     check("sub-group all_gather_into_tensor", o, T(np.concatenate([xs[r] for r in mine]),
                                                    "float32"))
+    into = [poison(T(xs[r], "float32")) for r in mine] if RANK == mine[-1] else None
+    dist.gather(T(xs[RANK], "float32"), into, dst=mine[-1], group=group)   # dst: global
+    if into is not None:
+        for r, got in zip(mine, into):
+            check(f"sub-group gather from {r}", got, T(xs[r], "float32"))
+    if len(mine) > 1:                                       # peers named by global rank
+        if RANK == mine[0]:
+            dist.send(T(xs[RANK], "float32"), mine[-1], group=group)
+        elif RANK == mine[-1]:
+            t = blank("float32")
+            sender = dist.recv(t, group=group)
+            check(f"sub-group recv from any source (sender {sender})", t, T(xs[mine[0]],
+                                                                             "float32"))
+            if sender != mine[0]:
+                failures.append(f"sub-group recv returned sender {sender}, expected {mine[0]}")
     if other is not None:                                   # the group this rank is not in
         if other is not dist.GroupMember.NON_GROUP_MEMBER:
             failures.append(f"a non-member holds {other!r}, not NON_GROUP_MEMBER")
