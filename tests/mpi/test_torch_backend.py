@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 
 import numpy as np
 import pytest
@@ -33,6 +34,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 import aluminum_py.torch  # noqa: E402,F401  (registers the "aluminum" backend and mpi://)
 
 from conftest import WORLD, all_ranks_ok, every_rank, wait_for  # noqa: E402
+# the DDP hook's tests: their data, model, single-process training and comparison
+import test_torch as torch_hook_tests  # noqa: E402
+from test_torch import max_diff, shard, train  # noqa: E402
 
 BACKEND = os.environ.get("AL_TORCH_TEST_BACKEND", "aluminum")
 RANK, SIZE = WORLD.rank, WORLD.size
@@ -531,13 +535,19 @@ def case_all_gather_coalesced(group, dtype):
             for r in range(SIZE) for k, x in enumerate(xs)]
 
 
+def coalescing(group, calls):
+    """The calls (functions of no argument) inside one _coalescing_manager of `group`, then one
+    wait for them all."""
+    with dist._coalescing_manager(group=group, async_ops=True) as cm:
+        for c in calls:
+            c()
+    cm.wait()
+
+
 def case_manager_all_reduce(group, dtype):
     xs = [every_input(dtype, n, 16 + n) for n in LENGTHS]
     ts = [T(x[RANK], dtype) for x in xs]
-    with dist._coalescing_manager(group=group, async_ops=True) as cm:
-        for t in ts:
-            dist.all_reduce(t, group=group)
-    cm.wait()
+    coalescing(group, [partial(dist.all_reduce, t, group=group) for t in ts])
     return [(f"part {k}", t, T(reduced("SUM", np.stack(x)), dtype))
             for k, (t, x) in enumerate(zip(ts, xs))]
 
@@ -546,10 +556,8 @@ def case_manager_all_gather(group, dtype):
     xs = [every_input(dtype, n, 18 + n) for n in LENGTHS]
     flats = [T(np.concatenate(x), dtype) for x in xs]
     outs = [poison(f) for f in flats]
-    with dist._coalescing_manager(group=group, async_ops=True) as cm:
-        for o, x in zip(outs, xs):
-            dist.all_gather_into_tensor(o, T(x[RANK], dtype), group=group)
-    cm.wait()
+    coalescing(group, [partial(dist.all_gather_into_tensor, o, T(x[RANK], dtype), group=group)
+                       for o, x in zip(outs, xs)])
     return [(f"part {k}", o, f) for k, (o, f) in enumerate(zip(outs, flats))]
 
 
@@ -558,10 +566,8 @@ def case_manager_reduce_scatter(group, dtype):
     exp = [T(reduced("SUM", np.stack(y))[RANK * n:(RANK + 1) * n], dtype)
            for y, n in zip(ys, LENGTHS)]
     outs = [poison(e) for e in exp]
-    with dist._coalescing_manager(group=group, async_ops=True) as cm:
-        for o, y in zip(outs, ys):
-            dist.reduce_scatter_tensor(o, T(y[RANK], dtype), group=group)
-    cm.wait()
+    coalescing(group, [partial(dist.reduce_scatter_tensor, o, T(y[RANK], dtype), group=group)
+                       for o, y in zip(outs, ys)])
     return [(f"part {k}", o, e) for k, (o, e) in enumerate(zip(outs, exp))]
 
 
@@ -595,39 +601,12 @@ def test_premul_sum_is_refused_clearly():
 
 
 # ----------------------------------------------------------------------- DDP, FSDP2, DTensor
-SAMPLES = 24                    # divisible by 1, 2, 3 and 4 ranks
+def data():
+    return torch_hook_tests.data(torch.float32)
 
 
-def data(dtype=torch.float32, features=6, outputs=3, seed=7):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(SAMPLES, features, generator=g, dtype=dtype),
-            torch.randn(SAMPLES, outputs, generator=g, dtype=dtype))
-
-
-def mlp(dtype=torch.float32, features=6, hidden=10, outputs=3, seed=11):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
-                               torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
-                               torch.nn.Linear(hidden, outputs)).to(dtype)
-
-
-def shard(t):
-    n = SAMPLES // SIZE
-    return t[RANK * n:(RANK + 1) * n]
-
-
-def train(net, X, Y, steps):
-    """`steps` SGD steps on mse(net(X), Y); the parameters after them."""
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    for _ in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(net(X), Y).backward()
-        opt.step()
-    return [p.detach().clone() for p in net.parameters()]
-
-
-def max_diff(a, b) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+def mlp():
+    return torch_hook_tests.model(torch.float32)
 
 
 def ddp(net, group):
