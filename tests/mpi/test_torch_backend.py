@@ -854,6 +854,19 @@ def test_timeout_reaches_backward_through_the_future():
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+@own_job
+@pytest.mark.skipif(BACKEND != "aluminum", reason="frees the aluminum group's Communicator")
+def test_failed_call_reaches_backward():
+    """DDP (its own all-reduce, no comm hook) over a group whose Communicator was freed: the
+    bucket all-reduce fails to start, and loss.backward() raises that failure on every rank."""
+    group = dist.new_group()
+    net = ddp(mlp(), group)
+    group.comm.Free()
+    X, Y = data()
+    with pytest.raises(Exception, match="free"):
+        torch.nn.functional.mse_loss(net(shard(X)), shard(Y)).backward()
+
+
 def test_collectives_from_other_threads():
     """The thread rule: a collective from another Python thread, then from the main thread
     again, and DDP training run entirely in another thread (its hooks on that thread and on
