@@ -111,7 +111,7 @@ def both():
 def values(dtype: str, n: int, rank: int, seed: int, op: str = "SUM") -> np.ndarray:
     """Rank `rank`'s input: float64 (floating dtypes), int64 or bool values that `dtype` holds
     exactly and whose reduction by `op` over <= 4 ranks is exact in `dtype` too."""
-    rng = np.random.default_rng([seed, rank, n, len(dtype)])
+    rng = np.random.default_rng([seed, rank, n, list(DTYPES).index(dtype)])
     if dtype == "bool":
         return rng.integers(0, 2, size=n).astype(bool)
     unsigned = dtype == "uint8"
@@ -161,7 +161,7 @@ def poison(expected: torch.Tensor) -> torch.Tensor:
 
 
 def blank(dtype: str) -> torch.Tensor:
-    """A receive buffer of N elements: 100 (a value no input holds) or, for bool, False."""
+    """A receive buffer of N elements: 100 (a value no input of the p2p tests holds; bool: True)."""
     return torch.full((N,), 100).to(DTYPES[dtype])
 
 
@@ -198,7 +198,7 @@ def call(mode: str, fn, *args, **kwargs):
     finish(mode, fn(*args, async_op=mode != "sync", **kwargs), kwargs["group"], fn.__name__)
 
 
-def differences(what: str, got, expected) -> list:
+def tensor_differences(what: str, got, expected) -> list:
     """[] if `got` equals `expected` bit for bit (dtype, shape, every element), else a message."""
     if not isinstance(got, torch.Tensor):
         return [f"{what}: got {type(got).__name__}, expected a tensor"]
@@ -224,12 +224,12 @@ def differential(case, *args) -> None:
             failures.append(f"{label}: {type(e).__name__}: {e}")
             continue
         for name, got, expected in results[label]:
-            failures += differences(f"{label} {name}", got, expected)
+            failures += tensor_differences(f"{label} {name}", got, expected)
     if len(results) == 2:
         gloo = {name: got for name, got, _ in results["gloo"]}
         for name, got, _ in results["aluminum"]:
             if name in gloo:
-                failures += differences(f"aluminum vs gloo {name}", got, gloo[name])
+                failures += tensor_differences(f"aluminum vs gloo {name}", got, gloo[name])
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
@@ -710,7 +710,7 @@ def test_new_group_subset_and_whole():
     failures = []
 
     def check(name, got, expected):
-        failures.extend(differences(name, got, expected))
+        failures.extend(tensor_differences(name, got, expected))
 
     mine, other = (evens, odd) if RANK % 2 == 0 else (odds, even)
     group = even if RANK % 2 == 0 else odd
@@ -900,7 +900,7 @@ def test_collectives_from_other_threads():
     failures = list(errors)
     for name in ("thread all_reduce", "main all_reduce"):
         if name in results:
-            failures += differences(name, results[name], expected)
+            failures += tensor_differences(name, results[name], expected)
     if "thread DDP" in results:
         X, Y = data()
         diff = max_diff(results["thread DDP"], train(mlp(), X, Y, 3))
