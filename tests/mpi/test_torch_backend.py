@@ -578,8 +578,16 @@ COALESCED = {"all_reduce_coalesced": case_all_reduce_coalesced,
              "manager reduce_scatter_tensor": case_manager_reduce_scatter}
 
 
+# the backend reads all_gather_coalesced's output_tensor_lists as [part][rank]; torch's is
+# [rank][part] (an error, or, with as many parts as ranks of one size, wrong blocks)
+TRANSPOSED = pytest.mark.xfail(strict=True, reason="aluminum: all_gather_coalesced takes the "
+                               "output lists as [part][rank], torch's are [rank][part]")
+
+
 @pytest.mark.parametrize("dtype", ("float32", "bfloat16", "int64"))
-@pytest.mark.parametrize("form", COALESCED)
+@pytest.mark.parametrize("form", [pytest.param(f, marks=TRANSPOSED if f == "all_gather_coalesced"
+                                               and BACKEND == "aluminum" else ())
+                                  for f in COALESCED])
 def test_coalesced(form, dtype):
     """The coalesced calls, and _coalescing_manager around all_reduce, all_gather_into_tensor
     and reduce_scatter_tensor (FSDP2's calls): every part is complete when the coalesced Work
@@ -587,14 +595,26 @@ def test_coalesced(form, dtype):
     differential(COALESCED[form], dtype)
 
 
-def test_premul_sum_is_refused_clearly():
-    """PREMUL_SUM (a scaled sum NCCL has) is refused with a message that names it, before any
-    communication; the group still works afterwards."""
-    premul = dist._make_nccl_premul_sum(2.0)
-    with pytest.raises(Exception, match="PREMUL_SUM"):
-        dist.all_reduce(torch.ones(4), op=premul, group=G.al)
-    with pytest.raises(Exception, match="PREMUL_SUM"):
-        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * SIZE), op=premul, group=G.al)
+@pytest.mark.skipif(BACKEND != "aluminum", reason="the aluminum backend's messages")
+@pytest.mark.parametrize("call_, match", [
+    (lambda g: dist.all_reduce(torch.ones(3, 2)[:, 0], group=g), "contiguous"),
+    (lambda g: dist.all_gather_into_tensor(torch.empty(3 * SIZE + 1), torch.ones(3), group=g),
+     "elements"),
+    (lambda g: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * SIZE + 1), group=g),
+     "elements"),
+    (lambda g: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=ReduceOp.AVG, group=g),
+     "AVG"),
+    (lambda g: dist.all_reduce(torch.ones(4), op=dist._make_nccl_premul_sum(2.0), group=g),
+     "PREMUL_SUM"),
+    (lambda g: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * SIZE), group=g,
+                                          op=dist._make_nccl_premul_sum(2.0)), "PREMUL_SUM"),
+], ids=["non-contiguous", "all_gather output size", "reduce_scatter input size", "AVG of int",
+        "PREMUL_SUM all_reduce", "PREMUL_SUM reduce_scatter_tensor"])
+def test_bad_arguments_are_refused_clearly(call_, match):
+    """Arguments every rank gets wrong alike, and PREMUL_SUM (a scaled sum NCCL has), raise a
+    message that says what is wrong, before any communication; the group works afterwards."""
+    with pytest.raises((ValueError, TypeError), match=match):
+        call_(G.al)
     t = torch.ones(4)
     dist.all_reduce(t, group=G.al)
     assert all_ranks_ok(torch.equal(t, torch.full((4,), float(SIZE))))
