@@ -5,6 +5,7 @@ with ``DS_ACCELERATOR=cpu``, which runs the JIT-built ``deepspeed_shm_comm`` op
     peer, reason = shm_allreduce(world)   # after torch.distributed is initialised (gloo)
     call = peer(send)                     # in place on a float32 copy of `send`
     call(); result = call.result()
+    peer.all_reduce(tensor)               # the op itself, in place on a float32 CPU tensor
 
 DeepSpeed's op has two conditions that it does not check itself, so this module does:
 
@@ -122,4 +123,5 @@ def shm_allreduce(world) -> tuple[Callable | None, str | None]:
             dscomm.inference_all_reduce(t)
         call.result = t.numpy
         return call
+    factory.all_reduce = dscomm.inference_all_reduce
     return factory, None

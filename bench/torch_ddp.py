@@ -96,7 +96,8 @@ def init_process_group(world):
 class Trainer:
     """One way of training the model: forward, backward (with its gradient averaging), step."""
 
-    def __init__(self, kind, initial, comm, batch):
+    def __init__(self, kind, initial, comm, batch, group=None):
+        """`group`: the process group of the DDP kinds (None: the default group)."""
         self.kind = kind
         self.model = copy.deepcopy(initial)
         self.sync = None
@@ -106,7 +107,7 @@ class Trainer:
         elif kind == "local":
             self.net = self.model
         else:
-            self.net = DDP(self.model)
+            self.net = DDP(self.model, process_group=group)
             if kind == "hook":
                 self.net.register_comm_hook(comm, alt.allreduce_hook)
             elif kind == "nocomm":
