@@ -578,16 +578,8 @@ COALESCED = {"all_reduce_coalesced": case_all_reduce_coalesced,
              "manager reduce_scatter_tensor": case_manager_reduce_scatter}
 
 
-# the backend reads all_gather_coalesced's output_tensor_lists as [part][rank]; torch's is
-# [rank][part] (an error, or, with as many parts as ranks of one size, wrong blocks)
-TRANSPOSED = pytest.mark.xfail(strict=True, reason="aluminum: all_gather_coalesced takes the "
-                               "output lists as [part][rank], torch's are [rank][part]")
-
-
 @pytest.mark.parametrize("dtype", ("float32", "bfloat16", "int64"))
-@pytest.mark.parametrize("form", [pytest.param(f, marks=TRANSPOSED if f == "all_gather_coalesced"
-                                               and BACKEND == "aluminum" else ())
-                                  for f in COALESCED])
+@pytest.mark.parametrize("form", list(COALESCED))
 def test_coalesced(form, dtype):
     """The coalesced calls, and _coalescing_manager around all_reduce, all_gather_into_tensor
     and reduce_scatter_tensor (FSDP2's calls): every part is complete when the coalesced Work
@@ -781,10 +773,6 @@ def test_new_group_subset_and_whole():
 
 # ---------------------------------------------------------------- timeouts, errors, threads
 TIMED_OUT = r"(?i)time[sd]? ?out"
-# A test that has crashed the process (SIGSEGV) runs in a job of its own, launched by
-# tests/test_torch_backend_own_job.py (AL_TORCH_TEST_OWN_JOB=1), not in the suite's session.
-own_job = pytest.mark.skipif(BACKEND == "aluminum" and not os.environ.get("AL_TORCH_TEST_OWN_JOB"),
-                             reason="runs in its own job: tests/test_torch_backend_own_job.py")
 
 
 def times_out(what: str, fn) -> list:
@@ -852,7 +840,6 @@ def test_error_from_a_hook_reaches_backward():
 
 
 @needs_two
-@own_job
 def test_timeout_reaches_backward_through_the_future():
     """DDP over a group with a 1 s timeout where rank 0 alone runs backward: DDP's bucket
     all-reduce times out and the error reaches rank 0's loss.backward() (through the Work's
@@ -874,7 +861,6 @@ def test_timeout_reaches_backward_through_the_future():
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-@own_job
 @pytest.mark.skipif(BACKEND != "aluminum", reason="frees the aluminum group's Communicator")
 def test_failed_call_reaches_backward():
     """DDP (its own all-reduce, no comm hook) over a group whose Communicator was freed: the
