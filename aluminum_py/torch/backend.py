@@ -75,7 +75,7 @@ def buffer(t: torch.Tensor, reduce: bool = False):
     if t.is_cuda:
         return t.view(torch.uint8) if dt == torch.bool else t
     if dt in _NUMPY_TYPES:
-        return t.detach().numpy()
+        return t.numpy() if not t.requires_grad else t.detach().numpy()
     if dt == torch.bool:
         return t.detach().view(torch.uint8).numpy()
     if reduce:
@@ -88,8 +88,8 @@ def buffer(t: torch.Tensor, reduce: bool = False):
 
 def _seconds(timeout) -> float | None:
     """A torch timeout (timedelta; negative or zero: unset) in seconds, or None."""
-    if timeout is None:
-        return None
+    if timeout is None or (type(timeout) is datetime.timedelta and timeout.days < 0):
+        return None                     # torch's "unset" is -1 ms
     s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
     return s if s > 0 else None
 
@@ -191,6 +191,9 @@ class Work(dist.Work):
         return self._source
 
     source_rank = _source_rank
+
+
+_NO_KWARGS: dict = {}
 
 
 def _value(future: torch.futures.Future):
@@ -325,10 +328,10 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     # --- reductions
     def allreduce(self, tensors, opts=None):
         opts = dist.AllreduceOptions() if opts is None else opts
-        calls = [("Allreduce", (buffer(t, True),),
-                  {"op": reduce_op(opts.reduceOp, t.dtype), "algorithm": "auto"})
+        op = opts.reduceOp
+        calls = [("Allreduce", (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
                  for t in tensors]
-        return self._start("all_reduce", opts, tensors[0], calls, list(tensors))
+        return self._start("all_reduce", opts, tensors[0], calls, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
