@@ -37,7 +37,6 @@ if any result is wrong.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import os
@@ -52,7 +51,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import aluminum_py as al  # noqa: E402
 from aluminum_py.bench.timing import human, iterations, parse_bytes, time_interleaved  # noqa: E402
@@ -402,8 +400,15 @@ def reference_allreduce(world):
 
 
 def part_tp(world, groups: dict, ds_allreduce, args, skipped: dict) -> tuple[list, bool]:
+    import aluminum_py.torch as alt
     first = next(iter(groups))
     reducers = {k: (lambda t, g=g: dist.all_reduce(t, group=g)) for k, g in groups.items()}
+    if isinstance(groups[first], alt.ProcessGroupAluminum):
+        # aluminum_py.torch.all_reduce: the same all_reduce without torch's dispatch (the call a
+        # tensor-parallel layer makes, as DeepSpeed's inference_all_reduce)
+        reducers = {first: reducers[first],
+                    "direct": lambda t, g=groups[first]: alt.all_reduce(t, group=g),
+                    **{k: v for k, v in reducers.items() if k != first}}
     if ds_allreduce is not None:
         reducers["deepspeed"] = ds_allreduce
     peers = [k for k in reducers if k != first]
@@ -427,7 +432,7 @@ def part_tp(world, groups: dict, ds_allreduce, args, skipped: dict) -> tuple[lis
                 expected = block(x, torch_ref)
                 calls = {}
                 for k, red in list(reducers.items()) + [("none", lambda t: None)]:
-                    calls[k] = (lambda red=red: block(x, red))
+                    calls[k] = (lambda red=red, blk=block, x=x: blk(x, red))
                 outputs = {}
                 for k, c in calls.items():                 # first call: checked
                     world.Barrier()
@@ -576,6 +581,18 @@ def targets(world, results: dict, first: str) -> list[str]:
                      f"batch {w['batch']}; bound there {w['bound']:.2f}x); its all_reduce alone: "
                      f"worst {a['allreduce_speedup'][peer]:.2f}x (hidden {a['hidden']}, batch "
                      f"{a['batch']}): {'met' if ok else 'MISSED'}")
+        direct = [r for r in tp if "direct" in r["speedup"]]
+        if peer == "deepspeed" and direct:
+            ratio = {(r["hidden"], r["batch"]): r["speedup"][peer] / r["speedup"]["direct"]
+                     for r in direct}
+            alone = {(r["hidden"], r["batch"]):
+                     r["allreduce_speedup"][peer] / r["allreduce_speedup"]["direct"]
+                     for r in direct}
+            (wh, wb), (ah, ab) = min(ratio, key=ratio.get), min(alone, key=alone.get)
+            lines.append(f"TP block with aluminum_py.torch.all_reduce vs deepspeed: worst "
+                         f"{ratio[wh, wb]:.2f}x (hidden {wh}, batch {wb}); its all_reduce alone: "
+                         f"worst {alone[ah, ab]:.2f}x (hidden {ah}, batch {ab}): "
+                         f"{'met' if ratio[wh, wb] > 1 else 'MISSED'}")
     return lines
 
 

@@ -44,8 +44,8 @@ def test_quick_run_every_part(tmp_path):
     assert {(r["hidden"], r["batch"]) for r in run["tp"]} == {(256, 1), (256, 8), (1024, 1),
                                                                 (1024, 8)}
     for r in run["tp"]:
-        assert r["wrong"] == [] and set(r["block_ms"]) == {"aluminum", "gloo", "none"}
-        assert set(r["allreduce_us"]) == {"aluminum", "gloo"} and min(r["block_ms"].values()) > 0
+        assert r["wrong"] == [] and set(r["block_ms"]) == {"aluminum", "direct", "gloo", "none"}
+        assert set(r["allreduce_us"]) == {"aluminum", "direct", "gloo"} and min(r["block_ms"].values()) > 0
         ms = r["block_ms"]
         assert r["speedup"]["gloo"] == pytest.approx(ms["gloo"] / ms["aluminum"])
     assert run["skipped"] == {"deepspeed": "--no-deepspeed"}

@@ -6,7 +6,8 @@
       torch.distributed.init_process_group("aluminum", init_method="mpi://")   # under mpiexec
 
   or :func:`init_process_group`.  DDP, FSDP2, DTensor, the functional collectives and every
-  ``torch.distributed`` call then run on the library's algorithms.
+  ``torch.distributed`` call then run on the library's algorithms; :func:`all_reduce` is
+  ``dist.all_reduce`` without torch's dispatch (tensor-parallel inference).
 * DDP communication hooks for a gloo or NCCL process group (:mod:`.hooks`):
   :func:`allreduce_hook`, :func:`fp16_compress_hook`, :func:`bf16_compress_hook`.
 * :func:`synchronize_gradients`: gradient averaging without DDP (:mod:`.synchronizer`).
@@ -14,12 +15,12 @@
 torch is imported by this subpackage only: ``import aluminum_py`` works without it.
 """
 from . import backend, hooks, rendezvous
-from .backend import NAME, ProcessGroupAluminum, Work, init_process_group
+from .backend import NAME, ProcessGroupAluminum, Work, all_reduce, init_process_group
 from .hooks import (allreduce_hook, bf16_compress_hook, default_communicator,
                     fp16_compress_hook)
 from .synchronizer import Synchronizer, synchronize_gradients
 
-__all__ = ["init_process_group", "ProcessGroupAluminum", "Work", "NAME",
+__all__ = ["init_process_group", "all_reduce", "ProcessGroupAluminum", "Work", "NAME",
            "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "default_communicator",
            "synchronize_gradients", "Synchronizer", "register"]
 

@@ -44,6 +44,8 @@ _OPS = ((_R.SUM, SUM, BOR), (_R.AVG, AVG, None), (_R.PRODUCT, PROD, BAND), (_R.M
 def reduce_op(op, dtype: torch.dtype):
     """Our op for torch's ReduceOp `op` on tensors of `dtype` (ValueError for the ones we cannot
     do: PREMUL_SUM, AVG of bool)."""
+    if op is _R.SUM and dtype is not torch.bool:
+        return SUM                      # the default argument: no comparisons
     for theirs, ours, logical in _OPS:
         if op == theirs:
             if dtype != torch.bool:
@@ -702,6 +704,35 @@ def register() -> None:
     """Register the backend "aluminum" (CPU and CUDA tensors) with torch.distributed (once)."""
     if NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | None" = None
+               ) -> torch.Tensor:
+    """Reduce `tensor` in place over `group` (default: the default group), blocking, and return
+    it: ``dist.all_reduce(tensor, op, group)`` without torch's dispatch on the way (the path of
+    a tensor-parallel layer's all-reduce in inference, as DeepSpeed's ``inference_all_reduce``).
+    The same algorithms, errors and timeout as ``dist.all_reduce`` on an "aluminum" group; the
+    same rule for calls: every rank of the group makes it, in the same order as the group's
+    other calls."""
+    pg = dist.group.WORLD if group is None else group
+    if type(pg) is not ProcessGroupAluminum:
+        raise TypeError(f"group: expected a process group of the 'aluminum' backend, got "
+                        f"{type(pg).__name__} (init_process_group('aluminum', "
+                        f"init_method='mpi://'), or pass group=)")
+    if tensor.is_cuda or pg._broken is not None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp, opts.asyncOp = op, False
+        pg.allreduce([tensor], opts).wait()
+        return tensor
+    comm = pg.comm
+    try:
+        comm.bind_thread()
+        comm.Allreduce(buffer(tensor, True), None, reduce_op(op, tensor.dtype))
+    except _AlTimeout as e:
+        raise pg._timed_out("all_reduce", pg._op_timeout or 0.0, e) from e
+    except Error as e:
+        raise _backend_error("all_reduce", e) from e
+    return tensor
 
 
 def init_process_group(**kwargs) -> None:

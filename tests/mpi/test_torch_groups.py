@@ -64,3 +64,41 @@ def test_communicator_timeout_bounds_blocking_probe(comm):
     assert c.timeout is None
     c.Free()
     assert all_ranks_ok(0.3 <= took < 30), took
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "SUM"), ("float64", "AVG"), ("int64", "MAX"),
+                                      ("bfloat16", "SUM"), ("bool", "SUM"), ("int32", "BXOR")])
+def test_direct_all_reduce(world, dtype, op):
+    """aluminum_py.torch.all_reduce (dist.all_reduce without torch's dispatch): in place, the
+    tensor returned, numpy's result from every rank's input; on a sub-group too."""
+    r = WORLD.rank
+    rng = np.random.default_rng(100 + r)
+    x = rng.integers(0, 4, size=33)
+    if dtype == "bool":
+        x = x > 1
+    every = gather_all(x)
+    want = {"SUM": every.sum(axis=0), "AVG": every.mean(axis=0), "MAX": every.max(axis=0),
+            "BXOR": np.bitwise_xor.reduce(every, axis=0)}[op]
+    if dtype == "bool":
+        want = every.any(axis=0)
+    t = torch.tensor(x).to(getattr(torch, dtype))
+    got = alt.all_reduce(t, getattr(dist.ReduceOp, op))
+    ok = got is t and np.allclose(t.to(torch.float64).numpy(), np.asarray(want, np.float64))
+    assert all_ranks_ok(ok), (t, want)
+
+
+def test_direct_all_reduce_on_a_sub_group_and_refusals(world):
+    r, n = WORLD.rank, WORLD.size
+    sub = world.split_group(list(range(r % 2, n, 2)))
+    t = torch.full((4,), float(r))
+    alt.all_reduce(t, group=sub)
+    ok = t.tolist() == [float(sum(range(r % 2, n, 2)))] * 4
+    sub.shutdown()
+    gloo = dist.new_group(backend="gloo")
+    with pytest.raises(TypeError, match="'aluminum' backend"):
+        alt.all_reduce(torch.ones(2), group=gloo)
+    with pytest.raises(ValueError, match="PREMUL_SUM"):
+        alt.all_reduce(torch.ones(2), dist._make_nccl_premul_sum(2.0))
+    with pytest.raises(ValueError, match="contiguous"):
+        alt.all_reduce(torch.ones(4, 2)[:, 0])
+    assert all_ranks_ok(ok)
