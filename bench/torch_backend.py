@@ -250,6 +250,9 @@ def part_ddp(world, groups: dict, comm, args) -> list:
                                                  group=groups["gloo"])
         trainers["gloo+hook"] = torch_ddp.Trainer("hook", initial, comm, batch,
                                                   group=groups["gloo"])
+        if hasattr(groups[first], "comm"):      # DDP on aluminum + allreduce_hook on its comm
+            trainers[f"{first}+hook"] = torch_ddp.Trainer("hook", initial, groups[first].comm,
+                                                          batch, group=groups[first])
         trainers["local"] = torch_ddp.Trainer("local", initial, comm, batch)  # the bound
         for t in trainers.values():              # warm-up: DDP rebuilds its buckets
             for _ in range(2):

@@ -33,9 +33,11 @@ def test_quick_run_every_part(tmp_path):
         assert r["ratio"] == pytest.approx(r["gloo"] / r["aluminum"])
     (ddp,) = run["ddp"]
     assert ddp["model"] == "mlp" and set(ddp["median_step_ms"]) == {"aluminum", "gloo",
-                                                                     "gloo+hook", "local"}
+                                                                     "gloo+hook", "aluminum+hook",
+                                                                     "local"}
     # DDP at 2 ranks: the same sum of two gradients whatever the order, so bitwise equal
-    assert ddp["max_param_diff_vs_gloo"] == {"aluminum": 0.0, "gloo": 0.0, "gloo+hook": 0.0}
+    assert ddp["max_param_diff_vs_gloo"] == {"aluminum": 0.0, "gloo": 0.0, "gloo+hook": 0.0,
+                                              "aluminum+hook": 0.0}
     fsdp = run["fsdp"]
     assert set(fsdp["median_step_ms"]) == {"aluminum", "gloo", "local"}
     assert set(fsdp["max_param_diff_vs_reference"]) == {"aluminum", "gloo"}
