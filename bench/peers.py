@@ -120,18 +120,27 @@ def check_input(count: int, rank: int) -> np.ndarray:
 
 
 def check(world, calls: dict, count: int, skipped: dict) -> list[str]:
-    """Run every call once and compare its result with numpy's sum of every rank's input. A call
-    that raises on any rank is removed from `calls` (its reason into `skipped`); returns the names
-    whose result is wrong on some rank."""
+    """Run every call once and compare its result with numpy's sum of every rank's input (see
+    :func:`checked`)."""
     expected = sum(check_input(count, r).astype(np.float64) for r in range(world.size))
+    return checked(world, calls, dict.fromkeys(calls, expected), skipped,
+                   note=f"from {count * 4} B on")
+
+
+def checked(world, calls: dict, expected: dict, skipped: dict, what: str = "",
+            note: str = "") -> list[str]:
+    """Run every call once (a barrier before each) and compare its result (``call.result()``)
+    with ``expected[name]`` exactly.  A call that raises on any rank is removed from `calls`
+    (its reason into ``skipped["<what> <name>"]``, `note` added to the message rank 0 prints);
+    returns the names whose result is wrong on some rank."""
     local = {}
     for name, call in list(calls.items()):
         world.Barrier()
         try:
             call()
-            local[name] = None if np.array_equal(call.result(), expected) else "wrong"
-        except Exception as e:
-            local[name] = f"{type(e).__name__}: {e}"
+            local[name] = None if np.array_equal(call.result(), expected[name]) else "wrong"
+        except Exception as e:  # noqa: BLE001  (reported, the contender is dropped)
+            local[name] = f"{type(e).__name__}: {str(e)[:200]}"
     wrong = []
     for r, errors in enumerate(world.allgather(local)):
         for name, err in errors.items():
@@ -139,9 +148,11 @@ def check(world, calls: dict, count: int, skipped: dict) -> list[str]:
                 wrong += [name] if name not in wrong else []
             elif err and name in calls:
                 del calls[name]
-                skipped[name] = f"rank {r}: {err}"
+                key = f"{what} {name}".strip()
+                skipped[key] = f"rank {r}: {err}"
                 if world.rank == 0:
-                    print(f"# {name}: skipped from {count * 4} B on, it raised on rank {r}: {err}")
+                    print(f"# {key}: skipped{' ' + note if note else ''}, it raised on rank "
+                          f"{r}: {err}", flush=True)
     return wrong
 
 

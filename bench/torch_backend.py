@@ -56,7 +56,7 @@ import aluminum_py as al  # noqa: E402
 from aluminum_py.bench.timing import human, iterations, parse_bytes, time_interleaved  # noqa: E402
 
 import torch_ddp  # noqa: E402  (bench/: its models and trainer)
-from peers import check_input  # noqa: E402
+from peers import check_input, checked  # noqa: E402
 
 # torch 2.13 prefers all_gather_single / reduce_scatter_single; the names users know are timed
 warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor)` is "
@@ -100,30 +100,6 @@ def machine_state() -> dict:
             "load": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
             "commit": commit.stdout.strip() or "?", "torch": torch.__version__,
             "mpi": MPI.Get_library_version().splitlines()[0].strip()}
-
-
-def checked(world, calls: dict, expected: dict, skipped: dict, what: str) -> list[str]:
-    """Run every call once and compare its result (call.result()) with expected[name] (exact).
-    A call that raises on any rank is removed from `calls`, its reason into `skipped`; returns
-    the names whose result is wrong on some rank."""
-    local = {}
-    for name, call in calls.items():
-        world.Barrier()
-        try:
-            call()
-            local[name] = None if np.array_equal(call.result(), expected[name]) else "wrong"
-        except Exception as e:  # noqa: BLE001  (reported, the contender is dropped)
-            local[name] = f"{type(e).__name__}: {str(e)[:200]}"
-    wrong = []
-    for r, errors in enumerate(world.allgather(local)):
-        for name, err in errors.items():
-            if err == "wrong":
-                wrong += [name] if name not in wrong else []
-            elif err and name in calls:
-                del calls[name]
-                skipped[f"{what} {name}"] = f"rank {r}: {err}"
-                say(world, f"# {what} {name}: skipped, it raised on rank {r}: {err}")
-    return wrong
 
 
 def medians(samples: dict) -> dict:
