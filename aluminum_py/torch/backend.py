@@ -15,8 +15,9 @@ One call: the tensors become buffers sharing their memory (:func:`buffer`), the 
 call runs -- blocking in the caller when torch does not ask for async work (``opts.asyncOp``
 False: ``dist.all_reduce(t)``), else nonblocking -- and the call returns a :class:`Work`.
 A Work's Future is completed by this side: by the thread that calls ``wait()``, or, once
-someone holds the Future (``get_future()``: DDP), by the completer thread; never left for a
-``wait()`` nobody calls.  Errors are set on the Future (DDP raises them from ``backward()``).
+someone holds the Future (``get_future()``: DDP), by the waiter thread (:mod:`.completion`);
+never left for a ``wait()`` nobody calls.  A failure fails the Work and its Future (DDP raises
+it from ``backward()``).
 CUDA tensors run on a communicator bound to torch's current stream (the GPU backend: NCCL or
 host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
 """
@@ -27,6 +28,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 
 from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
 from ..errors import Error, TimeoutError as _AlTimeout
@@ -329,7 +331,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     # --- reductions
     def allreduce(self, tensors, opts=None):
-        opts = dist.AllreduceOptions() if opts is None else opts
+        opts = _c10d.AllreduceOptions() if opts is None else opts
         op = opts.reduceOp
         calls = [("Allreduce", (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
                  for t in tensors]
@@ -339,12 +341,14 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=None):
+        opts = _c10d.ReduceOptions() if opts is None else opts
         t = tensors[0]
         calls = [("Reduce", (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
                                           "root": opts.rootRank})]
         return self._start("reduce", opts, t, calls, list(tensors))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = _c10d.ReduceScatterOptions() if opts is None else opts
         out, ins = output_tensors[0], input_tensors[0]
         _same_sizes("reduce_scatter", out, ins, self.comm.size)
         flat = torch.cat([i.reshape(-1) for i in ins])
@@ -365,13 +369,14 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 {"op": reduce_op(opts.reduceOp, out.dtype)})
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        opts = dist.ReduceScatterOptions() if opts is None else opts
+        opts = _c10d.ReduceScatterOptions() if opts is None else opts
         return self._reduce_scatter("reduce_scatter_tensor", output, input.reshape(-1), opts,
                                     [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = _c10d.ReduceScatterOptions() if opts is None else opts
         return self._coalesce("reduce_scatter_tensor_coalesced", opts, outputs,
                               [self._reduce_scatter_base(o, i, opts)
                                for o, i in zip(outputs, inputs)])
@@ -380,13 +385,14 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     # --- data movement
     def broadcast(self, tensors, opts=None):
+        opts = _c10d.BroadcastOptions() if opts is None else opts
         calls = [("Bcast", (buffer(t),), {"root": opts.rootRank}) for t in tensors]
         return self._start("broadcast", opts, tensors[0], calls, list(tensors))
 
     def _allgather_base(self, output, input, opts=None):
         """all_gather_into_tensor: `output` holds size blocks of `input`'s element count; when
         `input` is block `rank` of `output` (FSDP2), in place."""
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = _c10d.AllgatherOptions() if opts is None else opts
         size, rank = self.comm.size, self.comm.rank
         if output.numel() != input.numel() * size:
             raise ValueError(f"aluminum: all_gather_into_tensor: the output has "
@@ -404,12 +410,14 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = _c10d.AllgatherOptions() if opts is None else opts
         return self._coalesce("allgather_into_tensor_coalesced", opts, outputs,
                               [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = _c10d.AllgatherOptions() if opts is None else opts
         outs, inp = output_tensors[0], input_tensors[0]
         _same_sizes("all_gather", inp, outs, self.comm.size)
         flat, finish = _gathered(inp, outs)
@@ -419,6 +427,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         """`output_lists[r][p]` receives part `p` (`input_tensors[p]`) of rank `r`."""
+        opts = _c10d.AllgatherOptions() if opts is None else opts
         size = self.comm.size
         if len(output_lists) != size or any(len(o) != len(input_tensors) for o in output_lists):
             raise ValueError(f"aluminum: all_gather_coalesced: expected {size} output lists "
@@ -430,7 +439,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: even splits (both lists empty) as Alltoall, uneven as Alltoallv
         (counts and displacements in elements: a split of dim 0 times the row's elements)."""
-        opts = dist.AllToAllOptions() if opts is None else opts
+        opts = _c10d.AllToAllOptions() if opts is None else opts
         size = self.comm.size
         if _overlaps(input, output):
             input = input.clone()
@@ -453,7 +462,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = dist.AllToAllOptions() if opts is None else opts
+        opts = _c10d.AllToAllOptions() if opts is None else opts
         send = torch.cat([t.reshape(-1) for t in input_tensors])
         recv, finish = _gathered(send, output_tensors)
         sbuf, rbuf = buffer(send), buffer(recv)
@@ -466,6 +475,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return self._start("all_to_all", opts, send, [call], list(output_tensors), finish)
 
     def gather(self, output_tensors, input_tensors, opts=None):
+        opts = _c10d.GatherOptions() if opts is None else opts
         inp, root = input_tensors[0], opts.rootRank
         if self.comm.rank != root:
             return self._start("gather", opts, inp, [("Gather", (buffer(inp), None),
@@ -478,6 +488,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                            list(output_tensors), finish)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = _c10d.ScatterOptions() if opts is None else opts
         out, root = output_tensors[0], opts.rootRank
         if self.comm.rank != root:
             return self._start("scatter", opts, out, [("Scatter", (None, buffer(out)),
@@ -490,7 +501,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                            list(output_tensors))
 
     def barrier(self, opts=None):
-        opts = dist.BarrierOptions() if opts is None else opts
+        opts = _c10d.BarrierOptions() if opts is None else opts
         return self._start("barrier", opts, _CPU_TOKEN, [("Barrier", (), {})], [])
 
     # --- point to point (always nonblocking: batch_isend_irecv starts both sides first)
@@ -720,7 +731,7 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
                         f"{type(pg).__name__} (init_process_group('aluminum', "
                         f"init_method='mpi://'), or pass group=)")
     if tensor.is_cuda or pg._broken is not None:
-        opts = dist.AllreduceOptions()
+        opts = _c10d.AllreduceOptions()
         opts.reduceOp, opts.asyncOp = op, False
         pg.allreduce([tensor], opts).wait()
         return tensor

@@ -102,3 +102,34 @@ def test_direct_all_reduce_on_a_sub_group_and_refusals(world):
     with pytest.raises(ValueError, match="contiguous"):
         alt.all_reduce(torch.ones(4, 2)[:, 0])
     assert all_ranks_ok(ok)
+
+
+def test_methods_called_without_options(world):
+    """The ProcessGroup methods called directly without their options object (torch's Python
+    callers always pass one; a user's code may not): torch's defaults (root 0, SUM)."""
+    n, r = world.size(), world.rank()
+    t = torch.full((3,), float(r + 1))
+    world.reduce([t]).wait()
+    ok = r != 0 or t.tolist() == [n * (n + 1) / 2] * 3
+    b = torch.full((2,), float(r + 5))
+    world.broadcast([b]).wait()
+    ok = ok and b.tolist() == [5.0, 5.0]
+    o = torch.empty(2)
+    world.reduce_scatter([o], [[torch.full((2,), float(i + r)) for i in range(n)]]).wait()
+    ok = ok and o.tolist() == [float(n * r + n * (n - 1) / 2)] * 2
+    outs = [torch.empty(2) for _ in range(n)]
+    world.allgather([outs], [torch.full((2,), float(r))]).wait()
+    ok = ok and [x[0].item() for x in outs] == list(range(n))
+    g = [[torch.empty(1) for _ in range(n)]] if r == 0 else []
+    world.gather(g, [torch.full((1,), float(r))]).wait()
+    ok = ok and (r != 0 or [x.item() for x in g[0]] == list(range(n)))
+    sc = torch.empty(1)
+    world.scatter([sc], [[torch.full((1,), float(10 + i)) for i in range(n)]] if r == 0 else []
+                  ).wait()
+    ok = ok and sc.item() == 10 + r
+    parts = [[torch.empty(1), torch.empty(2)] for _ in range(n)]
+    world.allgather_coalesced(parts, [torch.full((1,), float(r)), torch.full((2,), -float(r))]
+                              ).wait()
+    ok = ok and all(p[0].item() == i and p[1].tolist() == [-float(i)] * 2
+                    for i, p in enumerate(parts))
+    assert all_ranks_ok(ok)
