@@ -201,6 +201,12 @@ def validate_entry(entry: dict) -> dict:
     entry["ranks_per_node"] = rpn
     entry["nodes"] = None if rpn is None else len(rpn)
     entry["sizes"], entry["times"] = sizes, times
+    for k, ok in (("choice", lambda v: type(v) is str and v in times),
+                  ("margin", lambda v: type(v) in (int, float) and 0 < v < math.inf),
+                  ("decided", lambda v: v in ("median", "worst case"))):
+        if k in entry and (type(entry[k]) is not list or len(entry[k]) != len(sizes)
+                           or not all(ok(v) for v in entry[k])):
+            raise ValueError(f"{k} must be a list with one valid value per size")
     entry["fit"] = fit_all(sizes, times)
     entry["ranges"] = win_ranges(sizes, times)
     return entry
@@ -285,10 +291,14 @@ def win_ranges(sizes, times: dict) -> list[dict]:
     return ranges
 
 
-def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times) -> dict:
+def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times,
+               choice=None, margin=None, decided=None) -> dict:
     """A table entry; `ranks_per_node`: the ranks of each node in node order
     (``topology.ranks_per_node``), rank 0's node first. ``topology`` is for people reading the
-    file; ``local_size`` (rank 0's node) is what version 1 readers keyed by."""
+    file; ``local_size`` (rank 0's node) is what version 1 readers keyed by.  `choice`,
+    `margin`, `decided` (optional, per size): the crossover's decision at each measured size
+    (bench.timing.decide: the lower median, or within noise the better worst case), the
+    runner-up's median over the chosen one's, and how it was decided."""
     rpn = [int(n) for n in ranks_per_node]
     if sum(rpn) != comm_size or not rpn or min(rpn) < 1:
         raise ValueError(f"ranks_per_node {rpn}: not a topology of {comm_size} ranks")
@@ -297,7 +307,10 @@ def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times)
             "buffer": buffer, "dtype_size": dtype_size, "mpi": mpi,
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "sizes": list(sizes), "times": {a: list(map(float, t)) for a, t in times.items()},
-            "ranges": win_ranges(sizes, times), "fit": fit_all(sizes, times)}
+            "ranges": win_ranges(sizes, times), "fit": fit_all(sizes, times),
+            **({} if choice is None else {"choice": list(choice)}),
+            **({} if margin is None else {"margin": [float(m) for m in margin]}),
+            **({} if decided is None else {"decided": list(decided)})}
 
 
 def shm_limits() -> tuple[int, int] | None:
@@ -469,6 +482,24 @@ class Chooser:
             choice.detail += " (the entry has no shm times: tune again to let auto choose shm)"
         return choice
 
+    @staticmethod
+    def _decided(entry: dict, i: int, algs: list) -> tuple[str, str]:
+        """The choice at measured size `i`: the crossover's decision where the entry records
+        one that is usable here, else the lowest median; and the words saying so (the margin
+        to the runner-up, whether the two were within noise)."""
+        times = entry["times"]
+        best = min(algs, key=lambda a: times[a][i])
+        choice = entry.get("choice")
+        if choice is not None and choice[i] in algs:
+            best = choice[i]
+        runner = min((a for a in algs if a != best), key=lambda a: times[a][i], default=None)
+        if runner is None:
+            return best, ""
+        how = f"; next {runner} {times[runner][i] / times[best][i]:.2f}x"
+        if entry.get("decided", [None] * (i + 1))[i] == "worst case":
+            how += ", within noise: chosen for its better 90th percentile"
+        return best, how
+
     def _measured(self, entry: dict, nbytes: int) -> Choice:
         sizes = entry["sizes"]
         algs = [a for a in entry["times"] if a in self.usable]
@@ -476,9 +507,9 @@ class Chooser:
             return self._modelled(nbytes, self.default_params, self._shm_cost(self.shm_params),
                                   "model", "the table entry has no usable algorithm; ")
         if nbytes <= sizes[0]:
-            i = 0
-            best = min(algs, key=lambda a: entry["times"][a][i])
-            return Choice(best, "table", f"fastest at {sizes[0]} B, the smallest size measured")
+            best, how = self._decided(entry, 0, algs)
+            return Choice(best, "table", f"fastest at {sizes[0]} B, the smallest size "
+                          f"measured{how}")
         if nbytes > sizes[-1]:
             # anchored at the largest measured size, growing with each algorithm's fitted beta
             fit = entry["fit"]
@@ -488,9 +519,9 @@ class Chooser:
                           f"fitted beta predicts {est[best] * 1e6:.1f} us at {nbytes} B")
         j = int(np.searchsorted(sizes, nbytes))
         if sizes[j] == nbytes:
-            best = min(algs, key=lambda a: entry["times"][a][j])
+            best, how = self._decided(entry, j, algs)
             return Choice(best, "table", f"measured fastest at {nbytes} B "
-                          f"({entry['times'][best][j] * 1e6:.1f} us)")
+                          f"({entry['times'][best][j] * 1e6:.1f} us{how})")
         lo, hi = sizes[j - 1], sizes[j]
         f = (math.log(nbytes) - math.log(lo)) / (math.log(hi) - math.log(lo))
         est = {a: math.exp((1 - f) * math.log(entry["times"][a][j - 1]) +

@@ -431,3 +431,60 @@ def test_table_without_shm_times_says_so():
     assert c.source == "table" and c.algorithm != "shm"
     assert c.detail.endswith("(the entry has no shm times: tune again to let auto choose shm)")
     assert "shm" not in shm_chooser([e], limits=None).explain(1024, 4).detail
+
+
+# ------------------------------------------------------------------ deciding within noise
+def test_median_interval_covers_the_median_and_narrows_with_samples():
+    from aluminum_py.bench.timing import median_interval
+    rng = np.random.default_rng(3)
+    few, many = rng.exponential(1.0, 25), rng.exponential(1.0, 2500)
+    for s in (few, many):
+        lo, hi = median_interval(s)
+        assert lo <= np.median(s) <= hi
+    assert np.subtract(*median_interval(many)[::-1]) < np.subtract(*median_interval(few)[::-1])
+    assert median_interval([5.0]) == (5.0, 5.0)
+
+
+def test_decide_clear_noisy_and_worst_case():
+    from aluminum_py.bench.timing import decide
+    rng = np.random.default_rng(4)
+    fast, slow = 1.0 + 0.01 * rng.random(200), 2.0 + 0.01 * rng.random(200)
+    d = decide({"a": slow, "b": fast})
+    assert d["best"] == "b" and d["clear"] and d["decided"] == "median"
+    assert d["margin"] == pytest.approx(np.median(slow) / np.median(fast))
+    # the same typical time; "steady" is never slow, "bimodal" is 3x slower a third of the time
+    # and its median is a hair lower: within noise, the better worst case wins
+    steady = np.linspace(0.999, 1.005, 300)
+    bimodal = np.concatenate([np.linspace(0.998, 1.0025, 200), np.full(100, 3.0)])
+    d = decide({"steady": steady, "bimodal": bimodal})
+    assert not d["clear"] and d["decided"] == "worst case" and d["best"] == "steady"
+    assert d["runner_up"] == "bimodal" and d["margin"] < 1
+    assert decide({"only": steady})["best"] == "only"
+
+
+def test_table_choice_is_followed_and_explained():
+    """An entry with the crossover's decisions: at a measured size "auto" takes the recorded
+    choice even where another median is lower (within noise, the better worst case), and
+    explain says so; an entry without them takes the lowest median, as before."""
+    sizes = [1024, 4096]
+    times = {"ring": [10e-6, 20e-6], "rabenseifner": [9.9e-6, 40e-6]}
+    plain = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, times)
+    assert chooser_for([plain]).explain(1024, 4).algorithm == "rabenseifner"
+    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, times, choice=["ring", "ring"],
+                          margin=[0.99, 2.0], decided=["worst case", "median"])
+    e = tuning.validate_entry(json.loads(json.dumps(e)))
+    c = chooser_for([e]).explain(1024, 4)
+    assert c.algorithm == "ring" and "90th percentile" in c.detail
+    assert "next rabenseifner" in c.detail
+    assert chooser_for([e]).explain(4096, 4).algorithm == "ring"
+
+
+@pytest.mark.parametrize("field,value", [("choice", ["ring"]), ("choice", ["ring", "nope"]),
+                                         ("margin", [1.0, -1.0]), ("margin", "1"),
+                                         ("decided", ["median", "maybe"])])
+def test_validate_entry_refuses_bad_decisions(field, value):
+    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, [1024, 4096],
+                          {"ring": [1e-5, 2e-5], "rabenseifner": [2e-5, 3e-5]})
+    e[field] = value
+    with pytest.raises(ValueError, match=field):
+        tuning.validate_entry(json.loads(json.dumps(e)))

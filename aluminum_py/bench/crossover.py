@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from ..algorithms import GPU_CANDIDATES, HOST_CANDIDATES
-from .timing import (Progress, bus_bandwidth, human, iterations, parse_bytes, size_sweep,
+from .timing import (Progress, bus_bandwidth, decide, human, iterations, parse_bytes, size_sweep,
                      time_interleaved)
 
 DEFAULT_ALGORITHMS = ",".join(HOST_CANDIDATES)       # what "auto" chooses from: all it can time
@@ -43,13 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+EXTRA_ROUNDS = 2    # more rounds of the two best where their medians are within noise
+
+
 def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
           show_progress=False, buffer="host") -> dict:
     """Time every algorithm at every size. Returns the run: a dict with ranks, local_size,
     ranks_per_node (the topology: ranks of each node in node order, rank 0's first; from
     ``MPI_Comm_split_type(SHARED)`` or AL_NODE_LAYOUT, as the hierarchical algorithm sees it), dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
     lists (one value per size) under median / min / max (seconds) and busbw (bytes/s), plus
-    fastest (one algorithm name per size). GPU buffers: every call ends with a stream sync."""
+    per size: fastest (the algorithm chosen, timing.decide), margin (the runner-up's median over
+    the best's), clear (the two best medians' confidence intervals apart, after up to
+    EXTRA_ROUNDS more rounds of only those two where they were not) and decided ("median", or
+    "worst case": within noise, and the one with the lower 90th percentile chosen). GPU
+    buffers: every call ends with a stream sync."""
     from ..tuning import mpi_version
     dt = np.dtype(dtype)
     rpn = list(comm._topology.ranks_per_node)      # computed once, at the Communicator's making
@@ -58,7 +65,8 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
            "mpi": mpi_version(),
            "nonblocking": bool(nonblocking), "sizes": [], "algorithms": list(algorithms),
            "iters": [], "median": {a: [] for a in algorithms}, "min": {a: [] for a in algorithms},
-           "max": {a: [] for a in algorithms}, "busbw": {a: [] for a in algorithms}, "fastest": []}
+           "max": {a: [] for a in algorithms}, "busbw": {a: [] for a in algorithms}, "fastest": [],
+           "margin": [], "decided": [], "clear": []}
     bar = Progress(len(sizes), show_progress and comm.rank == 0, "crossover")
     for nbytes in sizes:
         count = nbytes // dt.itemsize
@@ -84,6 +92,17 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
         n_it = iterations(world, contenders, budget)      # also the warm-up
         n_it = iters or n_it
         samples = time_interleaved(world, contenders, n_it)
+        verdict = decide(samples)
+        for _ in range(0 if iters else EXTRA_ROUNDS):
+            if verdict["clear"]:
+                break
+            # the two best within noise: more samples of those two, interleaved (the same
+            # decision on every rank: the samples are the max over ranks, identical everywhere)
+            top = (verdict["best"], verdict["runner_up"])
+            more = time_interleaved(world, {a: contenders[a] for a in top}, n_it)
+            for a in top:
+                samples[a] = np.concatenate([samples[a], more[a]])
+            verdict = decide(samples)
         run["sizes"].append(nbytes)
         run["iters"].append(n_it)
         for a in algorithms:
@@ -92,8 +111,11 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
             run["min"][a].append(float(samples[a].min()))
             run["max"][a].append(float(samples[a].max()))
             run["busbw"][a].append(bus_bandwidth(nbytes, med, comm.size))
-        best = min(algorithms, key=lambda a: run["median"][a][-1])
+        best = verdict["best"]
         run["fastest"].append(best)
+        run["margin"].append(verdict["margin"])
+        run["decided"].append(verdict["decided"])
+        run["clear"].append(verdict["clear"])
         bar.update(f"{human(nbytes)}: {best}")
     bar.close()
     return run
@@ -105,13 +127,19 @@ def format_table(run: dict) -> str:
     lines = [f"# aluminum_py crossover: allreduce {run['dtype']} SUM"
              f"{' (Iallreduce+Wait)' if run['nonblocking'] else ''}, {topology_name(run)}, "
              f"{run['mpi']}",
-             "# median over iterations of the max over ranks (us); busbw of the fastest (GB/s)",
+             "# median over iterations of the max over ranks (us); busbw of the fastest (GB/s); "
+             "next: the runner-up's median over the fastest's (~: the two within noise, * the "
+             "fastest chosen for its 90th percentile)",
              f"{'# Size(B)':>12}" + "".join(f"{a:>{width}}" for a in algs) + f"{'fastest':>{width}}"
-             + f"{'busbw':>10}"]
+             + f"{'busbw':>10}{'next':>8}"]
     for i, n in enumerate(run["sizes"]):
         best = run["fastest"][i]
         cells = "".join(f"{run['median'][a][i] * 1e6:>{width}.2f}" for a in algs)
-        lines.append(f"{n:>12}{cells}{best:>{width}}{run['busbw'][best][i] / 1e9:>10.2f}")
+        mark = ("*" if run["decided"][i] == "worst case" else "~" if not run["clear"][i]
+                else " ") if "margin" in run else " "
+        margin = f"{run['margin'][i]:.2f}{mark}" if "margin" in run else ""
+        lines.append(f"{n:>12}{cells}{best:>{width}}{run['busbw'][best][i] / 1e9:>10.2f}"
+                     f"{margin:>8}")
     return "\n".join(lines)
 
 
@@ -139,8 +167,11 @@ def tune(run: dict, path: str | None = None):
     """Merge this run into the tuning table; returns (path, entry)."""
     from .. import tuning
     algs = [a for a in run["algorithms"] if a != "auto"]
+    keep = [i for i, a in enumerate(run["fastest"]) if a in algs] == list(range(len(run["sizes"])))
     entry = tuning.make_entry(run["ranks"], run["ranks_per_node"], run["buffer"], run["dtype_size"],
-                              run["mpi"], run["sizes"], {a: run["median"][a] for a in algs})
+                              run["mpi"], run["sizes"], {a: run["median"][a] for a in algs},
+                              **({"choice": run["fastest"], "margin": run["margin"],
+                                  "decided": run["decided"]} if keep and "margin" in run else {}))
     return tuning.merge_into_file(entry, path), entry
 
 

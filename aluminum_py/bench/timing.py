@@ -2,6 +2,7 @@
 iteration, barrier before each call, samples are the max over ranks of one call."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -76,6 +77,49 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
             samples[i, it] = time.perf_counter() - t0
     world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
     return {name: samples[i] for i, name in enumerate(names)}
+
+
+def median_interval(samples, z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free confidence interval (about 95% for z=1.96) of the median of
+    `samples`: the order statistics at n/2 -/+ z*sqrt(n)/2 (the binomial's normal
+    approximation; no assumption about the timing distribution, which is skewed and, on this
+    kind of machine, sometimes bimodal)."""
+    s = np.sort(np.asarray(samples, dtype=float))
+    n = len(s)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, int(math.floor(n / 2 - half)))
+    hi = min(n - 1, int(math.ceil(n / 2 + half)) - 1)
+    return float(s[lo]), float(s[max(lo, hi)])
+
+
+WORST_QUANTILE = 0.9        # "the worst case" of a contender: this quantile of its samples
+
+
+def decide(samples: dict[str, np.ndarray]) -> dict:
+    """The fastest contender from interleaved samples, and how sure that is.
+
+    Returns ``best`` (lowest median), ``runner_up`` (second lowest, None alone), ``margin``
+    (the runner-up's median over the best's: >= 1, below 1 for a "worst case" decision),
+    ``clear`` (the two medians' confidence
+    intervals, :func:`median_interval`, do not overlap) and ``decided``: ``"median"``, or,
+    where the two are within noise, ``"worst case"``: the one of the two with the lower
+    WORST_QUANTILE of its samples is ``best`` (a tie in the typical time goes to the
+    contender that is slow less often)."""
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    order = sorted(med, key=med.get)
+    best = order[0]
+    if len(order) == 1:
+        return {"best": best, "runner_up": None, "margin": 1.0, "clear": True,
+                "decided": "median"}
+    runner = order[1]
+    clear = median_interval(samples[best])[1] < median_interval(samples[runner])[0]
+    decided = "median"
+    if not clear:
+        worst = {k: float(np.quantile(samples[k], WORST_QUANTILE)) for k in (best, runner)}
+        if worst[runner] < worst[best]:
+            best, runner, decided = runner, best, "worst case"
+    return {"best": best, "runner_up": runner, "margin": med[runner] / med[best],
+            "clear": clear, "decided": decided}
 
 
 def bus_bandwidth(nbytes: int, seconds: float, p: int) -> float:
