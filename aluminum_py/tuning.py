@@ -208,7 +208,7 @@ def validate_entry(entry: dict) -> dict:
                            or not all(ok(v) for v in entry[k])):
             raise ValueError(f"{k} must be a list with one valid value per size")
     entry["fit"] = fit_all(sizes, times)
-    entry["ranges"] = win_ranges(sizes, times)
+    entry["ranges"] = win_ranges(sizes, times, entry.get("choice"))
     return entry
 
 
@@ -278,12 +278,13 @@ def fit_all(sizes, times: dict) -> dict:
     return {alg: fit_alpha_beta(sizes, ts) for alg, ts in times.items()}
 
 
-def win_ranges(sizes, times: dict) -> list[dict]:
-    """Consecutive measured sizes where the same algorithm is fastest."""
+def win_ranges(sizes, times: dict, choice=None) -> list[dict]:
+    """Consecutive measured sizes where the same algorithm is fastest (the recorded `choice`
+    per size where there is one, else the lowest time)."""
     algs = list(times)
     ranges: list[dict] = []
     for i, n in enumerate(sizes):
-        best = min(algs, key=lambda a: times[a][i])
+        best = choice[i] if choice is not None else min(algs, key=lambda a: times[a][i])
         if ranges and ranges[-1]["algorithm"] == best:
             ranges[-1]["max_bytes"] = n
         else:
@@ -307,7 +308,7 @@ def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times,
             "buffer": buffer, "dtype_size": dtype_size, "mpi": mpi,
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "sizes": list(sizes), "times": {a: list(map(float, t)) for a, t in times.items()},
-            "ranges": win_ranges(sizes, times), "fit": fit_all(sizes, times),
+            "ranges": win_ranges(sizes, times, choice), "fit": fit_all(sizes, times),
             **({} if choice is None else {"choice": list(choice)}),
             **({} if margin is None else {"margin": [float(m) for m in margin]}),
             **({} if decided is None else {"decided": list(decided)})}

@@ -477,6 +477,7 @@ def test_table_choice_is_followed_and_explained():
     assert c.algorithm == "ring" and "90th percentile" in c.detail
     assert "next rabenseifner" in c.detail
     assert chooser_for([e]).explain(4096, 4).algorithm == "ring"
+    assert e["ranges"] == [{"algorithm": "ring", "min_bytes": 1024, "max_bytes": 4096}]
 
 
 @pytest.mark.parametrize("field,value", [("choice", ["ring"]), ("choice", ["ring", "nope"]),
