@@ -497,7 +497,8 @@ class Chooser:
         if runner is None:
             return best, ""
         how = f"; next {runner} {times[runner][i] / times[best][i]:.2f}x"
-        if entry.get("decided", [None] * (i + 1))[i] == "worst case":
+        decided = entry.get("decided")
+        if decided is not None and decided[i] == "worst case":
             how += ", within noise: chosen for its better 90th percentile"
         return best, how
 

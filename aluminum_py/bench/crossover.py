@@ -167,7 +167,7 @@ def tune(run: dict, path: str | None = None):
     """Merge this run into the tuning table; returns (path, entry)."""
     from .. import tuning
     algs = [a for a in run["algorithms"] if a != "auto"]
-    keep = [i for i, a in enumerate(run["fastest"]) if a in algs] == list(range(len(run["sizes"])))
+    keep = all(a in algs for a in run["fastest"])      # "auto" itself is not a choice
     entry = tuning.make_entry(run["ranks"], run["ranks_per_node"], run["buffer"], run["dtype_size"],
                               run["mpi"], run["sizes"], {a: run["median"][a] for a in algs},
                               **({"choice": run["fastest"], "margin": run["margin"],

@@ -34,6 +34,7 @@ from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
 from ..errors import Error, TimeoutError as _AlTimeout
 from ..status import ANY_SOURCE
 from . import completion, hooks, rendezvous
+from .hooks import buffer
 
 NAME = "aluminum"
 
@@ -59,35 +60,6 @@ def reduce_op(op, dtype: torch.dtype):
         raise ValueError("aluminum: ReduceOp.PREMUL_SUM is not supported: multiply the tensor "
                          "by the factor, then reduce with ReduceOp.SUM")
     raise ValueError(f"aluminum: unknown ReduceOp {op!r}")
-
-
-_NUMPY_TYPES = {torch.float32, torch.float64, torch.float16, torch.int8, torch.int16,
-                torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
-                torch.complex64, torch.complex128}
-
-
-def buffer(t: torch.Tensor, reduce: bool = False):
-    """A buffer the Communicator reads and writes in place, sharing `t`'s memory (no copy):
-    CUDA tensors as they are, CPU tensors as numpy views; bool as bytes (reductions map the op
-    to a logical one, :func:`reduce_op`).  bfloat16 is reduced through ``ml_dtypes`` (as the
-    DDP hook's :func:`~aluminum_py.torch.hooks.as_buffer`); types numpy lacks (bfloat16, float8)
-    move as bytes, and reducing the ones without an ``ml_dtypes`` view raises TypeError."""
-    if not t.is_contiguous():
-        raise ValueError(f"aluminum: tensors must be contiguous (got strides {t.stride()} for "
-                         f"shape {tuple(t.shape)}); call .contiguous() first")
-    dt = t.dtype
-    if t.is_cuda:
-        return t.view(torch.uint8) if dt == torch.bool else t
-    if dt in _NUMPY_TYPES:
-        return t.numpy() if not t.requires_grad else t.detach().numpy()
-    if dt == torch.bool:
-        return t.detach().view(torch.uint8).numpy()
-    if reduce:
-        if dt == torch.bfloat16:
-            return hooks.as_buffer(t)   # TypeError naming ml_dtypes if it is missing
-        raise TypeError(f"aluminum: {dt} tensors cannot be reduced (no such numpy type); "
-                        f"they can be moved (gather, broadcast, all-to-all, send)")
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _seconds(timeout) -> float | None:
@@ -303,10 +275,8 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 comm.bind_thread()      # torch calls from its autograd thread and others
                 for name, args, kwargs in calls:
                     getattr(comm, name)(*args, **kwargs)
-            except _AlTimeout as e:
-                raise self._timed_out(what, self._op_timeout or 0.0, e) from e
             except Error as e:          # argument errors (TypeError, ValueError) pass as such
-                raise _backend_error(what, e) from e
+                raise self._failure(what, e, self._op_timeout or 0.0) from e
             work = Work(self, what, [], finish, result)
         else:
             requests = []
@@ -730,8 +700,8 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
         raise TypeError(f"group: expected a process group of the 'aluminum' backend, got "
                         f"{type(pg).__name__} (init_process_group('aluminum', "
                         f"init_method='mpi://'), or pass group=)")
-    if tensor.is_cuda or pg._broken is not None:
-        opts = _c10d.AllreduceOptions()
+    if tensor.is_cuda or pg._broken is not None:    # the group's path: enqueued on torch's
+        opts = _c10d.AllreduceOptions()                 # stream, or the failed group's error
         opts.reduceOp, opts.asyncOp = op, False
         pg.allreduce([tensor], opts).wait()
         return tensor
@@ -739,10 +709,8 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
     try:
         comm.bind_thread()
         comm.Allreduce(buffer(tensor, True), None, reduce_op(op, tensor.dtype))
-    except _AlTimeout as e:
-        raise pg._timed_out("all_reduce", pg._op_timeout or 0.0, e) from e
     except Error as e:
-        raise _backend_error("all_reduce", e) from e
+        raise pg._failure("all_reduce", e, pg._op_timeout or 0.0) from e
     return tensor
 
 

@@ -59,21 +59,43 @@ def _communicator(state, tensor) -> Communicator:
         return hit[1]
 
 
-def as_buffer(tensor: torch.Tensor):
-    """A buffer the library reduces in place, sharing `tensor`'s memory (no copy): a numpy view
-    of a contiguous CPU tensor (bfloat16 through ``ml_dtypes``), the tensor itself on CUDA."""
-    if not tensor.is_contiguous():
-        raise ValueError("tensor: not contiguous (it is reduced in place)")
-    if tensor.is_cuda:
-        return tensor
-    t = tensor.detach()
-    if t.dtype == torch.bfloat16:
+_NUMPY_TYPES = {torch.float32, torch.float64, torch.float16, torch.int8, torch.int16,
+                torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
+                torch.complex64, torch.complex128}
+
+
+def buffer(t: torch.Tensor, reduce: bool = False):
+    """The one way a tensor becomes a buffer the Communicator reads and writes in place,
+    sharing `t`'s memory (no copy): CUDA tensors as they are, CPU tensors as numpy views; bool
+    as bytes (the backend maps a reduction's op to a logical one).  With `reduce`, bfloat16
+    goes through ``ml_dtypes`` (TypeError naming it if it is missing) and other types numpy
+    lacks (float8) raise TypeError; without, they move as bytes.  Raises ValueError for a
+    tensor that is not contiguous."""
+    if not t.is_contiguous():
+        raise ValueError(f"aluminum: tensors must be contiguous (got strides {t.stride()} for "
+                         f"shape {tuple(t.shape)}); call .contiguous() first")
+    dt = t.dtype
+    if t.is_cuda:
+        return t.view(torch.uint8) if dt == torch.bool else t
+    if dt in _NUMPY_TYPES:
+        return t.numpy() if not t.requires_grad else t.detach().numpy()
+    if dt == torch.bool:
+        return t.detach().view(torch.uint8).numpy()
+    if not reduce:
+        return t.detach().reshape(-1).view(torch.uint8).numpy()
+    if dt == torch.bfloat16:
         try:
             import ml_dtypes
         except ImportError as e:
             raise TypeError("bfloat16 host tensors need ml_dtypes (pip install ml_dtypes)") from e
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+        return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    raise TypeError(f"aluminum: {dt} tensors cannot be reduced (no such numpy type); they can "
+                    f"be moved (gather, broadcast, all-to-all, send)")
+
+
+def as_buffer(tensor: torch.Tensor):
+    """What a hook reduces in place: ``buffer(tensor, reduce=True)``."""
+    return buffer(tensor, reduce=True)
 
 
 _waiter = completion.waiter
