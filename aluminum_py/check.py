@@ -7,12 +7,11 @@ that it never mixes with the calls' own traffic.  The "shm" rounds carry fingerp
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from . import _core, config
-from .errors import Error, TimeoutError
+from . import _core
+from .errors import Error
+from .learning import wait_exchange
 
 _KIND_NAMES = {k: n for n, k in _core.KINDS.items()}
 _DTYPE_NAMES = {c: n for n, c in _core.DTYPES.items()}
@@ -97,21 +96,8 @@ class CallChecker:
         raise Error(f"{name}: {why}")
 
     def _finish(self, req, name) -> None:
-        """Wait for the exchange: raise if a peer broke the communicator (it will never join)
-        or after AL_HANG_TIMEOUT."""
-        timeout = config.hang_timeout()
-        start = time.monotonic()
-        polls = 0
-        while not req.Test():
-            polls += 1
-            if polls % 64 == 0:
-                why = self.state.broken
-                if why is not None:
-                    raise Error(f"{name}: this communicator is unusable: {why}")
-                if timeout is not None and time.monotonic() - start > timeout:
-                    raise TimeoutError(f"{name}: AL_CHECK's signature exchange not complete "
-                                       f"after {timeout:g} s (a peer that never called?)")
-            time.sleep(0 if polls < 1000 else 1e-4)
+        """Wait for the exchange (learning.wait_exchange: AL_HANG_TIMEOUT, a broken peer)."""
+        wait_exchange(req, self.state, name, "AL_CHECK's signature exchange")
 
     def _check_v(self, name, kind) -> None:
         """Every rank called the v-collective `kind`: compare, for every pair of ranks, what

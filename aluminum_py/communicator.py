@@ -201,6 +201,23 @@ class Communicator:
         Local: no communication."""
         return self._host.explain(int(nbytes), np.dtype(dtype).itemsize)
 
+    def learned(self) -> list:
+        """What ``algorithm="auto"`` learned in use (AL_AUTO_LEARN; docs/tuning.md): per size
+        class whose learning is over, a dict with bytes (the class: messages up to that power
+        of two), itemsize, choice, prior (the table's or the model's choice), source, medians
+        (seconds per contender, of the min over ranks: the last rank to arrive) and samples (timed calls of each).
+        Empty with learning off.  Local: no communication."""
+        return [] if self._host.learning is None else self._host.learning.learned()
+
+    def save_learned(self, path: str | None = None) -> int:
+        """Merge :meth:`learned` into the tuning table (`path`, else AL_TUNING_FILE or the
+        per-user cache file): where the table's exact entry for this communicator measured a
+        learned class's size, its choice there becomes the learned one (``decided``: "in
+        use"). Local: call it on one rank (rank 0).  Returns the number of sizes changed."""
+        from . import tuning
+        return tuning.merge_learned(self.learned(), self.size, self._topology.ranks_per_node,
+                                    tuning.mpi_version(), path)[1]
+
     # ------------------------------------------------------------------ allreduce
     def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
                   max_ctas: int | None = None, min_ctas: int | None = None) -> None:

@@ -193,6 +193,14 @@ def shm_named() -> bool:
     return _number("AL_SHM_NAMED", 0, 0, 1, "0 or 1", whole=True) == 1
 
 
+def auto_learn() -> int:
+    """AL_AUTO_LEARN: timed rounds with which ``algorithm="auto"`` checks the table's choice in
+    use at each size class of a communicator's Allreduce before it commits (default 5; 0: off,
+    the table or the model decides alone; aluminum_py.learning, docs/tuning.md).  Rank 0's
+    value is used."""
+    return _count("AL_AUTO_LEARN", 5, 0, 1000, "rounds", " (0: off)")
+
+
 def tuning_file() -> str | None:
     """AL_TUNING_FILE: the tuning table's path (None: the per-user cache file)."""
     return _raw("AL_TUNING_FILE")
@@ -249,6 +257,7 @@ def construction_error() -> str | None:
         shm_test_faults()
         model_params()
         shm_model_params()
+        auto_learn()
         check()
     except ValueError as e:
         return str(e)

@@ -12,7 +12,7 @@ import math
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -203,7 +203,7 @@ def validate_entry(entry: dict) -> dict:
     entry["sizes"], entry["times"] = sizes, times
     for k, ok in (("choice", lambda v: type(v) is str and v in times),
                   ("margin", lambda v: type(v) in (int, float) and 0 < v < math.inf),
-                  ("decided", lambda v: v in ("median", "worst case"))):
+                  ("decided", lambda v: v in ("median", "worst case", "in use"))):
         if k in entry and (type(entry[k]) is not list or len(entry[k]) != len(sizes)
                            or not all(ok(v) for v in entry[k])):
             raise ValueError(f"{k} must be a list with one valid value per size")
@@ -244,6 +244,49 @@ def merge_into_file(entry: dict, path: str | None = None) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return save(merge(load(path), entry), path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def merge_learned(learned: list, comm_size: int, ranks_per_node, mpi: str,
+                  path: str | None = None) -> tuple[str, int]:
+    """Merge what "auto" learned in use (``Communicator.learned()``) into the tuning table's
+    exact host entries: at each measured size that is a learned class's power of two, the
+    entry's ``choice`` becomes the learned one, ``decided`` "in use" and ``margin`` the
+    runner-up's median over the choice's.  Classes without such an entry or size are left out
+    (their times are not the crossover's: nothing else is written).  Returns (path, sizes
+    changed)."""
+    import fcntl
+    path = path or default_path()
+    if not learned or not os.path.exists(path):
+        return path, 0
+    with os.fdopen(open_private(path + ".lock", truncate=False), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            table, changed = load(path), 0
+            for r in learned:
+                key = make_key(comm_size, ranks_per_node, "host", r["itemsize"], mpi,
+                               ranks_per_node[0])
+                entry = table.get("entries", {}).get(key)
+                if entry is None or r["bytes"] not in entry["sizes"] or \
+                        r["choice"] not in entry["times"]:
+                    continue
+                i, n = entry["sizes"].index(r["bytes"]), len(entry["sizes"])
+                times = entry["times"]
+                entry.setdefault("choice", [min(times, key=lambda a: times[a][j])
+                                            for j in range(n)])
+                entry.setdefault("decided", ["median"] * n)
+                entry.setdefault("margin", [1.0] * n)
+                med = r["medians"]
+                others = [t for a, t in med.items() if a != r["choice"]]
+                entry["choice"][i], entry["decided"][i] = r["choice"], "in use"
+                entry["margin"][i] = (min(others) / med[r["choice"]] if others and
+                                      med.get(r["choice"]) else 1.0)
+                entry["ranges"] = win_ranges(entry["sizes"], times, entry["choice"])
+                changed += 1
+            if changed:
+                save(table, path)
+            return path, changed
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -385,6 +428,11 @@ def fit_machine(entry: dict) -> tuple[float, float, float] | None:
     return fit_models(entry)[0]
 
 
+def ranked(best: str, times: dict) -> tuple:
+    """`best` first, then the other algorithms of `times` (name -> seconds) fastest first."""
+    return (best,) + tuple(sorted((a for a in times if a != best), key=times.get))
+
+
 @dataclass
 class Choice:
     """auto's decision for one message: the algorithm and why."""
@@ -392,6 +440,9 @@ class Choice:
     algorithm: str
     source: str                 # "table", "table-extrapolated", "model-fitted", "model"
     detail: str
+    # every usable algorithm, the chosen one first, then by the time the table or the model
+    # gives it at this size (what learning in use tries: aluminum_py.learning)
+    ranked: tuple = field(default=(), repr=False)
 
     def __str__(self) -> str:
         return f"{self.algorithm} ({self.source}: {self.detail})"
@@ -453,7 +504,7 @@ class Chooser:
         if runner is not None and self.comm_size > 1:
             detail += (f": {best} {times[best] * 1e6:.1f} us, next {runner} "
                        f"{times[runner] * 1e6:.1f} us")
-        return Choice(best, source, detail)
+        return Choice(best, source, detail, ranked(best, times))
 
     def explain(self, nbytes: int, dtype_size: int) -> Choice:
         """The choice for a message of `nbytes` bytes of `dtype_size`-byte elements, and why."""
@@ -508,29 +559,31 @@ class Chooser:
         if not algs:
             return self._modelled(nbytes, self.default_params, self._shm_cost(self.shm_params),
                                   "model", "the table entry has no usable algorithm; ")
+        at = lambda i: {a: entry["times"][a][i] for a in algs}     # noqa: E731
         if nbytes <= sizes[0]:
             best, how = self._decided(entry, 0, algs)
             return Choice(best, "table", f"fastest at {sizes[0]} B, the smallest size "
-                          f"measured{how}")
+                          f"measured{how}", ranked(best, at(0)))
         if nbytes > sizes[-1]:
             # anchored at the largest measured size, growing with each algorithm's fitted beta
             fit = entry["fit"]
             est = {a: entry["times"][a][-1] + fit[a]["beta"] * (nbytes - sizes[-1]) for a in algs}
             best = min(est, key=est.get)
             return Choice(best, "table-extrapolated", f"measured time at {sizes[-1]} B plus the "
-                          f"fitted beta predicts {est[best] * 1e6:.1f} us at {nbytes} B")
+                          f"fitted beta predicts {est[best] * 1e6:.1f} us at {nbytes} B",
+                          ranked(best, est))
         j = int(np.searchsorted(sizes, nbytes))
         if sizes[j] == nbytes:
             best, how = self._decided(entry, j, algs)
             return Choice(best, "table", f"measured fastest at {nbytes} B "
-                          f"({entry['times'][best][j] * 1e6:.1f} us{how})")
+                          f"({entry['times'][best][j] * 1e6:.1f} us{how})", ranked(best, at(j)))
         lo, hi = sizes[j - 1], sizes[j]
         f = (math.log(nbytes) - math.log(lo)) / (math.log(hi) - math.log(lo))
         est = {a: math.exp((1 - f) * math.log(entry["times"][a][j - 1]) +
                            f * math.log(entry["times"][a][j])) for a in algs}
         best = min(est, key=est.get)
         return Choice(best, "table", f"interpolated between {lo} B and {hi} B: "
-                      f"{est[best] * 1e6:.1f} us")
+                      f"{est[best] * 1e6:.1f} us", ranked(best, est))
 
 
 @dataclass
@@ -543,6 +596,7 @@ class TuningData:
     ranks_per_node: tuple   # this communicator's topology
     others: tuple           # topologies of the entries not used (explain's message)
     shm_params: tuple | None = None     # the "shm" formula's default (sync, byte)
+    learn_rounds: int = 0   # AL_AUTO_LEARN (aluminum_py.learning), rank 0's
 
 
 def shared_data(mpi_comm, buffer: str, layout) -> TuningData:
@@ -557,7 +611,7 @@ def shared_data(mpi_comm, buffer: str, layout) -> TuningData:
         try:
             exact, fitted, others = find_data(load(), rpn, buffer, mpi_version())
             data = TuningData(exact, fitted, config.model_params(), rpn, others,
-                              config.shm_model_params())
+                              config.shm_model_params(), config.auto_learn())
         except Exception as e:
             data = e
     data = mpi_comm.bcast(data, root=0)

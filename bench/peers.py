@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -71,6 +72,20 @@ def gloo_allreduce(world):
         t = torch.from_numpy(send.copy())
         return contender(lambda: dist.all_reduce(t), t.numpy)
     return factory
+
+
+def learn(comm, auto, nbytes: int) -> dict:
+    """Run `auto` (the "auto" contender's call, or None) until its size class has committed
+    (AL_AUTO_LEARN: aluminum_py.learning), before the timing: the table shows auto as it runs
+    in a long program, and the row records what learning cost (learn_calls, learn_us: the
+    calls and their total time on this rank, the check's first call included)."""
+    if auto is None or comm._host.learning is None:
+        return {}
+    t0, calls = time.perf_counter(), 0
+    while comm.explain(nbytes).source != "learned" and calls < 1000:
+        auto()
+        calls += 1
+    return {"learn_calls": calls, "learn_us": (time.perf_counter() - t0) * 1e6}
 
 
 def memory_bound(nbytes: int, p: int, copy_bw: float, add_bw: float) -> float:
@@ -218,11 +233,12 @@ def main(argv=None) -> int:
         wrong = check(world, calls, n // 4, skipped)
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
+        learning = learn(comm, calls.get("auto"), n)
         samples = time_interleaved(world, calls, iterations(world, calls, args.budget))
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
-               "algorithm": comm.explain(n).algorithm, "wrong": wrong}
+               "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning}
         rows.append(row)
         if comm.rank == 0:
             line = f"{n:>10}" + "".join(f" {row[k]:>12.1f}{'!' if k in wrong else ' '}"
@@ -246,6 +262,18 @@ def main(argv=None) -> int:
                 speed = np.array([r[p] / r[a] for r in both])
                 print(f"# {a} vs {p}: geometric-mean speedup {np.exp(np.log(speed).mean()):.2f}x, "
                       f"worst {speed.min():.2f}x at {both[int(speed.argmin())]['bytes']} B")
+        if "auto" in mine:      # issue 31's target: auto within 1.10x of the fastest contender
+            over = [(r["auto"] / min(r[k] for k in columns if k in r), r["bytes"],
+                     min((k for k in columns if k in r), key=r.get)) for r in rows if "auto" in r]
+            worst = max(over)
+            print(f"# auto over the fastest contender: worst {worst[0]:.2f}x at {worst[1]} B "
+                  f"(fastest there: {worst[2]}); within 1.10x at {sum(o[0] <= 1.10 for o in over)}"
+                  f" of {len(over)} sizes")
+            learned = [r for r in rows if "learn_calls" in r]
+            if learned:
+                print(f"# auto learned in use before the timing (AL_AUTO_LEARN): "
+                      f"{sum(r['learn_calls'] for r in learned)} calls at {len(learned)} sizes, "
+                      f"{sum(r['learn_us'] for r in learned) / 1e3:.1f} ms in all on rank 0")
         print(f"# memory bandwidth (one core): copy {copy_bw / 1e9:.2f} GB/s, add (output) "
               f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; "
               + "; ".join(f"{k} {big[k]:.0f} us = {big[k] / bound:.2f}x" for k in columns

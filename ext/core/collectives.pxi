@@ -62,15 +62,30 @@ cdef class HostCollectives:
         cdef al_msg m
         cdef Launcher L = self.launcher
         cdef int opcode = op_code(op)
-        cdef NativeOp o
         cdef str alg
-        cdef char* sp
+        cdef double t0
         if min_ctas is not None or max_ctas is not None:
             _hooks.no_ctas()                                             # raises
         hold = parse_reduce(&m, sendbuf, recvbuf, opcode, 1, "one element per sendbuf element",
                             "sendbuf")
-        alg = L.choose_for(algorithm, m.count * m.esize, m.esize)
-        sp = m.rp if m.inplace else m.sp
+        alg = L.choose_for(algorithm, m.count * m.esize, m.esize, LEARN_TIMED)
+        if L.trial is None:
+            return self.run_allreduce(&m, opcode, alg, blocking)
+        learner, L.trial = L.trial, None        # auto is learning (learning.py): time it
+        if not blocking:
+            request = self.run_allreduce(&m, opcode, alg, False)
+            learner.record_op(request._op)      # its start and completion, read later
+            return request
+        t0 = al_now()
+        self.run_allreduce(&m, opcode, alg, True)
+        learner.record(al_now() - t0)
+        return None
+
+    cdef object run_allreduce(self, al_msg* m, int opcode, str alg, bint blocking):
+        """Launch the allreduce of the message `m` with the host algorithm `alg`."""
+        cdef Launcher L = self.launcher
+        cdef NativeOp o
+        cdef char* sp = m.rp if m.inplace else m.sp
         if alg == "shm":
             o = build_allreduce(L, <intptr_t>sp, <intptr_t>m.rp, m.count, m.code, m.esize,
                                 opcode, alg, m.inplace, None)

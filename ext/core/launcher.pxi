@@ -30,9 +30,19 @@ cdef inline int shm_poll(al_op* op, int polls) noexcept nogil:
     return 0
 
 
+# choose_for's `learn`: what a call does to a size class that auto is still learning
+# (aluminum_py.learning): LEARN_CALL a call of the schedule, not timed (its sample stays empty);
+# LEARN_TIMED a call of the schedule that the caller times (Launcher.trial is set to the
+# Learner); LEARN_PEEK no call (the committed choice, else the table's)
+DEF LEARN_CALL = 0
+DEF LEARN_TIMED = 1
+DEF LEARN_PEEK = 2
+
+
 cdef class Launcher:
     """Per-communicator call path: caches of auto's choice and of native schedules."""
     cdef readonly CommState state
+    cdef object trial             # the Learner of the last LEARN_TIMED call, until it is timed
     cdef dict auto_cache
     cdef dict sched_cache
     cdef object chooser           # (nbytes, itemsize) -> algorithm name (tuning.Chooser.choose; cached here)
@@ -47,7 +57,7 @@ cdef class Launcher:
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
-        return self.choose_for("auto", nbytes, itemsize)
+        return self.choose_for("auto", nbytes, itemsize, LEARN_PEEK)
 
     def __cinit__(self, CommState state, chooser, builder, host_algs):
         self.state = state
@@ -163,7 +173,12 @@ cdef class Launcher:
             return
         self.checker(o.name, op.kind, op.count, op.dtype, op.rop, op.mpi.root)
 
-    cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize):
+    cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize,
+                        int learn=LEARN_CALL):
+        """The algorithm of a call: `algorithm` checked, or auto's choice: the chooser's answer,
+        cached per (nbytes, itemsize): a name, or while AL_AUTO_LEARN learns the size class a
+        Learner (learning.py), asked at every call until it commits (then its choice is cached:
+        a committed class costs what any other does)."""
         cdef object alg
         cdef Py_ssize_t key
         if algorithm == "auto":
@@ -174,10 +189,24 @@ cdef class Launcher:
                 if len(self.auto_cache) > 4096:
                     self.auto_cache.clear()
                 self.auto_cache[key] = alg
-            return <str>alg
+            if type(alg) is str:
+                return <str>alg
+            return self.learning(key, alg, learn)
         if algorithm in self.host_algs:
             return algorithm
         return _hooks.bad_algorithm(algorithm)     # raises
+
+    cdef str learning(self, Py_ssize_t key, learner, int learn):
+        """choose_for for a size class still learning: the schedule's next contender (timed
+        by the caller where `learn` is LEARN_TIMED), or once committed its choice (cached)."""
+        if learner.committed is None and learn == LEARN_PEEK:
+            return learner.prior
+        name = learner.next()
+        if learner.committed is not None:
+            self.auto_cache[key] = learner.committed
+        elif learn == LEARN_TIMED:
+            self.trial = learner
+        return name
 
     cdef Schedule schedule(self, str alg, Py_ssize_t count, bint inplace):
         key = (alg, count, inplace)

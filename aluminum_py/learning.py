@@ -1,0 +1,205 @@
+"""``algorithm="auto"`` checks itself in use (AL_AUTO_LEARN): during the first calls of each size
+class of a communicator's Allreduce / Iallreduce it rotates among a few contenders, times them,
+and commits to the fastest, the same choice on every rank.
+
+Why: the tuning table is measured once, in the state the machine was in then; a node's memory
+bandwidth, its page placement and its neighbours change (docs/tuning.md, "Learning in use").
+
+How, for one size class (the powers of two: a message of n bytes is in the class of the
+smallest power of two >= n) and one element size:
+
+* the contenders: the two best of the table's (or the cost model's) ranking at that size, and
+  the best of each transport not among them ("shm", the node's segment; the MPI library's
+  point-to-point for every other algorithm), at most :data:`CONTENDERS`;
+* a schedule of ``rounds + 1`` rounds, each running every contender once in an order drawn from
+  the round's number (the same on every rank); round 0 is a warm-up, not timed;
+* each call is timed on each rank: a blocking call from its start to its return, a
+  nonblocking one from the op's start to its completion (read when the schedule is over; an op
+  not complete by then gives no sample);
+* at the first call of the class after the schedule, the ranks exchange their samples (one
+  small MPI_Allreduce of the min, see Learning.exchange, on a communicator of its own) and
+  every rank decides from the same numbers: the lowest median wins, unless the table's choice is within :data:`KEEP` of it
+  (then the table's choice stays: more samples decided it).  From then on the class costs what
+  any "auto" call costs: the launcher caches the committed name.
+
+The calls of one class must be the same sequence on every rank (MPI's rule for collectives):
+then every rank runs the same contender at every call, and nothing can diverge.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from . import config
+from .algorithms import REGISTRY
+from .errors import Error, TimeoutError
+
+CONTENDERS = 3          # algorithms tried per size class at most
+KEEP = 1.05             # the table's choice stays where within this factor of the fastest
+
+
+def size_class(nbytes: int) -> int:
+    """The class of a message of `nbytes` bytes: the smallest power of two >= nbytes."""
+    return 1 << max(0, int(nbytes) - 1).bit_length()
+
+
+def transport(algorithm: str) -> str:
+    """What moves an algorithm's data: "shm" (the node's segment) or "mpi" (MPI messages)."""
+    return "shm" if REGISTRY[algorithm].one_node else "mpi"
+
+
+def contenders(ranked, k: int = CONTENDERS) -> tuple:
+    """From `ranked` (the chosen algorithm first, then the others fastest first): the two
+    first, then the first of each transport not yet among them, at most `k`."""
+    ranked = tuple(ranked)
+    pick = list(ranked[:2])
+    for a in ranked[2:]:
+        if len(pick) >= k:
+            break
+        if transport(a) not in {transport(b) for b in pick}:
+            pick.append(a)
+    return tuple(pick[:k])
+
+
+class Learner:
+    """The schedule and the samples of one size class (see the module's docstring)."""
+
+    def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int):
+        self.exchange = exchange            # samples -> their min over ranks (collective)
+        self.size_class = size_class(nbytes)
+        self.itemsize = itemsize
+        self.prior = choice.algorithm       # the table's (or the model's) choice
+        self.source = choice.source
+        self.names = contenders(choice.ranked or (choice.algorithm,))
+        k = len(self.names)
+        # call i of the schedule runs names[order[i]]; round 0 (the first k calls) warms up
+        self.order = np.concatenate([np.random.default_rng(r).permutation(k)
+                                     for r in range(rounds + 1)])
+        self.samples = np.full(len(self.order), np.inf)     # inf: no sample
+        self.pending = {}                   # call index -> the NativeOp of a nonblocking call
+        self.calls = 0
+        self.committed = None if k > 1 else self.prior
+        self.result = None                  # what `learned` reports once committed
+
+    def next(self) -> str:
+        """The algorithm of the next call of this class: a contender while the schedule runs,
+        then (after the exchange, at the first call past it) the committed choice."""
+        if self.committed is not None:
+            return self.committed
+        i = self.calls
+        if i >= len(self.order):
+            return self.commit()
+        self.calls = i + 1
+        return self.names[self.order[i]]
+
+    def record(self, seconds: float) -> None:
+        """The last call's duration (a blocking call timed by the caller)."""
+        self.samples[self.calls - 1] = seconds
+
+    def record_op(self, op) -> None:
+        """The last call was nonblocking: its op, read when the schedule is over."""
+        self.pending[self.calls - 1] = op
+
+    def commit(self) -> str:
+        k = len(self.names)
+        for i, op in self.pending.items():
+            t = op.times                        # None: not complete yet, no sample
+            if t is not None and op.error is None and t[1] > t[0] > 0:
+                self.samples[i] = t[1] - t[0]
+        self.pending.clear()
+        every = self.exchange(self.samples)     # the same array on every rank
+        per = {a: every[k:][self.order[k:] == j] for j, a in enumerate(self.names)}
+        per = {a: s[np.isfinite(s)] for a, s in per.items()}
+        medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
+        best = self.prior
+        if medians:
+            best = min(medians, key=medians.get)
+            if self.prior in medians and medians[self.prior] <= KEEP * medians[best]:
+                best = self.prior
+        self.committed = best
+        self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
+                       "prior": self.prior, "source": self.source,
+                       "medians": medians, "samples": {a: len(s) for a, s in per.items()}}
+        return best
+
+
+class Learning:
+    """The learners of one communicator: the launcher's chooser while AL_AUTO_LEARN is on.
+    `explain(nbytes, itemsize)` is the Chooser's; `comm` an MPI communicator used by nothing
+    else (the exchanges); `state` the CommState (a broken communicator ends a wait)."""
+
+    def __init__(self, explain, comm, state, rounds: int):
+        self.explain = explain
+        self.comm = comm
+        self.state = state
+        self.rounds = rounds
+        self.learners = {}                  # (size class, itemsize) -> Learner
+
+    def __call__(self, nbytes: int, itemsize: int):
+        """The launcher's chooser: the class's Learner (the launcher asks it for each call's
+        algorithm until it has committed)."""
+        key = (size_class(nbytes), itemsize)
+        learner = self.learners.get(key)
+        if learner is None:
+            learner = Learner(self.exchange, nbytes, itemsize, self.explain(key[0], itemsize),
+                              self.rounds)
+            self.learners[key] = learner
+        return learner
+
+    def explain_learned(self, choice, nbytes: int, itemsize: int):
+        """`choice` (the Chooser's, for explain) with what learning in use did for the class of
+        `nbytes`: committed (to what, from which medians) or still learning."""
+        learner = self.learners.get((size_class(nbytes), itemsize))
+        if learner is None:
+            return choice
+        r = learner.result
+        if r is None:
+            return replace(choice, detail=choice.detail + f"; learning in use among "
+                           f"{', '.join(learner.names)} ({learner.calls} calls so far)")
+        medians = ", ".join(f"{a} {t * 1e6:.1f} us" for a, t in
+                            sorted(r["medians"].items(), key=lambda kv: kv[1]))
+        return replace(choice, algorithm=r["choice"], source="learned",
+                       detail=f"learned in use for messages up to {r['bytes']} B (medians of "
+                              f"the min over ranks: {medians}); before: {choice}")
+
+    def exchange(self, samples: np.ndarray) -> np.ndarray:
+        """The min over ranks of `samples` (inf: no sample), waited for at most AL_HANG_TIMEOUT
+        (or until a peer breaks the communicator).  The min: in use, ranks arrive at a call at
+        different times and the early ones wait for the late; the last to arrive measures what
+        the algorithm costs once every rank is there (the max would add the skew, the same
+        for every contender, and drown differences of microseconds in it)."""
+        from mpi4py import MPI
+        every = np.empty_like(samples)
+        wait_exchange(self.comm.Iallreduce(samples, every, op=MPI.MIN), self.state,
+                      "Allreduce (auto, AL_AUTO_LEARN)", "the exchange of what auto learned")
+        return every
+
+    def learned(self) -> list:
+        """What was committed so far: one dict per size class (bytes: the class's power of two,
+        itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
+        samples: how many timed calls each)."""
+        return [dict(lr.result) for key, lr in sorted(self.learners.items())
+                if lr.result is not None]
+
+
+def wait_exchange(req, state, name: str, what: str) -> None:
+    """Wait for the MPI request `req` of a library-internal exchange: raise if a peer broke the
+    communicator (it will never join) or after AL_HANG_TIMEOUT."""
+    timeout = config.hang_timeout()
+    start = time.monotonic()
+    polls = 0
+    while not req.Test():
+        polls += 1
+        if polls % 64 == 0:
+            why = state.broken
+            if why is not None:
+                raise Error(f"{name}: this communicator is unusable: {why}")
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise TimeoutError(f"{name}: {what} not complete after {timeout:g} s (a peer "
+                                   f"that never called?)")
+        time.sleep(0 if polls < 1000 else 1e-4)
+
+
+__all__ = ["Learner", "Learning", "contenders", "size_class", "transport"]

@@ -1,0 +1,165 @@
+"""auto's learning in use (aluminum_py.learning), without MPI: the size classes, the contenders
+it picks from a ranking, the schedule, and the decision from exchanged samples."""
+import numpy as np
+import pytest
+
+from aluminum_py import config, tuning
+from aluminum_py.learning import KEEP, Learner, contenders, size_class, transport
+from aluminum_py.tuning import Choice
+
+
+def test_size_class_is_the_next_power_of_two():
+    assert [size_class(n) for n in (1, 2, 3, 4, 5, 4096, 4097, 3 << 20)] == \
+        [1, 2, 4, 4, 8, 4096, 8192, 4 << 20]
+
+
+def test_contenders_two_best_and_each_transport():
+    assert transport("shm") == "shm" and transport("ring") == "mpi"
+    # the two best, then the best of the transport not yet among them
+    assert contenders(("ring", "hierarchical", "rabenseifner", "shm")) == \
+        ("ring", "hierarchical", "shm")
+    assert contenders(("shm", "ring", "rabenseifner")) == ("shm", "ring")
+    assert contenders(("ring", "rabenseifner", "mpi")) == ("ring", "rabenseifner")
+    assert contenders(("ring",)) == ("ring",)
+
+
+class Exchange:
+    """A stand-in for the ranks' exchange: the min of each rank's samples."""
+
+    def __init__(self, *others):
+        self.others = others
+        self.calls = 0
+
+    def __call__(self, samples):
+        self.calls += 1
+        return np.minimum.reduce([samples, *self.others])
+
+
+def run(learner, cost, calls=None):
+    """Drive `learner` through its schedule with `cost(name)` seconds per call; the names."""
+    names = []
+    for _ in range(calls or len(learner.order)):
+        names.append(learner.next())
+        learner.record(cost(names[-1]))
+    return names
+
+
+def choice(*ranked):
+    return Choice(ranked[0], "table", "", ranked)
+
+
+def test_schedule_rotates_every_contender_in_every_round():
+    lr = Learner(Exchange(), 1000, 4, choice("ring", "rabenseifner", "shm"), rounds=4)
+    names = run(lr, lambda a: 1.0)
+    k = len(lr.names)
+    assert len(names) == k * 5
+    for r in range(5):                      # round 0 warms up, then 4 timed rounds
+        assert sorted(names[r * k:(r + 1) * k]) == sorted(lr.names)
+    assert lr.committed is None             # decided at the first call past the schedule
+    # the same schedule on every rank: drawn from the round numbers only
+    again = Learner(Exchange(), 1000, 4, choice("ring", "rabenseifner", "shm"), rounds=4)
+    assert run(again, lambda a: 1.0) == names
+
+
+def test_commits_to_the_fastest_median_and_caches_it():
+    cost = {"ring": 3e-3, "rabenseifner": 2e-3, "shm": 1e-3}
+    ex = Exchange()
+    lr = Learner(ex, 1 << 20, 4, choice("ring", "rabenseifner", "shm"), rounds=3)
+    run(lr, cost.get)
+    assert lr.next() == "shm" and lr.committed == "shm" and ex.calls == 1
+    assert lr.next() == "shm" and ex.calls == 1          # one exchange only
+    r = lr.result
+    assert r["bytes"] == 1 << 20 and r["prior"] == "ring" and r["choice"] == "shm"
+    assert r["medians"] == pytest.approx(cost) and set(r["samples"].values()) == {3}
+
+
+def test_the_tables_choice_stays_within_keep():
+    cost = {"ring": 1e-3 * (KEEP - 0.01), "shm": 1e-3}
+    lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=3)
+    run(lr, cost.get)
+    assert lr.next() == "ring"
+
+
+def test_decision_uses_every_ranks_samples():
+    """Samples missing on this rank (inf: a nonblocking call not complete, a call that raised)
+    come from a peer: the decision is made from the exchanged array, the same on every rank."""
+    lr = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
+    names = run(lr, lambda a: np.inf)
+    peer = np.array([{"ring": 2.0, "shm": 1.0}[a] for a in names])
+    lr.exchange = Exchange(peer)
+    assert lr.next() == "shm" and lr.result["samples"] == {"ring": 2, "shm": 2}
+
+
+def test_no_sample_anywhere_keeps_the_prior():
+    lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=2)
+    run(lr, lambda a: np.inf)
+    assert lr.next() == "ring" and lr.result["medians"] == {}
+
+
+def test_one_contender_commits_at_once():
+    ex = Exchange()
+    lr = Learner(ex, 64, 4, choice("ring"), rounds=5)
+    assert lr.next() == "ring" and lr.committed == "ring" and ex.calls == 0
+
+
+class Op:
+    def __init__(self, times, error=None):
+        self.times, self.error = times, error
+
+
+def test_nonblocking_calls_are_read_at_the_decision():
+    lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=2)
+    last = len(lr.order) - 1
+    for i in range(len(lr.order)):
+        name = lr.next()
+        t = {"ring": 2.0, "shm": 1.0}[name]
+        # the last one not complete at the decision: no sample
+        lr.record_op(Op(None) if i == last else Op((10.0, 10.0 + t)))
+    assert lr.next() == "shm"
+    assert sum(lr.result["samples"].values()) == 3
+
+
+def test_ranked_follows_the_table_and_the_model():
+    entry = tuning.make_entry(2, [2], "host", 4, "mpi", [64, 128],
+                              {"ring": [3e-6, 4e-6], "rabenseifner": [2e-6, 5e-6],
+                               "shm": [1e-6, 6e-6]})
+    ch = tuning.Chooser(2, {4: entry}, {}, (2e-6, 1e-10, 1e-10), ("ring", "rabenseifner", "shm"),
+                        (2,))
+    assert ch.explain(64, 4).ranked == ("shm", "rabenseifner", "ring")
+    assert ch.explain(128, 4).ranked == ("ring", "rabenseifner", "shm")
+    model = tuning.Chooser(2, {}, {}, (2e-6, 1e-10, 1e-10), ("ring", "rabenseifner"), (2,))
+    r = model.explain(1 << 20, 4).ranked
+    assert r[0] == model.explain(1 << 20, 4).algorithm and set(r) >= {"ring", "rabenseifner"}
+
+
+def test_al_auto_learn_setting(monkeypatch):
+    monkeypatch.delenv("AL_AUTO_LEARN", raising=False)
+    assert config.auto_learn() == 5
+    monkeypatch.setenv("AL_AUTO_LEARN", "0")
+    assert config.auto_learn() == 0
+    monkeypatch.setenv("AL_AUTO_LEARN", "-1")
+    with pytest.raises(ValueError, match="AL_AUTO_LEARN"):
+        config.auto_learn()
+    assert "AL_AUTO_LEARN" in config.construction_error()
+
+
+def test_merge_learned_into_the_table(tmp_path):
+    path = str(tmp_path / "t.json")
+    entry = tuning.make_entry(2, [2], "host", 4, "MPICH 5", [1024, 2048],
+                              {"ring": [3e-6, 4e-6], "shm": [4e-6, 6e-6]})
+    tuning.merge_into_file(entry, path)
+    learned = [{"bytes": 2048, "itemsize": 4, "choice": "shm", "prior": "ring",
+                "source": "table", "medians": {"shm": 2e-6, "ring": 3e-6},
+                "samples": {"shm": 5, "ring": 5}},
+               {"bytes": 4096, "itemsize": 4, "choice": "shm", "prior": "ring",
+                "source": "table", "medians": {"shm": 1e-6}, "samples": {"shm": 5}}]
+    assert tuning.merge_learned(learned, 2, (2,), "MPICH 5", path) == (path, 1)
+    (e,) = tuning.load(path)["entries"].values()
+    assert e["choice"] == ["ring", "shm"] and e["decided"] == ["median", "in use"]
+    assert e["margin"][1] == pytest.approx(1.5)
+    assert [r["algorithm"] for r in e["ranges"]] == ["ring", "shm"]
+    ch = tuning.Chooser(2, {4: e}, {}, (2e-6, 1e-10, 1e-10), ("ring", "shm"), (2,))
+    assert ch.explain(2048, 4).algorithm == "shm"
+    # another topology, or no file: nothing changes
+    assert tuning.merge_learned(learned, 4, (4,), "MPICH 5", path)[1] == 0
+    assert tuning.merge_learned(learned, 2, (2,), "MPICH 5", str(tmp_path / "no.json"))[1] == 0
