@@ -205,7 +205,7 @@ class Communicator:
         """What ``algorithm="auto"`` learned in use (AL_AUTO_LEARN; docs/tuning.md): per size
         class whose learning is over, a dict with bytes (the class: messages up to that power
         of two), itemsize, choice, prior (the table's or the model's choice), source, medians
-        (seconds per contender, of the min over ranks: the last rank to arrive) and samples (timed calls of each).
+        (seconds per contender, of the max over ranks) and samples (timed calls of each).
         Empty with learning off.  Local: no communication."""
         return [] if self._host.learning is None else self._host.learning.learned()
 

@@ -17,7 +17,7 @@ smallest power of two >= n) and one element size:
   nonblocking one from the op's start to its completion (read when the schedule is over; an op
   not complete by then gives no sample);
 * at the first call of the class after the schedule, the ranks exchange their samples (one
-  small MPI_Allreduce of the min, see Learning.exchange, on a communicator of its own) and
+  small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
   every rank decides from the same numbers: the lowest median wins, unless the table's choice is within :data:`KEEP` of it
   (then the table's choice stays: more samples decided it).  From then on the class costs what
   any "auto" call costs: the launcher caches the committed name.
@@ -67,7 +67,7 @@ class Learner:
     """The schedule and the samples of one size class (see the module's docstring)."""
 
     def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int):
-        self.exchange = exchange            # samples -> their min over ranks (collective)
+        self.exchange = exchange            # samples -> their max over ranks (collective)
         self.size_class = size_class(nbytes)
         self.itemsize = itemsize
         self.prior = choice.algorithm       # the table's (or the model's) choice
@@ -77,7 +77,7 @@ class Learner:
         # call i of the schedule runs names[order[i]]; round 0 (the first k calls) warms up
         self.order = np.concatenate([np.random.default_rng(r).permutation(k)
                                      for r in range(rounds + 1)])
-        self.samples = np.full(len(self.order), np.inf)     # inf: no sample
+        self.samples = np.full(len(self.order), -1.0)     # -1: no sample
         self.pending = {}                   # call index -> the NativeOp of a nonblocking call
         self.calls = 0
         self.committed = None if k > 1 else self.prior
@@ -111,7 +111,7 @@ class Learner:
         self.pending.clear()
         every = self.exchange(self.samples)     # the same array on every rank
         per = {a: every[k:][self.order[k:] == j] for j, a in enumerate(self.names)}
-        per = {a: s[np.isfinite(s)] for a, s in per.items()}
+        per = {a: s[s > 0] for a, s in per.items()}
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
         best = self.prior
         if medians:
@@ -162,17 +162,19 @@ class Learning:
                             sorted(r["medians"].items(), key=lambda kv: kv[1]))
         return replace(choice, algorithm=r["choice"], source="learned",
                        detail=f"learned in use for messages up to {r['bytes']} B (medians of "
-                              f"the min over ranks: {medians}); before: {choice}")
+                              f"the max over ranks: {medians}); before: {choice}")
 
     def exchange(self, samples: np.ndarray) -> np.ndarray:
-        """The min over ranks of `samples` (inf: no sample), waited for at most AL_HANG_TIMEOUT
-        (or until a peer breaks the communicator).  The min: in use, ranks arrive at a call at
-        different times and the early ones wait for the late; the last to arrive measures what
-        the algorithm costs once every rank is there (the max would add the skew, the same
-        for every contender, and drown differences of microseconds in it)."""
+        """The max over ranks of `samples` (-1: no sample), waited for at most AL_HANG_TIMEOUT
+        (or until a peer breaks the communicator).  The max, as every benchmark here takes it:
+        a call costs the program what its slowest rank spends in it.  The min (the last rank
+        to arrive) was tried first and is biased: with MPI's eager messages the early ranks'
+        data is already waiting for the last one, so the point-to-point algorithms looked
+        cheaper than they are (bench/results/issue31_acceptance.txt, 16-64 KiB).  The ranks'
+        skew adds the same to every contender, in a random order each round."""
         from mpi4py import MPI
         every = np.empty_like(samples)
-        wait_exchange(self.comm.Iallreduce(samples, every, op=MPI.MIN), self.state,
+        wait_exchange(self.comm.Iallreduce(samples, every, op=MPI.MAX), self.state,
                       "Allreduce (auto, AL_AUTO_LEARN)", "the exchange of what auto learned")
         return every
 

@@ -24,7 +24,7 @@ def test_contenders_two_best_and_each_transport():
 
 
 class Exchange:
-    """A stand-in for the ranks' exchange: the min of each rank's samples."""
+    """A stand-in for the ranks' exchange: the max of each rank's samples."""
 
     def __init__(self, *others):
         self.others = others
@@ -32,7 +32,7 @@ class Exchange:
 
     def __call__(self, samples):
         self.calls += 1
-        return np.minimum.reduce([samples, *self.others])
+        return np.maximum.reduce([samples, *self.others])
 
 
 def run(learner, cost, calls=None):
@@ -81,10 +81,10 @@ def test_the_tables_choice_stays_within_keep():
 
 
 def test_decision_uses_every_ranks_samples():
-    """Samples missing on this rank (inf: a nonblocking call not complete, a call that raised)
+    """Samples missing on this rank (-1: a nonblocking call not complete, a call that raised)
     come from a peer: the decision is made from the exchanged array, the same on every rank."""
     lr = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
-    names = run(lr, lambda a: np.inf)
+    names = run(lr, lambda a: -1.0)
     peer = np.array([{"ring": 2.0, "shm": 1.0}[a] for a in names])
     lr.exchange = Exchange(peer)
     assert lr.next() == "shm" and lr.result["samples"] == {"ring": 2, "shm": 2}
@@ -92,7 +92,7 @@ def test_decision_uses_every_ranks_samples():
 
 def test_no_sample_anywhere_keeps_the_prior():
     lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=2)
-    run(lr, lambda a: np.inf)
+    run(lr, lambda a: -1.0)
     assert lr.next() == "ring" and lr.result["medians"] == {}
 
 
