@@ -177,6 +177,24 @@ def shm_stream_bytes() -> int:
     return _bytes("AL_SHM_STREAM_BYTES", 8 << 20)
 
 
+SHM_SLOT_STORES = ("auto", "cached", "streamed")
+
+
+def shm_slot_stores() -> int:
+    """AL_SHM_SLOT_STORES: how an "shm" allreduce writes the slots its peers read: ``auto``
+    (default: each rank measures both kinds per size class from 16 KiB up and uses the cheaper,
+    trying the other in one call of 8: al_shm.h, docs/performance.md), ``cached`` (ordinary
+    stores: peers read them from a cache they share) or ``streamed`` (streaming stores: peers
+    read them from memory).  An index into SHM_SLOT_STORES.  Need not be the same on every
+    rank."""
+    v = _raw("AL_SHM_SLOT_STORES")
+    if v is None:
+        return 0
+    if v.strip().lower() not in SHM_SLOT_STORES:
+        return _reject("AL_SHM_SLOT_STORES", "auto, cached or streamed", 0)
+    return SHM_SLOT_STORES.index(v.strip().lower())
+
+
 def wait_spin() -> float:
     """AL_WAIT_SPIN: seconds a blocking call's polling wait (an "shm" op's wait for its peers
     included) spins before it yields the core at every poll, where every rank has a core of

@@ -93,7 +93,11 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#endif
 
 #include "al_reduce.h"
 
@@ -117,6 +121,15 @@ typedef struct al_shm_seg {
   uint64_t owed;                     /* 0, or the value every peer's flag must reach before this
                                         rank writes again (a lazy arrive: al_shm_settled) */
   uint64_t ops;                      /* ops begun on the segment (the fingerprints' number) */
+  int wake;                          /* a waiter may sleep (al_shm_sleep): publish wakes it; the
+                                        same on every rank (rank 0's: ranks outnumber cores) */
+  struct al_shm_adapt {              /* per allreduce size class (al_shm_stores_class): */
+    double recent[2][4];             /* ticks per byte of the last 4 measured calls with cached
+                                        (0) and streamed (1) slot stores (0: none) */
+    uint64_t ops;                    /* allreduces of the class so far */
+    uint64_t streamed;               /* of which with streamed slot stores */
+    int last;                        /* the previous call's stores + 1 (0: none yet) */
+  } adapt[16];                       /* AL_SHM_STORE_CLASSES (below) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
@@ -136,6 +149,12 @@ typedef struct al_shm_op {
                                         AL_SHM_COUNTS_DIFFER: the count it sends this rank */
   int64_t end;                       /* v-collectives: the rounds cover elements [0, end) of
                                         every block (-1: not known before round 0's arrive) */
+  int nt;                            /* allreduce: write the slots with streaming stores */
+  int cls;                           /* allreduce: its size class (-1: the stores not chosen
+                                        by measurement, nothing timed) */
+  uint64_t work;                     /* cls >= 0: ticks of the first copy-in */
+  uint64_t t_in;                     /* cls >= 0: the tick the first arrive completed (0: not
+                                        yet) */
 } al_shm_op;
 
 static inline size_t al_shm_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -401,14 +420,98 @@ static void al_shm_init(al_shm_seg *s, char *base, size_t len, int rank, int siz
   s->small = small;
 }
 
-/* ---- flags ---- */
+/* ---- flags ----
+ *
+ * Sleeping waits (where ranks outnumber cores: s->wake, the same on every rank).  A waiter
+ * that has polled a while is better off asleep in the kernel than yielding: the rank it waits
+ * for may be queued behind it on its core, and a yield hands the core back at once when the
+ * scheduler has nothing else it prefers.  al_shm_sleep counts itself in the peer's `sleepers`
+ * word (the flag line's second 64 bytes: the flag's own line stays the publisher's), reads the
+ * flag again and sleeps on its low 32 bits (futex: the kernel sleeps only if they still hold
+ * what was read, so a publish in between is never missed) for at most the given time.  Every
+ * publish on a waking segment then reads its own `sleepers` word and wakes them if there are
+ * any.  The two sides are the store-then-load pattern (waiter: increment, then load the flag;
+ * publisher: store the flag, then load the count), ordered by sequentially consistent
+ * operations on both, so at least one of them sees the other: a waiter that went to sleep is
+ * woken, or did not sleep.  The flags' futex is shared (not FUTEX_PRIVATE): the waiter and the
+ * publisher are different processes that map the same memory file. */
+
+static inline uint32_t *al_shm_sleepers(const al_shm_seg *s, int r) {
+  return (uint32_t *)((char *)al_shm_flag(s, r) + 64);
+}
+
+/* The 32 bits of rank r's flag that a futex waits on: the low half (the counter's changing
+ * bits), whatever the byte order. */
+static inline uint32_t *al_shm_flag_word(const al_shm_seg *s, int r) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return (uint32_t *)al_shm_flag(s, r) + 1;
+#else
+  return (uint32_t *)al_shm_flag(s, r);
+#endif
+}
+
+/* The progress engine's "where I sleep" word (shm.pxi: engine_sleep, engine_submit). */
+static inline void al_shm_word_store(uint32_t **at, uint32_t *w) {
+  __atomic_store_n(at, w, __ATOMIC_SEQ_CST);
+}
+static inline uint32_t *al_shm_word_load(uint32_t **at) {
+  return __atomic_load_n(at, __ATOMIC_SEQ_CST);
+}
+
+/* Wake whoever sleeps on the futex word w (the progress engine, woken for a new op). */
+static inline void al_shm_futex_wake(uint32_t *w) {
+#if defined(__linux__) && defined(SYS_futex)
+  syscall(SYS_futex, w, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+#else
+  (void)w;
+#endif
+}
+
+static inline void al_shm_wake(al_shm_seg *s) {
+#if defined(__linux__) && defined(SYS_futex)
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(al_shm_sleepers(s, s->rank), __ATOMIC_RELAXED) != 0)
+    syscall(SYS_futex, al_shm_flag_word(s, s->rank), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+#else
+  (void)s;
+#endif
+}
 
 static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
   s->seq++;
   __atomic_store_n(al_shm_flag(s, s->rank), s->seq, __ATOMIC_RELEASE);
+  if (s->wake)
+    al_shm_wake(s);
   o->want = s->seq;
   o->waiting = 0;
   o->polls = 0;
+}
+
+/* Sleep until the flag of the peer the op waits for (o->waiting, after an advance that
+ * returned 0) moves, for at most `ns` nanoseconds; a spurious or early return is harmless (the
+ * caller polls again).  Returns 0 if it slept or found the flag already moved, -1 where this
+ * segment does not sleep (no wake, or no futex: the caller yields instead). */
+static inline int al_shm_sleep(al_shm_seg *s, const al_shm_op *o, long ns) {
+#if defined(__linux__) && defined(SYS_futex)
+  struct timespec ts;
+  uint32_t *count;
+  uint64_t v;
+  int r = o->waiting;
+  if (!s->wake || r < 0 || r >= s->size || r == s->rank)
+    return -1;
+  count = al_shm_sleepers(s, r);
+  ts.tv_sec = ns / 1000000000L;
+  ts.tv_nsec = ns % 1000000000L;
+  __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
+  v = __atomic_load_n(al_shm_flag(s, r), __ATOMIC_SEQ_CST);
+  if (v < o->want)
+    syscall(SYS_futex, al_shm_flag_word(s, r), FUTEX_WAIT, (uint32_t)v, &ts, NULL, 0);
+  __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
+  return 0;
+#else
+  (void)s; (void)o; (void)ns;
+  return -1;
+#endif
 }
 
 /* The segment's health word (the header's fourth 64-bit word, 0 when the segment is made): a
@@ -592,6 +695,155 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
   return al_shm_reduce_copy(dtype, op, esize, out, src, k, n, avg_div, copy_to, 0);
 }
 
+/* ---- the slots' stores: cached or streamed (chosen by measurement) ----
+ *
+ * The protocol above writes the slots with ordinary stores so that a peer reads them from the
+ * caches the two ranks share.  Where they share none, that is the slowest way there is.  On
+ * the 2-core reference VM (docs/performance.md, "Why large messages were bimodal") the host
+ * moves the two vCPUs between cores that share a last-level cache (a cache line's round trip
+ * between them 55 ns) and cores that do not (330-590 ns), for seconds to minutes at a time.
+ * In the second placement a store to a slot line that a peer read in the round before (it is
+ * in the peer's cache) must first invalidate that copy across the chip, one line at a time: a
+ * 64 MiB allreduce took 3-4x longer (2 ranks: 34-43 ms against 10-13 ms), while algorithms
+ * that move data through memory (MPICH's Rabenseifner, DeepSpeed's op) got faster, each rank
+ * then having a cache and a memory link of its own.  Streaming (non-temporal) stores write a
+ * whole line without asking for it: written that way, the slots cost about the same in both
+ * placements (64 MiB 9-10 ms in the far one), but in the near one a peer then reads them from
+ * memory instead of the shared cache: 1.2x slower at 64 MiB, 2.5x at 1-2 MiB.
+ *
+ * No placement can be seen from inside the VM, and it changes while a program runs, so each
+ * rank measures, per size class (powers of two from 16 KiB up), what each kind of store costs
+ * it: the ticks per byte of a call from its first copy-in to its end, less the wait for the
+ * peers' first publish (the ranks' arrival skew is not the protocol's).  A measurement counts
+ * only where the class's previous call used the same stores (a call after a switch finds the
+ * caches as the other kind left them); each kind's cost is the least of its last 4.  The
+ * first 3 calls of a class use cached stores, the next 3 streamed ones; after that the
+ * cheaper, except in the last 3 calls of every AL_SHM_EXPLORE, which try the other, so that a
+ * change of placement is seen within that many calls of the class.  The choice is this rank's
+ * alone (a reader does not care how a line was written; a fence orders streamed stores before
+ * the publish); as the calls of a class are counted in call order, the ranks try the other
+ * kind in the same calls.  AL_SHM_SLOT_STORES (al_shm_slot_stores) fixes one kind instead.
+ * Below 16 KiB a message stays in the caches whatever happens: ordinary stores. */
+#define AL_SHM_STORE_CLASSES 16
+#define AL_SHM_STORE_MIN_LOG2 14     /* 16 KiB: the smallest message whose stores are chosen */
+#define AL_SHM_EXPLORE 32            /* calls of a class per trial of the other kind */
+#define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
+#define AL_SHM_RECENT 4              /* measurements kept per kind */
+
+enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
+static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t al_shm_ticks(void) { return __rdtsc(); }
+#else
+#include <time.h>
+static inline uint64_t al_shm_ticks(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+#endif
+
+/* The size class of an allreduce of `bytes` (-1 below 16 KiB). */
+static inline int al_shm_stores_class(size_t bytes) {
+  int c;
+  if (bytes < ((size_t)1 << AL_SHM_STORE_MIN_LOG2)) return -1;
+  c = (int)(63 - __builtin_clzll((unsigned long long)bytes)) - AL_SHM_STORE_MIN_LOG2;
+  return c < AL_SHM_STORE_CLASSES ? c : AL_SHM_STORE_CLASSES - 1;
+}
+
+/* A kind's cost in a class: the least of its recent measurements (0: none). */
+static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
+  double c = 0;
+  int i;
+  for (i = 0; i < AL_SHM_RECENT; i++)
+    if (a->recent[nt][i] > 0 && (c == 0 || a->recent[nt][i] < c)) c = a->recent[nt][i];
+  return c;
+}
+
+/* Choose the op's slot stores (o->nt) and whether the op is measured (o->cls >= 0). */
+static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, size_t bytes) {
+  const struct al_shm_adapt *a;
+  uint64_t n;
+  int cheaper;
+  o->cls = -1;
+  o->nt = 0;
+  if (!AL_SHM_CAN_STREAM || s->size < 2)
+    return;
+  if (al_shm_slot_stores != AL_SHM_STORES_AUTO) {
+    o->nt = al_shm_slot_stores == AL_SHM_STORES_STREAMED && bytes > AL_SHM_INLINE;
+    return;
+  }
+  if ((o->cls = al_shm_stores_class(bytes)) < 0)
+    return;
+  a = &s->adapt[o->cls];
+  n = a->ops;
+  if (n < 2 * AL_SHM_TRIAL) {
+    o->nt = n >= AL_SHM_TRIAL;       /* first cached, then streamed */
+    return;
+  }
+  cheaper = al_shm_stores_cost(a, 1) < al_shm_stores_cost(a, 0);
+  o->nt = n % AL_SHM_EXPLORE >= AL_SHM_EXPLORE - AL_SHM_TRIAL ? !cheaper : cheaper;
+}
+
+/* At the op's end: its cost per byte into its class's measurements (if the class's previous
+ * call used the same stores). */
+static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, size_t bytes) {
+  struct al_shm_adapt *a;
+  if (o->cls < 0 || bytes == 0)
+    return;
+  a = &s->adapt[o->cls];
+  if (a->last == o->nt + 1 && o->t_in != 0) {
+    double *r = a->recent[o->nt], x;
+    int i;
+    x = (double)(o->work + (al_shm_ticks() - o->t_in)) / (double)bytes;
+    for (i = AL_SHM_RECENT - 1; i > 0; i--) r[i] = r[i - 1];
+    r[0] = x;
+  }
+  a->last = o->nt + 1;
+  a->ops++;
+  a->streamed += (uint64_t)o->nt;
+}
+
+/* dst = src (n bytes) into a slot: streamed if `nt` (no fence: the caller's publish follows
+ * one), else memcpy. */
+static inline void al_shm_slot_copy(char *dst, const char *src, size_t n, int nt) {
+  if (nt)
+    al_shm_copy_nt(dst, src, n);
+  else
+    memcpy(dst, src, n);
+}
+
+/* The split protocol's reduction with streamed slot stores: as al_shm_reduce_copy, but each
+ * tile is reduced in L1 (a buffer on the stack) and then written to the slot with streaming
+ * stores and to recvbuf with them if `stream`, with one fence at the end. */
+static int al_shm_reduce_streamed(int dtype, int op, int esize, char *rbuf, char *slot,
+                                  const char *const *src, int k, int64_t n, double avg_div,
+                                  int stream) {
+  char tile[AL_SHM_TILE] __attribute__((aligned(64)));
+  int64_t per = AL_SHM_TILE / esize, t, m;
+  int j, rc = 0;
+  for (t = 0; t < n && rc == 0; t += per) {
+    size_t off = (size_t)t * esize;
+    m = n - t < per ? n - t : per;
+    for (j = 1; j < k && rc == 0; j++) {
+      const char *x = j == 1 ? src[0] + off : tile;
+      if (j == k - 1 && avg_div > 0)
+        rc = al_reduce_div(dtype, tile, x, src[j] + off, (size_t)m, avg_div);
+      else
+        rc = al_reduce(dtype, op, tile, x, src[j] + off, (size_t)m);
+    }
+    al_shm_copy_nt(slot + off, tile, (size_t)m * esize);
+    if (stream)
+      al_shm_copy_nt(rbuf + off, tile, (size_t)m * esize);
+    else
+      memcpy(rbuf + off, tile, (size_t)m * esize);
+  }
+  al_shm_stream_fence();
+  return rc;
+}
+
 /* ---- the allreduce ---- */
 
 typedef struct al_shm_args {
@@ -616,6 +868,7 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_bytes;
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
+  al_shm_choose_stores(s, o, bytes);
 }
 
 /* Elements of the round that starts at element `off`: a slot's worth, or what is left. */
@@ -625,16 +878,19 @@ static inline int64_t al_shm_chunk(const al_shm_seg *s, const al_shm_args *a, in
 }
 
 /* Split protocol, copy-in: the blocks j != me of the chunk [off, off + chunk) of sendbuf into
- * my slot of buffer b. */
+ * my slot of buffer b (streamed and fenced if `nt`). */
 static void al_shm_split_in(const al_shm_seg *s, const al_shm_args *a, int b, int64_t off,
-                            int64_t chunk) {
+                            int64_t chunk, int nt) {
   int64_t lo, hi, es = a->esize;
   int j;
   for (j = 0; j < s->size; j++) {
     if (j == s->rank) continue;
     al_shm_block(chunk, s->size, a->esize, j, &lo, &hi);
-    memcpy(al_shm_slot(s, b, s->rank) + lo * es, a->sbuf + (off + lo) * es, (size_t)(hi - lo) * es);
+    al_shm_slot_copy(al_shm_slot(s, b, s->rank) + lo * es, a->sbuf + (off + lo) * es,
+                     (size_t)(hi - lo) * es, nt);
   }
+  if (nt)
+    al_shm_stream_fence();
 }
 
 /* Split protocol, copy-out: every peer's reduced block of the chunk from its slot of buffer b
@@ -680,13 +936,17 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* a lazy arrive owed (above) */
+      uint64_t t0 = o->cls >= 0 && o->t_in == 0 ? al_shm_ticks() : 0;
       o->chunk = al_shm_chunk(s, a, o->off);
       *al_shm_fpw(s, b, me) = o->fp;
-      if (o->split)
-        al_shm_split_in(s, a, b, o->off, o->chunk);
-      else
-        memcpy(al_shm_data(s, b, me, (size_t)(o->chunk * es)), a->sbuf + o->off * es,
-               (size_t)o->chunk * es);
+      if (o->split) {
+        al_shm_split_in(s, a, b, o->off, o->chunk, o->nt);
+      } else {
+        al_shm_slot_copy(al_shm_data(s, b, me, (size_t)(o->chunk * es)), a->sbuf + o->off * es,
+                         (size_t)o->chunk * es, o->nt);
+        if (o->nt) al_shm_stream_fence();
+      }
+      if (t0 != 0) o->work = al_shm_ticks() - t0;
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
@@ -696,9 +956,11 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
         o->polls++;
         return 0;
       }
+      if (o->cls >= 0 && o->t_in == 0) o->t_in = al_shm_ticks();
       if (o->split) {
         /* my block: into my slot (the peers copy it out), and into recvbuf: streamed from the
-         * slot's tile (in L1) when streaming, else written and then copied to the slot */
+         * slot's tile (in L1) when streaming, else written and then copied to the slot; with
+         * streamed slot stores, both from a tile on the stack */
         char *in_slot = al_shm_slot(s, b, me), *in_rbuf;
         al_shm_block(o->chunk, p, a->esize, me, &lo, &hi);
         in_slot += lo * es;
@@ -706,9 +968,14 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
         src[0] = a->sbuf + (o->off + lo) * es;
         for (j = 0, k = 1; j < p; j++)
           if (j != me) src[k++] = al_shm_slot(s, b, j) + lo * es;
-        if (al_shm_reduce_copy(a->dtype, a->rop, a->esize, o->stream ? in_slot : in_rbuf, src,
-                               p, hi - lo, a->avg_div, o->stream ? in_rbuf : in_slot,
-                               o->stream) != 0)
+        if (o->nt)
+          k = al_shm_reduce_streamed(a->dtype, a->rop, a->esize, in_rbuf, in_slot, src, p,
+                                     hi - lo, a->avg_div, o->stream);
+        else
+          k = al_shm_reduce_copy(a->dtype, a->rop, a->esize, o->stream ? in_slot : in_rbuf, src,
+                                 p, hi - lo, a->avg_div, o->stream ? in_rbuf : in_slot,
+                                 o->stream);
+        if (k != 0)
           return -1;
         al_shm_publish(s, o);
         o->phase = AL_SHM_WAIT_OUT;
@@ -732,7 +999,10 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     /* here only at the end of a round */
     s->round++;
     o->off += o->chunk;
-    if (o->off >= a->count) o->phase = AL_SHM_END;
+    if (o->off >= a->count) {
+      o->phase = AL_SHM_END;
+      al_shm_stores_done(s, o, (size_t)a->count * a->esize);
+    }
   }
   return 1;
 }

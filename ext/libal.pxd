@@ -33,12 +33,16 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
+    cdef struct al_shm_adapt:
+        uint64_t ops, streamed
     ctypedef struct al_shm_seg:
         char* base
         size_t len
         int rank, size
         size_t slot, small
         uint64_t seq, round, owed, ops
+        int wake
+        al_shm_adapt adapt[16]
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk
@@ -47,6 +51,8 @@ cdef extern from "al_shm.h" nogil:
         long polls
         uint64_t fp, theirs
         int64_t end
+        int nt, cls
+        uint64_t work
     ctypedef struct al_shm_args:
         int dtype, rop, esize
         const char* sbuf
@@ -63,6 +69,10 @@ cdef extern from "al_shm.h" nogil:
                             const char* what, char* err, size_t errlen)
     void al_shm_header_write(char* p, int size, size_t slot, uint64_t nonce)
     size_t al_shm_stream_bytes
+    int al_shm_slot_stores
+    double al_shm_stores_cost(const al_shm_adapt* a, int nt)
+    enum:
+        AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
                         char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
@@ -81,6 +91,11 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_alltoall_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int64_t al_shm_a2a_cap(const al_shm_seg*, int esize, int v)
     size_t al_shm_vheader(int p)
+    int al_shm_sleep(al_shm_seg*, const al_shm_op*, long ns)
+    uint32_t* al_shm_flag_word(const al_shm_seg*, int r)
+    void al_shm_futex_wake(uint32_t* w)
+    void al_shm_word_store(uint32_t** at, uint32_t* w)
+    uint32_t* al_shm_word_load(uint32_t** at)
     void al_shm_mark_broken(al_shm_seg*)
     void al_shm_mark_broken_why(al_shm_seg*, int why)
     int al_shm_broken_by(const al_shm_seg*)

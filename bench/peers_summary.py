@@ -1,0 +1,49 @@
+"""Summarise ``bench/peers.py --json`` runs, one line per run: ``auto`` over the fastest
+contender (the worst size, and at how many sizes it is within 1.10x and 1.25x: issue 31's
+targets), ``shm`` against DeepSpeed's op and against Rabenseifner (1-64 MiB) where the run has
+them, and ``shm`` at the largest size against the run's memory bound.
+
+    python bench/peers_summary.py RUN.json [RUN.json ...]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+NOT_CONTENDERS = {"bytes", "algorithm", "wrong", "learn_calls", "learn_us"}
+
+
+def summary(run: dict) -> str:
+    rows = run["rows"]
+    keys = [k for k in rows[0] if k not in NOT_CONTENDERS and not k.endswith("_min")]
+    parts = []
+    if "auto" in keys:
+        over = [(r["auto"] / min(r[k] for k in keys), r["bytes"], min(keys, key=r.get))
+                for r in rows]
+        worst = max(over)
+        parts.append(f"auto/fastest worst {worst[0]:.2f}x at {worst[1]} B ({worst[2]}), "
+                     f"<=1.10x at {sum(o[0] <= 1.10 for o in over)}/{len(over)}, "
+                     f"<=1.25x at {sum(o[0] <= 1.25 for o in over)}/{len(over)}")
+    if "shm" in keys and "deepspeed_shm" in keys:
+        ds = min((r["deepspeed_shm"] / r["shm"], r["bytes"]) for r in rows)
+        parts.append(f"shm vs DeepSpeed worst {ds[0]:.2f}x at {ds[1]} B")
+    if "shm" in keys and "rabenseifner" in keys:
+        rb = min((r["rabenseifner"] / r["shm"], r["bytes"]) for r in rows if r["bytes"] >= 1 << 20)
+        parts.append(f"shm vs rabenseifner (1-64 MiB) worst {rb[0]:.2f}x at {rb[1]} B")
+    if "shm" in keys:
+        big = rows[-1]
+        parts.append(f"{big['bytes']} B shm {big['shm']:.0f} us, bound {run['bound_us']:.0f} us "
+                     f"({big['shm'] / run['bound_us']:.2f}x)")
+    return "; ".join(parts)
+
+
+def main(paths) -> int:
+    for path in paths:
+        with open(path) as f:
+            print(f"{os.path.basename(path)}: {summary(json.load(f))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
