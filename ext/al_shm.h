@@ -93,11 +93,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
-#if defined(__linux__)
-#include <linux/futex.h>
-#endif
 
 #include "al_reduce.h"
 
@@ -121,8 +117,6 @@ typedef struct al_shm_seg {
   uint64_t owed;                     /* 0, or the value every peer's flag must reach before this
                                         rank writes again (a lazy arrive: al_shm_settled) */
   uint64_t ops;                      /* ops begun on the segment (the fingerprints' number) */
-  int wake;                          /* a waiter may sleep (al_shm_sleep): publish wakes it; the
-                                        same on every rank (rank 0's: ranks outnumber cores) */
   struct al_shm_adapt {              /* per allreduce size class (al_shm_stores_class): */
     double recent[2][4];             /* ticks per byte of the last 4 measured calls with cached
                                         (0) and streamed (1) slot stores (0: none) */
@@ -420,98 +414,14 @@ static void al_shm_init(al_shm_seg *s, char *base, size_t len, int rank, int siz
   s->small = small;
 }
 
-/* ---- flags ----
- *
- * Sleeping waits (where ranks outnumber cores: s->wake, the same on every rank).  A waiter
- * that has polled a while is better off asleep in the kernel than yielding: the rank it waits
- * for may be queued behind it on its core, and a yield hands the core back at once when the
- * scheduler has nothing else it prefers.  al_shm_sleep counts itself in the peer's `sleepers`
- * word (the flag line's second 64 bytes: the flag's own line stays the publisher's), reads the
- * flag again and sleeps on its low 32 bits (futex: the kernel sleeps only if they still hold
- * what was read, so a publish in between is never missed) for at most the given time.  Every
- * publish on a waking segment then reads its own `sleepers` word and wakes them if there are
- * any.  The two sides are the store-then-load pattern (waiter: increment, then load the flag;
- * publisher: store the flag, then load the count), ordered by sequentially consistent
- * operations on both, so at least one of them sees the other: a waiter that went to sleep is
- * woken, or did not sleep.  The flags' futex is shared (not FUTEX_PRIVATE): the waiter and the
- * publisher are different processes that map the same memory file. */
-
-static inline uint32_t *al_shm_sleepers(const al_shm_seg *s, int r) {
-  return (uint32_t *)((char *)al_shm_flag(s, r) + 64);
-}
-
-/* The 32 bits of rank r's flag that a futex waits on: the low half (the counter's changing
- * bits), whatever the byte order. */
-static inline uint32_t *al_shm_flag_word(const al_shm_seg *s, int r) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return (uint32_t *)al_shm_flag(s, r) + 1;
-#else
-  return (uint32_t *)al_shm_flag(s, r);
-#endif
-}
-
-/* The progress engine's "where I sleep" word (shm.pxi: engine_sleep, engine_submit). */
-static inline void al_shm_word_store(uint32_t **at, uint32_t *w) {
-  __atomic_store_n(at, w, __ATOMIC_SEQ_CST);
-}
-static inline uint32_t *al_shm_word_load(uint32_t **at) {
-  return __atomic_load_n(at, __ATOMIC_SEQ_CST);
-}
-
-/* Wake whoever sleeps on the futex word w (the progress engine, woken for a new op). */
-static inline void al_shm_futex_wake(uint32_t *w) {
-#if defined(__linux__) && defined(SYS_futex)
-  syscall(SYS_futex, w, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
-#else
-  (void)w;
-#endif
-}
-
-static inline void al_shm_wake(al_shm_seg *s) {
-#if defined(__linux__) && defined(SYS_futex)
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_load_n(al_shm_sleepers(s, s->rank), __ATOMIC_RELAXED) != 0)
-    syscall(SYS_futex, al_shm_flag_word(s, s->rank), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
-#else
-  (void)s;
-#endif
-}
+/* ---- flags ---- */
 
 static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
   s->seq++;
   __atomic_store_n(al_shm_flag(s, s->rank), s->seq, __ATOMIC_RELEASE);
-  if (s->wake)
-    al_shm_wake(s);
   o->want = s->seq;
   o->waiting = 0;
   o->polls = 0;
-}
-
-/* Sleep until the flag of the peer the op waits for (o->waiting, after an advance that
- * returned 0) moves, for at most `ns` nanoseconds; a spurious or early return is harmless (the
- * caller polls again).  Returns 0 if it slept or found the flag already moved, -1 where this
- * segment does not sleep (no wake, or no futex: the caller yields instead). */
-static inline int al_shm_sleep(al_shm_seg *s, const al_shm_op *o, long ns) {
-#if defined(__linux__) && defined(SYS_futex)
-  struct timespec ts;
-  uint32_t *count;
-  uint64_t v;
-  int r = o->waiting;
-  if (!s->wake || r < 0 || r >= s->size || r == s->rank)
-    return -1;
-  count = al_shm_sleepers(s, r);
-  ts.tv_sec = ns / 1000000000L;
-  ts.tv_nsec = ns % 1000000000L;
-  __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
-  v = __atomic_load_n(al_shm_flag(s, r), __ATOMIC_SEQ_CST);
-  if (v < o->want)
-    syscall(SYS_futex, al_shm_flag_word(s, r), FUTEX_WAIT, (uint32_t)v, &ts, NULL, 0);
-  __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
-  return 0;
-#else
-  (void)s; (void)o; (void)ns;
-  return -1;
-#endif
 }
 
 /* The segment's health word (the header's fourth 64-bit word, 0 when the segment is made): a

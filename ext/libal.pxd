@@ -41,7 +41,6 @@ cdef extern from "al_shm.h" nogil:
         int rank, size
         size_t slot, small
         uint64_t seq, round, owed, ops
-        int wake
         al_shm_adapt adapt[16]
     ctypedef struct al_shm_op:
         int phase, split, stream
@@ -91,11 +90,6 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_alltoall_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int64_t al_shm_a2a_cap(const al_shm_seg*, int esize, int v)
     size_t al_shm_vheader(int p)
-    int al_shm_sleep(al_shm_seg*, const al_shm_op*, long ns)
-    uint32_t* al_shm_flag_word(const al_shm_seg*, int r)
-    void al_shm_futex_wake(uint32_t* w)
-    void al_shm_word_store(uint32_t** at, uint32_t* w)
-    uint32_t* al_shm_word_load(uint32_t** at)
     void al_shm_mark_broken(al_shm_seg*)
     void al_shm_mark_broken_why(al_shm_seg*, int why)
     int al_shm_broken_by(const al_shm_seg*)

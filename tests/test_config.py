@@ -30,3 +30,15 @@ def test_wait_spin(monkeypatch):
     monkeypatch.setenv("AL_WAIT_SPIN", "soon")
     with pytest.raises(ValueError, match="AL_WAIT_SPIN"):
         config.wait_spin()
+
+
+def test_shm_slot_stores(monkeypatch):
+    monkeypatch.delenv("AL_SHM_SLOT_STORES", raising=False)
+    assert config.shm_slot_stores() == 0
+    for i, name in enumerate(config.SHM_SLOT_STORES):
+        monkeypatch.setenv("AL_SHM_SLOT_STORES", f" {name.upper()} ")
+        assert config.shm_slot_stores() == i
+    for bad in ("2", "nt", "stream"):
+        monkeypatch.setenv("AL_SHM_SLOT_STORES", bad)
+        with pytest.raises(ValueError, match="AL_SHM_SLOT_STORES.*auto, cached or streamed"):
+            config.shm_slot_stores()

@@ -28,6 +28,7 @@ REFUSED = [
                                           "nan", "1e30"]),
     ("AL_SHM_SMALL_BYTES", "shm_small_bytes", ["-1", "nan", "1e300"]),
     ("AL_SHM_STREAM_BYTES", "shm_stream_bytes", ["-1", "nan", "inf"]),
+    ("AL_SHM_SLOT_STORES", "shm_slot_stores", ["1", "nan", "yes"]),
     ("AL_SHM_NAMED", "shm_named", ["2", "-1", "nan", "yes"]),
     ("AL_TIMELINE_BUFFER", "timeline_buffer", ["0", "nan", "1e30"]),
     ("AL_ALPHA", "model_params", ["nan", "-1", "inf", "2"]),

@@ -255,11 +255,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             idle = 0
         else:
             idle += 1
-            # ranks outnumber cores: the only active op, an shm one, sleeps until its peer
-            # publishes (or a new op is submitted); else the polling policy
-            if (g_yield_every == 0 or deferred != NULL or active == NULL or active.next != NULL
-                    or engine_sleep(active, idle, seen) != 0):
-                wait_poll(idle, &idle_since, ENGINE_WAIT_SPIN)
+            wait_poll(idle, &idle_since, ENGINE_WAIT_SPIN)
     # shutdown: abandon what is left
     if dtail != NULL:                 # never-started ops are abandoned like the rest
         dtail.next = active
@@ -287,7 +283,6 @@ cdef int engine_submit(al_op* op) noexcept nogil:
     """Queue an op for the engine (starting the thread if needed). Returns 0 or an errno."""
     global g_qhead, g_qtail, g_started
     cdef int rc = 0
-    cdef uint32_t* sleeps_on
     op.counted = 1
     al_fetch_add(&op.comm.pending, 1)
     pthread_mutex_lock(&g_lock)
@@ -313,9 +308,6 @@ cdef int engine_submit(al_op* op) noexcept nogil:
     al_fetch_add(&g_nsubmitted, 1)
     pthread_cond_signal(&g_submit_cond)
     pthread_mutex_unlock(&g_lock)
-    sleeps_on = al_shm_word_load(&g_engine_sleeps_on)
-    if sleeps_on != NULL:             # asleep on a peer's flag (engine_sleep): wake it
-        al_shm_futex_wake(sleeps_on)
     return 0
 
 # Every wait of a calling thread (blocking calls, Wait, Waitall, Free) returns to Python at
@@ -385,8 +377,7 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
             w = 0
         n += 1
         w += 1
-        if g_yield_every == 0 or shm_sleep(op, w) != 0:   # ranks outnumber cores: sleep
-            wait_poll(w, &since, g_wait_spin)
+        wait_poll(w, &since, g_wait_spin)
         if (n & 15) == 0:
             now = al_now()
             if now > deadline:

@@ -150,70 +150,6 @@ cdef inline int shm_waits_anew(al_op* op) noexcept nogil:
             op = op.hier.phases[op.hier.cur].op
     return op.phase == PH_RUNNING and is_shm_kind(op.kind) and op.shm.polls == 1
 
-cdef inline al_op* shm_running(al_op* op) noexcept nogil:
-    """The running shm op of `op` (itself, or the op it runs inside, as shm_waits_anew
-    finds it), or NULL."""
-    cdef int depth
-    for depth in range(2):
-        if op.kind == K_HOST_TRANSFER and op.ht.inner != NULL:
-            if op.ht.phase != HT_HOST_ALGORITHM:
-                return NULL
-            op = op.ht.inner
-        elif op.kind == K_HIER_SHM and op.hier.cur < op.hier.nphases:
-            if op.hier.phases[op.hier.cur].op == NULL:
-                return NULL
-            op = op.hier.phases[op.hier.cur].op
-    if op.phase == PH_RUNNING and is_shm_kind(op.kind) and op.comm.shm != NULL:
-        return op
-    return NULL
-
-# Where ranks outnumber cores, a wait for a peer's flag sleeps in the kernel (al_shm_sleep)
-# after SHM_SLEEP_POLLS unsuccessful polls, in slices of at most SHM_SLEEP_NS (the waits'
-# deadlines and signal checks go on between them); the peer's publish wakes it at once.
-DEF SHM_SLEEP_NS = 1000000
-cdef int g_sleep_polls = 2
-
-def set_shm_sleep_polls(int polls):
-    """Unsuccessful polls of an shm wait before it sleeps where ranks outnumber cores
-    (< 0: never sleep, yield as before; a testing and measuring aid)."""
-    global g_sleep_polls
-    g_sleep_polls = polls
-
-cdef inline int shm_sleep(al_op* op, long polls) noexcept nogil:
-    """Sleep until the peer the running shm op of `op` waits for publishes, or for at most
-    SHM_SLEEP_NS: 0 if it slept, -1 if it did not (not past g_sleep_polls polls, no shm op
-    waiting, or the segment does not sleep: the caller's wait policy applies)."""
-    cdef al_op* s
-    if g_sleep_polls < 0 or polls <= g_sleep_polls:
-        return -1
-    s = shm_running(op)
-    if s == NULL:
-        return -1
-    return al_shm_sleep(s.comm.shm, &s.shm, SHM_SLEEP_NS)
-
-# The futex word the progress engine sleeps on (NULL while it does not): engine_submit wakes
-# it, so a new op never waits for a sleep slice to end.
-cdef uint32_t* g_engine_sleeps_on = NULL
-
-cdef inline int engine_sleep(al_op* op, long polls, int seen) noexcept nogil:
-    """shm_sleep for the engine's only active op, unless an op was submitted since the
-    engine last looked (`seen`): the submitter sees g_engine_sleeps_on, or the engine sees its
-    submission (sequentially consistent on both sides)."""
-    cdef al_op* s
-    cdef int rc
-    if g_sleep_polls < 0 or polls <= g_sleep_polls:
-        return -1
-    s = shm_running(op)
-    if s == NULL or not s.comm.shm.wake or s.shm.waiting >= s.comm.shm.size:
-        return -1
-    al_shm_word_store(&g_engine_sleeps_on, al_shm_flag_word(s.comm.shm, s.shm.waiting))
-    if al_load_seqcst(&g_nsubmitted) != seen:
-        rc = 0
-    else:
-        rc = al_shm_sleep(s.comm.shm, &s.shm, SHM_SLEEP_NS)
-    al_shm_word_store(&g_engine_sleeps_on, NULL)
-    return rc
-
 def _waits_anew(NativeOp o, long inner_polls=-1):
     """Whether the progress engine would count a poll of `o` that made no progress as progress
     (shm_waits_anew): a diagnostic for tests of the engine's back-off.  `inner_polls` >= 0
@@ -390,7 +326,7 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     err[0] = 0
 
     # rank 0 creates; how to open it (or rank 0's error) and its parameters go to every rank
-    params = np.zeros(8, dtype=np.uint64)    # slot, small, created, mode, pid, fd, nonce, wake
+    params = np.zeros(7, dtype=np.uint64)    # slot, small, created, mode, pid, fd, nonce
     name = np.zeros(SHM_MSG, dtype=np.uint8)
     rounded = (<object>slot + 4095) // 4096 * 4096       # (a Python int: never wraps)
     if rank == 0 and slot == 0:
@@ -420,8 +356,7 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
             cname = bname
             with nogil:
                 base = al_shm_create(cname, length, size, slot, nonce, err, SHM_MSG)
-        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0), nonce,
-                     g_yield_every > 0)       # ranks outnumber cores: waits sleep (al_shm.h)
+        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0), nonce)
         name[:len(bname)] = np.frombuffer(bname, np.uint8)
         _shm_test_die(rank, faults)
     try:
@@ -476,7 +411,6 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
         munmap(base, length)
         raise MemoryError()
     al_shm_init(seg, base, length, rank, size, slot, small)
-    seg.wake = params[7] != 0
     cs.c.shm = seg
     return 0
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 31's acceptance runs: per rank count, one `bench crossover --tune`, then RUNS x
+# (bench/peers.py with that table; bench/peers.py with no table), every contender of ours,
+# mpi4py, gloo and DeepSpeed's op, --json into OUT; then bench/peers_summary.py over them.
+#     bash bench/auto_acceptance.sh OUT [RANKS...]        (default ranks: 2 4; RUNS=3)
+# Needs the bench and bench-deepspeed extras.  Each line of OUT/log.txt says when it ran.
+set -euo pipefail
+out=${1:?usage: auto_acceptance.sh OUT [RANKS...]}; shift
+ranks=("${@:-2}"); [ $# -eq 0 ] && ranks=(2 4)
+runs=${RUNS:-3}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+log="$out/log.txt"
+stamp() { echo "== $(date -u +%H:%M:%S) $* (load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$log"; }
+for n in "${ranks[@]}"; do
+  table="$out/tune_$n.json"
+  rm -f "$table"
+  stamp "crossover --tune, $n ranks"
+  AL_TUNING_FILE="$table" mpiexec -n "$n" python -m aluminum_py bench crossover --tune --quiet \
+    --json "$out/crossover_$n.json" >> "$log" 2>&1
+  for r in $(seq 1 "$runs"); do
+    stamp "peers.py, $n ranks, run $r, table"
+    AL_TUNING_FILE="$table" mpiexec -n "$n" python "$here/peers.py" --algorithms all \
+      --json "$out/peers_table_${n}_$r.json" >> "$log" 2>&1
+    stamp "peers.py, $n ranks, run $r, no table"
+    AL_TUNING_FILE="$out/none.json" mpiexec -n "$n" python "$here/peers.py" --algorithms all \
+      --json "$out/peers_none_${n}_$r.json" >> "$log" 2>&1
+  done
+done
+stamp done
+python "$here/peers_summary.py" "$out"/peers_*.json | tee -a "$log"

@@ -1,0 +1,118 @@
+"""How the "shm" allreduce writes its slots (al_shm.h, "the slots' stores"): ordinary (cached)
+or streaming stores, fixed (AL_SHM_SLOT_STORES) or chosen by each rank per size class from
+what it measures.  Every kind, and ranks that use different kinds in the same call, must give
+numpy's result from every rank's inputs; the choice must follow its documented schedule."""
+import numpy as np
+import pytest
+
+import aluminum_py as al
+from aluminum_py import _core
+from conftest import all_ranks_ok, every_rank, gather_all, make_input, reference, differences
+from test_allreduce import matrix_failures
+from test_shm import with_env
+
+pytestmark = pytest.mark.mpi
+
+AUTO, CACHED, STREAMED = 0, 1, 2           # config.SHM_SLOT_STORES's indices
+# below the 16 KiB of the first measured class; at it; both protocols; above one 1 MiB slot
+# (several rounds, an uneven last one); above AL_SHM_STREAM_BYTES (recvbuf streamed as well)
+COUNTS = [4001, 4096, 16383, 70001, 300007, (9 << 20) // 4 + 3]
+
+
+@pytest.fixture
+def stores():
+    """Set this process's slot stores for the test (_core.set_shm_slot_stores), then restore
+    AL_SHM_SLOT_STORES's."""
+    yield _core.set_shm_slot_stores
+    _core.set_shm_slot_stores(al.config.shm_slot_stores())
+
+
+def results_of(comm, counts, ops=((al.SUM, "float32"), (al.AVG, "float64"), (al.MAX, "int16"),
+                                  (al.PROD, "complex64"))):
+    """Allreduce each (op, dtype) at each count, in place and not: the differences from numpy."""
+    failures = []
+    for op, dtype in ops:
+        for n in counts:
+            x = make_input(dtype, op, n, seed=n, rank=comm.rank)
+            expected = reference(op, gather_all(x), comm.size)
+            out = np.empty_like(x)
+            comm.Allreduce(x, out, op=op, algorithm="shm")
+            failures += differences(f"{dtype} {op.name} n={n}", out, expected)
+            buf = x.copy()
+            comm.Allreduce(buf, op=op, algorithm="shm")
+            failures += differences(f"{dtype} {op.name} n={n} in place", buf, expected)
+    return failures
+
+
+@pytest.mark.parametrize("mode", [CACHED, STREAMED, "mixed"])
+def test_every_kind_of_store_gives_the_result(comm, stores, mode):
+    """Cached and streamed stores on every rank, and (mixed) even ranks streaming while odd
+    ones do not: a reader never depends on how a peer wrote its slot."""
+    stores(mode if mode != "mixed" else (STREAMED if comm.rank % 2 == 0 else CACHED))
+    failures = results_of(comm, COUNTS)
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+@pytest.mark.parametrize("mode", [CACHED, STREAMED])
+def test_every_kind_on_tiny_slots(stores, mode):
+    """Many rounds of 4 KiB slots, both protocols, every dtype and op (AVG included)."""
+    stores(mode)
+    tiny = with_env({"AL_SHM_SLOT_BYTES": "4096", "AL_SHM_SMALL_BYTES": "1024"}, al.Communicator)
+    try:
+        failures = matrix_failures(tiny, "shm", ["int8", "float16", "float64", "complex128"],
+                                   [5, 1025, 9001])
+    finally:
+        tiny.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_measured_choice_follows_its_schedule(stores):
+    """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), the first 3 calls
+    use cached stores, the next 3 streamed ones, later ones the kind measured cheaper except the
+    last 3 of every 32 (calls 29-31, 61-63), which try the other: after 6 calls exactly 3
+    streamed; after 64, at least 3 + 2 * 3 (cached always cheaper) and at most 64 - 3 - 2 * 3
+    (streamed always cheaper), and both kinds have a cost.  Messages below 16 KiB are not
+    measured.  Every result is right meanwhile."""
+    stores(AUTO)
+    comm = al.Communicator()            # a segment of its own: no calls counted before
+    try:
+        if comm.size == 1:
+            assert _core.shm_info(comm._state) is None
+            return
+        failures = []
+        seen = []
+        for n, calls in ((1000, 64), (24 << 10, 6), (24 << 10, 58)):   # 4000 B, then 96 KiB
+            x = np.arange(n, dtype=np.float32) + comm.rank
+            expected = sum(np.arange(n, dtype=np.float32) + r for r in range(comm.size))
+            for k in range(calls):
+                out = np.empty_like(x)
+                comm.Allreduce(x, out, algorithm="shm")
+                failures += differences(f"n={n} call {k}", out, expected)
+            seen.append(_core.shm_info(comm._state)["stores"])
+        if seen[0] != {}:
+            failures.append(f"4000 B measured: {seen[0]}")
+        first, last = seen[1].get(64 << 10), seen[2].get(64 << 10)
+        if list(seen[2]) != [64 << 10] or first["calls"] != 6 or first["streamed"] != 3:
+            failures.append(f"after 6 calls of 96 KiB: {seen[1]}")
+        elif last["calls"] != 64 or not 9 <= last["streamed"] <= 55:
+            failures.append(f"after 64 calls of 96 KiB: {last}")
+        elif not all(cost > 0 for cost in last["cost"]):
+            failures.append(f"a kind without a measured cost: {last}")
+    finally:
+        comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_fixed_kinds_are_not_measured(stores):
+    """A fixed kind (cached or streamed) leaves the measurements alone."""
+    comm = al.Communicator()
+    try:
+        x = np.ones(1 << 16, np.float32)
+        for mode in (CACHED, STREAMED):
+            stores(mode)
+            for _ in range(4):
+                comm.Allreduce(x, np.empty_like(x), algorithm="shm")
+        info = _core.shm_info(comm._state)
+        assert info is None or info["stores"] == {}
+    finally:
+        comm.Free()
