@@ -5,7 +5,7 @@ op builds, DeepSpeed's CPU shared-memory ``deepspeed.comm.inference_all_reduce``
 (``bench/deepspeed_peer.py``).
 
     mpiexec -n 2 python bench/peers.py [--min-bytes 4] [--max-bytes 64MiB] [--algorithms auto,shm]
-        [--no-torch] [--no-deepspeed] [--omp-threads 1] [--json FILE]
+        [--no-torch] [--no-deepspeed] [--no-gloo] [--omp-threads 1] [--json FILE]
 
 ``--algorithms`` names ours (``all``: every host name of ``al.algorithms()``); a name this build
 lacks, or one that raises on this communicator (``shm`` across nodes), is skipped with its
@@ -180,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=2.0, help="seconds per size")
     ap.add_argument("--no-torch", action="store_true", help="no torch peers (gloo, DeepSpeed)")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--no-gloo", action="store_true",
+                    help="no gloo (DeepSpeed's op still runs): its threads stay busy for a while "
+                         "after each call and slow whichever call follows on 2 cores")
     ap.add_argument("--omp-threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", 1)),
                     help="OMP_NUM_THREADS for torch and DeepSpeed's op (default: the "
                          "environment's, else 1)")
@@ -201,8 +204,9 @@ def main(argv=None) -> int:
     if gloo:
         import torch
         versions["torch"] = torch.__version__
-        factories["gloo"] = gloo
-        peers.append("gloo")
+        if not args.no_gloo:
+            factories["gloo"] = gloo
+            peers.append("gloo")
         if not args.no_deepspeed:
             import deepspeed_peer
             ds, why = deepspeed_peer.shm_allreduce(world)
@@ -234,7 +238,7 @@ def main(argv=None) -> int:
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
         learning = learn(comm, calls.get("auto"), n)
-        samples = time_interleaved(world, calls, iterations(world, calls, args.budget))
+        samples = time_interleaved(world, calls, iterations(world, calls, args.budget), salt=n)
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},

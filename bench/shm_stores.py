@@ -1,9 +1,14 @@
-"""The "shm" allreduce's slot stores (al_shm.h, "the slots' stores") in the two placements of
-the host: cached, streamed and chosen by measurement (``auto``, the default), against
-Rabenseifner over MPI, for as long as asked, with the placement probed between rounds.
+"""The "shm" collectives' slot stores (al_shm.h, "the slots' stores") in the two placements of
+the host: cached, streamed and chosen by measurement (``auto``, the default), against the
+MPI library's point to point (the allreduce: Rabenseifner; the other collectives: "mpi", the
+MPI library's own), for as long as asked, with the placement probed between rounds.
 
     mpiexec -n 2 python bench/shm_stores.py [--seconds 300] [--sizes 256KiB,2MiB,64MiB]
-        [--samples 5] [--log FILE]
+        [--samples 5] [--collective allreduce] [--log FILE]
+
+``--collective``: allreduce, allgather, reduce_scatter, alltoall or allgatherv; a size is the
+bytes of one rank's block (the allreduce: of the message; allgatherv: rank j's block is
+size * (j + 1) / p).
 
 Each round times every size: the four contenders interleaved in random order (barrier before
 each call), ``--samples`` calls each (5 from 8 MiB up, 4x that below), the median of the max
@@ -74,22 +79,42 @@ def timed(world, call) -> float:
     return world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
-def one_round(world, comm, buffers, samples, rng) -> dict:
+PEER = {"allreduce": "rabenseifner"}          # the MPI-based contender (else "mpi")
+
+
+def calls(comm, collective: str, nbytes: int):
+    """(call(algorithm), peer name) of `collective` with blocks of `nbytes` bytes."""
+    p, me = comm.size, comm.rank
+    n = nbytes // 4
+    x, y = np.ones(n, np.float32), np.empty(n, np.float32)
+    big_x, big_y = np.ones(n * p, np.float32), np.empty(n * p, np.float32)
+    counts = [max(n * (j + 1) // p, 1) for j in range(p)]
+    mine, whole = np.ones(counts[me], np.float32), np.empty(sum(counts), np.float32)
+    call = {
+        "allreduce": lambda alg: comm.Allreduce(x, y, algorithm=alg),
+        "allgather": lambda alg: comm.Allgather(x, big_y, algorithm=alg),
+        "reduce_scatter": lambda alg: comm.Reduce_scatter(big_x, y, algorithm=alg),
+        "alltoall": lambda alg: comm.Alltoall(big_x, big_y, algorithm=alg),
+        "allgatherv": lambda alg: comm.Allgatherv(mine, [whole, counts], algorithm=alg),
+    }[collective]
+    return call, PEER.get(collective, "mpi")
+
+
+def one_round(world, comm, sized_calls, samples, rng) -> dict:
     """{size: {contender: median us}} for one round."""
     row = {}
-    for nbytes, (x, y) in buffers.items():
+    for nbytes, (call, peer) in sized_calls.items():
         n = samples if nbytes >= 8 << 20 else 4 * samples
-        times = {k: [] for k in (*KINDS, "rabenseifner")}
+        times = {k: [] for k in (*KINDS, peer)}
         for _ in range(n):
             order = list(times)
             rng.shuffle(order)
             for k in order:
-                if k == "rabenseifner":
-                    times[k].append(timed(world, lambda: comm.Allreduce(x, y,
-                                                                        algorithm="rabenseifner")))
+                if k == peer:
+                    times[k].append(timed(world, lambda: call(peer)))
                 else:
                     _core.set_shm_slot_stores(KINDS[k])
-                    times[k].append(timed(world, lambda: comm.Allreduce(x, y, algorithm="shm")))
+                    times[k].append(timed(world, lambda: call("shm")))
                     _core.set_shm_slot_stores(0)
         row[nbytes] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     return row
@@ -118,18 +143,21 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="256KiB,2MiB,64MiB")
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--far-ns", type=float, default=200.0)
+    ap.add_argument("--collective", default="allreduce",
+                    choices=("allreduce", "allgather", "reduce_scatter", "alltoall",
+                             "allgatherv"))
     ap.add_argument("--log", help="also append every round's line to this file (rank 0)")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     comm = al.Communicator()
     exe = world.bcast(build_probe() if world.rank == 0 else None)
     sizes = [parse_bytes(s) for s in args.sizes.split(",")]
-    buffers = {n: (np.ones(n // 4, np.float32), np.empty(n // 4, np.float32)) for n in sizes}
+    sized_calls = {n: calls(comm, args.collective, n) for n in sizes}
     rng = random.Random(31)
     end = time.time() + args.seconds
     rounds = []
     while not world.bcast(time.time() > end):
-        row = one_round(world, comm, buffers, args.samples, rng)
+        row = one_round(world, comm, sized_calls, args.samples, rng)
         rt = probe(world, exe)
         rounds.append((rt, row))
         if world.rank == 0:
@@ -141,7 +169,7 @@ def main(argv=None) -> int:
                 with open(args.log, "a") as f:
                     f.write(line + "\n")
     if world.rank == 0:
-        text = summary(rounds, args.far_ns)
+        text = f"# {args.collective}, {world.size} ranks\n" + summary(rounds, args.far_ns)
         print(text, flush=True)
         if args.log:
             with open(args.log, "a") as f:

@@ -80,7 +80,9 @@
  * sendbuf and the peers' slots (1 read) and written twice (recvbuf and the slot, 2/p), the
  * peers' reduced blocks are copied in ((p-1)/p read + write).  All of it but reading sendbuf
  * and writing recvbuf stays in the caches (the slots); recvbuf's writes cost a read of each
- * line too unless they stream (see "streaming stores").
+ * line too unless they stream (see "streaming stores").  Where the ranks' cores share no cache,
+ * the slots are better written with streaming stores as well; each rank measures which kind
+ * is cheaper per size class ("the slots' stores").
  */
 #ifndef AL_SHM_H
 #define AL_SHM_H
@@ -123,7 +125,12 @@ typedef struct al_shm_seg {
     uint64_t ops;                    /* allreduces of the class so far */
     uint64_t streamed;               /* of which with streamed slot stores */
     int last;                        /* the previous call's stores + 1 (0: none yet) */
-  } adapt[16];                       /* AL_SHM_STORE_CLASSES (below) */
+    int choice;                      /* the cheaper at the latest call outside a trial */
+  } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
+                                        AL_SHM_STORE_CLASSES (below) */
+  int prefer;                        /* the stores a class uses until it has measured both: the
+                                        cheaper at the latest choice of a class of at least
+                                        AL_SHM_PREFER_BYTES (1: streamed) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
@@ -570,6 +577,21 @@ static inline void al_shm_copy(char *dst, const char *src, size_t n, int stream)
   }
 }
 
+/* One tile: out = src[0] op ... op src[k-1] over the m elements at byte `off` of every source
+ * (k >= 2; AVG, avg_div > 0, divides in the last pass).  `out` may be src[0] + off exactly. */
+static inline int al_shm_reduce_tile(int dtype, int op, char *out, const char *const *src, int k,
+                                     size_t off, size_t m, double avg_div) {
+  int j, rc = 0;
+  for (j = 1; j < k && rc == 0; j++) {
+    const char *a = j == 1 ? src[0] + off : out;
+    if (j == k - 1 && avg_div > 0)
+      rc = al_reduce_div(dtype, out, a, src[j] + off, m, avg_div);
+    else
+      rc = al_reduce(dtype, op, out, a, src[j] + off, m);
+  }
+  return rc;
+}
+
 /* out = src[0] op src[1] op ... op src[k-1] over n elements (k >= 2), tile by tile so that the
  * partial results stay in L1 (memory traffic: k reads and one write per element); AVG (avg_div
  * > 0) divides in the last pass.  `out` may be src[0] exactly.  Each tile is then copied to
@@ -578,17 +600,11 @@ static inline void al_shm_copy(char *dst, const char *src, size_t n, int stream)
 static int al_shm_reduce_copy(int dtype, int op, int esize, char *out, const char *const *src,
                               int k, int64_t n, double avg_div, char *copy_to, int stream) {
   int64_t tile = AL_SHM_TILE / esize, t, m;
-  int j, rc = 0;
+  int rc = 0;
   for (t = 0; t < n && rc == 0; t += tile) {
     size_t off = (size_t)t * esize;
     m = n - t < tile ? n - t : tile;
-    for (j = 1; j < k && rc == 0; j++) {
-      const char *a = j == 1 ? src[0] + off : out + off;
-      if (j == k - 1 && avg_div > 0)
-        rc = al_reduce_div(dtype, out + off, a, src[j] + off, (size_t)m, avg_div);
-      else
-        rc = al_reduce(dtype, op, out + off, a, src[j] + off, (size_t)m);
-    }
+    rc = al_shm_reduce_tile(dtype, op, out + off, src, k, off, (size_t)m, avg_div);
     if (copy_to != NULL && stream)
       al_shm_copy_nt(copy_to + off, out + off, (size_t)m * esize);
     else if (copy_to != NULL)
@@ -626,19 +642,28 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * it: the ticks per byte of a call from its first copy-in to its end, less the wait for the
  * peers' first publish (the ranks' arrival skew is not the protocol's).  A measurement counts
  * only where the class's previous call used the same stores (a call after a switch finds the
- * caches as the other kind left them); each kind's cost is the least of its last 4.  The
- * first 3 calls of a class use cached stores, the next 3 streamed ones; after that the
- * cheaper, except in the last 3 calls of every AL_SHM_EXPLORE, which try the other, so that a
- * change of placement is seen within that many calls of the class.  The choice is this rank's
+ * caches as the other kind left them); each kind's cost is the least of its last 4.  A call
+ * uses the cheaper kind, except the last 3 calls of every AL_SHM_EXPLORE of a class (calls
+ * 29-31, 61-63, ...), which try the other, so that a change of placement is seen within that
+ * many calls of the class.  Until a class has measured both kinds, "the cheaper" is the
+ * segment's latest verdict (s->prefer: the choice of the latest class of at least 256 KiB
+ * that had both; cached on a new segment), so that a new class starts as the others run
+ * (a class that tried both in its first calls would show AL_AUTO_LEARN, which times those
+ * calls, the slower kind's times).  The choice is this rank's
  * alone (a reader does not care how a line was written; a fence orders streamed stores before
  * the publish); as the calls of a class are counted in call order, the ranks try the other
  * kind in the same calls.  AL_SHM_SLOT_STORES (al_shm_slot_stores) fixes one kind instead.
  * Below 16 KiB a message stays in the caches whatever happens: ordinary stores. */
+/* The collectives' codes (al_shm_fp's bits 0-2; 0 is the allreduce), described with each. */
+enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
+enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
+
 #define AL_SHM_STORE_CLASSES 16
 #define AL_SHM_STORE_MIN_LOG2 14     /* 16 KiB: the smallest message whose stores are chosen */
 #define AL_SHM_EXPLORE 32            /* calls of a class per trial of the other kind */
 #define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
 #define AL_SHM_RECENT 4              /* measurements kept per kind */
+#define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
 
 enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
 static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
@@ -672,11 +697,12 @@ static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
   return c;
 }
 
-/* Choose the op's slot stores (o->nt) and whether the op is measured (o->cls >= 0). */
-static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, size_t bytes) {
-  const struct al_shm_adapt *a;
+/* Choose the op's slot stores (o->nt) and whether the op is measured (o->cls >= 0), for an
+ * op of collective `coll` (al_shm_fp's code) writing `bytes` into its slots. */
+static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
+  struct al_shm_adapt *a;
   uint64_t n;
-  int cheaper;
+  double c0, c1;
   o->cls = -1;
   o->nt = 0;
   if (!AL_SHM_CAN_STREAM || s->size < 2)
@@ -687,23 +713,31 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, size_t byte
   }
   if ((o->cls = al_shm_stores_class(bytes)) < 0)
     return;
-  a = &s->adapt[o->cls];
+  a = &s->adapt[coll & 7][o->cls];
   n = a->ops;
-  if (n < 2 * AL_SHM_TRIAL) {
-    o->nt = n >= AL_SHM_TRIAL;       /* first cached, then streamed */
+  if (n % AL_SHM_EXPLORE >= AL_SHM_EXPLORE - AL_SHM_TRIAL) {
+    o->nt = !a->choice;              /* a trial: the other kind, for all its calls */
     return;
   }
-  cheaper = al_shm_stores_cost(a, 1) < al_shm_stores_cost(a, 0);
-  o->nt = n % AL_SHM_EXPLORE >= AL_SHM_EXPLORE - AL_SHM_TRIAL ? !cheaper : cheaper;
+  c0 = al_shm_stores_cost(a, 0);
+  c1 = al_shm_stores_cost(a, 1);
+  if (c0 > 0 && c1 > 0) {
+    a->choice = c1 < c0;
+    if (bytes >= AL_SHM_PREFER_BYTES)
+      s->prefer = a->choice;
+  } else {
+    a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */
+  }
+  o->nt = a->choice;
 }
 
 /* At the op's end: its cost per byte into its class's measurements (if the class's previous
  * call used the same stores). */
-static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, size_t bytes) {
+static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
   struct al_shm_adapt *a;
   if (o->cls < 0 || bytes == 0)
     return;
-  a = &s->adapt[o->cls];
+  a = &s->adapt[coll & 7][o->cls];
   if (a->last == o->nt + 1 && o->t_in != 0) {
     double *r = a->recent[o->nt], x;
     int i;
@@ -714,6 +748,26 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, size_t bytes)
   a->last = o->nt + 1;
   a->ops++;
   a->streamed += (uint64_t)o->nt;
+}
+
+/* The collectives' measurement (as the allreduce's: their first copy-in, then from their first
+ * full arrive to their end): the tick a copy-in starts (0: not timed), */
+static inline uint64_t al_shm_copy_starts(const al_shm_op *o) {
+  return o->cls >= 0 && o->t_in == 0 ? al_shm_ticks() : 0;
+}
+
+/* ... the copy-in done (t0: al_shm_copy_starts's; a fence first if it streamed), */
+static inline void al_shm_copy_done(al_shm_op *o, uint64_t t0, int nt) {
+  if (nt)
+    al_shm_stream_fence();
+  if (t0 != 0)
+    o->work = al_shm_ticks() - t0;
+}
+
+/* ... a full arrive, */
+static inline void al_shm_arrive_done(al_shm_op *o) {
+  if (o->cls >= 0 && o->t_in == 0)
+    o->t_in = al_shm_ticks();
 }
 
 /* dst = src (n bytes) into a slot: streamed if `nt` (no fence: the caller's publish follows
@@ -733,17 +787,11 @@ static int al_shm_reduce_streamed(int dtype, int op, int esize, char *rbuf, char
                                   int stream) {
   char tile[AL_SHM_TILE] __attribute__((aligned(64)));
   int64_t per = AL_SHM_TILE / esize, t, m;
-  int j, rc = 0;
+  int rc = 0;
   for (t = 0; t < n && rc == 0; t += per) {
     size_t off = (size_t)t * esize;
     m = n - t < per ? n - t : per;
-    for (j = 1; j < k && rc == 0; j++) {
-      const char *x = j == 1 ? src[0] + off : tile;
-      if (j == k - 1 && avg_div > 0)
-        rc = al_reduce_div(dtype, tile, x, src[j] + off, (size_t)m, avg_div);
-      else
-        rc = al_reduce(dtype, op, tile, x, src[j] + off, (size_t)m);
-    }
+    rc = al_shm_reduce_tile(dtype, op, tile, src, k, off, (size_t)m, avg_div);
     al_shm_copy_nt(slot + off, tile, (size_t)m * esize);
     if (stream)
       al_shm_copy_nt(rbuf + off, tile, (size_t)m * esize);
@@ -768,6 +816,28 @@ typedef struct al_shm_args {
   const int *rcounts, *rdispls;      /* the collective has none */
 } al_shm_args;
 
+/* The bytes this rank writes into its slots in an op of a->coll (what its stores are chosen
+ * by), or 0 where they are not chosen: a bcast (only its root writes, and never waits to
+ * measure) and a barrier write no data that matters. */
+static inline size_t al_shm_written_bytes(const al_shm_seg *s, const al_shm_args *a) {
+  size_t es = (size_t)a->esize, sum = 0;
+  int j;
+  switch (a->coll) {
+  case 0: case AL_SHM_ALLGATHER:
+    return (size_t)a->count * es;
+  case AL_SHM_REDUCE_SCATTER: case AL_SHM_ALLTOALL:
+    return (size_t)(s->size - 1) * (size_t)a->count * es;
+  case AL_SHM_ALLGATHERV:
+    return (size_t)a->rcounts[s->rank] * es;
+  case AL_SHM_ALLTOALLV:
+    for (j = 0; j < s->size; j++)
+      if (j != s->rank) sum += (size_t)a->scounts[j];
+    return sum * es;
+  default:
+    return 0;
+  }
+}
+
 /* Start an allreduce: the protocol by size (the same on every rank: count and esize are), and
  * whether recvbuf is written with streaming stores (may differ between ranks: only this rank's
  * stores change). */
@@ -778,7 +848,7 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_bytes;
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
-  al_shm_choose_stores(s, o, bytes);
+  al_shm_choose_stores(s, o, 0, bytes);
 }
 
 /* Elements of the round that starts at element `off`: a slot's worth, or what is left. */
@@ -911,7 +981,7 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     o->off += o->chunk;
     if (o->off >= a->count) {
       o->phase = AL_SHM_END;
-      al_shm_stores_done(s, o, (size_t)a->count * a->esize);
+      al_shm_stores_done(s, o, 0, (size_t)a->count * a->esize);
     }
   }
   return 1;
@@ -942,7 +1012,7 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
  *   barrier (count 0): one round that writes nothing, with a full arrive (it settles whatever
  *     was owed: every flag has reached this round's value).
  */
-enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
+/* (AL_SHM_ALLGATHER ... AL_SHM_BARRIER: the collectives' codes, with the slots' stores) */
 
 /* Elements of each block per round. */
 static inline int64_t al_shm_coll_cap(const al_shm_seg *s, const al_shm_args *a) {
@@ -955,6 +1025,7 @@ static inline void al_shm_coll_begin(al_shm_seg *s, al_shm_op *o, const al_shm_a
   memset(o, 0, sizeof(*o));
   o->phase = a->count > 0 || a->coll == AL_SHM_BARRIER ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(a->coll, a->dtype, a->rop, a->root, a->count, ++s->ops);
+  al_shm_choose_stores(s, o, a->coll, al_shm_written_bytes(s, a));
 }
 
 /* As al_shm_arrived for peer r alone (a bcast's non-root waits for the root alone). */
@@ -972,7 +1043,8 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
   int p = s->size, me = s->rank, j, b;
   int bcast = a->coll == AL_SHM_BCAST, root = bcast && me == a->root;
   int64_t es = a->esize, n = a->count, off, c;
-  int rc;
+  int rc, nt;
+  uint64_t t0;
   size_t span;                       /* bytes of a round per rank: where they go (al_shm_data) */
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
@@ -985,8 +1057,10 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
       *al_shm_fpw(s, b, me) = o->fp;
       span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
       mine = al_shm_data(s, b, me, span);
+      nt = o->nt && span > AL_SHM_INLINE;       /* never into the flag's line */
+      t0 = al_shm_copy_starts(o);
       if (a->coll == AL_SHM_ALLGATHER) {
-        memcpy(mine, a->sbuf + off * es, (size_t)(c * es));
+        al_shm_slot_copy(mine, a->sbuf + off * es, (size_t)(c * es), nt);
         if (a->rbuf + (me * n + off) * es != a->sbuf + off * es)
           memcpy(a->rbuf + (me * n + off) * es, a->sbuf + off * es, (size_t)(c * es));
       } else if (root) {
@@ -994,8 +1068,10 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
       } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
         for (j = 0; j < p; j++)
           if (j != me)
-            memcpy(mine + j * c * es, a->sbuf + (j * n + off) * es, (size_t)(c * es));
+            al_shm_slot_copy(mine + j * c * es, a->sbuf + (j * n + off) * es, (size_t)(c * es),
+                             nt);
       }
+      al_shm_copy_done(o, t0, nt);
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
@@ -1018,6 +1094,7 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
         return 0;
       }
       s->owed = 0;                     /* every flag has reached this round's value */
+      al_shm_arrive_done(o);
       if (a->coll == AL_SHM_ALLGATHER) {
         for (j = 0; j < p; j++)
           if (j != me)
@@ -1034,6 +1111,7 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
     o->off += c;
     o->phase = o->off >= n ? AL_SHM_END : AL_SHM_PUT;
   }
+  al_shm_stores_done(s, o, a->coll, al_shm_written_bytes(s, a));
   return 1;
 }
 
@@ -1070,7 +1148,7 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
  *     the same elements of recvbuf with the peers' data, and later rounds read only later
  *     elements: the slot is the staging area, nothing else is needed.  My own block stays.
  */
-enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
+/* (AL_SHM_ALLGATHERV ... AL_SHM_ALLTOALLV: with the slots' stores) */
 
 /* The bytes of an alltoallv slot's header (p + 1 int32 words, whole cache lines). */
 static inline size_t al_shm_vheader(int p) { return al_shm_round_up((size_t)(p + 1) * 4, 64); }
@@ -1124,6 +1202,7 @@ static inline void al_shm_v_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args
   }
   o->phase = o->end != 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(a->coll, a->dtype, 0, 0, key, ++s->ops);
+  al_shm_choose_stores(s, o, a->coll, al_shm_written_bytes(s, a));
 }
 
 /* allgatherv: round [off, off + stride) in, then out (never blocks; 0: wait, 1: complete). */
@@ -1136,18 +1215,24 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     o->chunk = cap;
     if (o->phase == AL_SHM_PUT) {
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }
+      uint64_t t0 = al_shm_copy_starts(o);
+      int nt;
       *al_shm_fpw(s, b, me) = o->fp;
       c = al_shm_part(a->rcounts[me], off, cap);
-      memcpy(al_shm_data(s, b, me, (size_t)(c * es)), a->sbuf + off * es, (size_t)(c * es));
+      nt = o->nt && (size_t)(c * es) > AL_SHM_INLINE;
+      al_shm_slot_copy(al_shm_data(s, b, me, (size_t)(c * es)), a->sbuf + off * es,
+                       (size_t)(c * es), nt);
       if (a->rbuf + ((int64_t)a->rdispls[me] + off) * es != a->sbuf + off * es)
         memcpy(a->rbuf + ((int64_t)a->rdispls[me] + off) * es, a->sbuf + off * es,
                (size_t)(c * es));
+      al_shm_copy_done(o, t0, nt);
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
     if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
       return rc;
     s->owed = 0;
+    al_shm_arrive_done(o);
     for (j = 0; j < p; j++) {
       if (j == me || (c = al_shm_part(a->rcounts[j], off, cap)) == 0) continue;
       memcpy(a->rbuf + ((int64_t)a->rdispls[j] + off) * es, al_shm_data(s, b, j, (size_t)(c * es)),
@@ -1157,6 +1242,7 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     o->off += cap;
     o->phase = o->off >= o->end ? AL_SHM_END : AL_SHM_PUT;
   }
+  al_shm_stores_done(s, o, a->coll, al_shm_written_bytes(s, a));
   return 1;
 }
 
@@ -1176,7 +1262,11 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     o->chunk = c;
     if (o->phase == AL_SHM_PUT) {
       char *mine;
+      uint64_t t0;
+      int nt;
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }
+      t0 = al_shm_copy_starts(o);
+      nt = o->nt && span > AL_SHM_INLINE;      /* never into the flag's line */
       *al_shm_fpw(s, b, me) = o->fp;
       mine = al_shm_data(s, b, me, span) + hdr;
       if (v && off == 0) {
@@ -1192,17 +1282,19 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
         const char *from = a->sbuf + ((v ? (int64_t)a->sdispls[j] : j * n) + off) * es;
         if (m == 0) continue;
         if (j != me)
-          memcpy(mine + al_shm_a2a_pos(me, j) * c * es, from, (size_t)(m * es));
+          al_shm_slot_copy(mine + al_shm_a2a_pos(me, j) * c * es, from, (size_t)(m * es), nt);
         else if (!inplace)
           memcpy(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es, from,
                  (size_t)(m * es));
       }
+      al_shm_copy_done(o, t0, nt);
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
     if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
       return rc;
     s->owed = 0;
+    al_shm_arrive_done(o);
     if (v && off == 0) {             /* the headers: the counts agree, and where the rounds end */
       for (j = 0; j < p; j++) {
         const int32_t *h = (const int32_t *)al_shm_slot(s, b, j);
@@ -1225,6 +1317,7 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     o->off += c;
     o->phase = o->off >= o->end ? AL_SHM_END : AL_SHM_PUT;
   }
+  al_shm_stores_done(s, o, a->coll, al_shm_written_bytes(s, a));
   return 1;
 }
 

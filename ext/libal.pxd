@@ -41,7 +41,7 @@ cdef extern from "al_shm.h" nogil:
         int rank, size
         size_t slot, small
         uint64_t seq, round, owed, ops
-        al_shm_adapt adapt[16]
+        al_shm_adapt adapt[8][16]
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk

@@ -121,6 +121,21 @@ def test_allreduce_at_six_ranks_oversubscribed():
     assert " passed" in proc.stdout and " failed" not in proc.stdout
 
 
+def test_shm_suites_with_streamed_slot_stores():
+    """The shared-memory suites (the allreduce and every other collective over the segment:
+    allgather, bcast, reduce_scatter, barrier, allgatherv, alltoall(v)) at 3 ranks with every
+    slot written by streaming stores (AL_SHM_SLOT_STORES=streamed): the 1-4 rank runs take the
+    default, which chooses by measurement and writes small messages with ordinary stores."""
+    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
+               AL_SHM_SLOT_STORES="streamed")
+    proc = run_suite(3, [os.path.join(HERE, "mpi", f) for f in (
+        "test_shm.py", "test_shm_collectives.py", "test_shm_vcollectives.py")] + [
+        "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=300", "-o",
+        "console_output_style=classic"], env, 900)
+    assert proc.returncode == 0, f"shm suites with streamed stores failed:\n{proc.stdout[-8000:]}"
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
+
+
 def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
     """tests/mpi/test_gpu_backend_cpu.py's control-communicator test at 2 ranks with MPICH's
     bcast run as a nonblocking schedule (and no device collectives): MPICH then matches the

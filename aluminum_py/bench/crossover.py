@@ -91,7 +91,7 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
         contenders = {a: contender(a) for a in algorithms}
         n_it = iterations(world, contenders, budget)      # also the warm-up
         n_it = iters or n_it
-        samples = time_interleaved(world, contenders, n_it)
+        samples = time_interleaved(world, contenders, n_it, salt=nbytes)
         verdict = decide(samples)
         for _ in range(0 if iters else EXTRA_ROUNDS):
             if verdict["clear"]:
@@ -99,7 +99,8 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
             # the two best within noise: more samples of those two, interleaved (the same
             # decision on every rank: the samples are the max over ranks, identical everywhere)
             top = (verdict["best"], verdict["runner_up"])
-            more = time_interleaved(world, {a: contenders[a] for a in top}, n_it)
+            more = time_interleaved(world, {a: contenders[a] for a in top}, n_it,
+                                    salt=nbytes + 1)
             for a in top:
                 samples[a] = np.concatenate([samples[a], more[a]])
             verdict = decide(samples)

@@ -425,22 +425,28 @@ def shm_detach(CommState cs):
     """Unmap the communicator's segment, if it has one (Free; nothing may be pending)."""
     shm_release(cs.c)
 
+SHM_COLL_NAMES = ("allreduce", "allgather", "bcast", "reduce_scatter", "barrier", "allgatherv",
+                  "alltoall", "alltoallv")            # al_shm_fp's codes
+
 def shm_info(CommState cs):
     """The segment as this rank sees it (None without one: one rank, or none could be made): its
     length, slot and symmetric-protocol limit in bytes, the rounds and flag value so far, the
     rank that made it unusable (None while it is usable: shm_broken), and "stores": per
-    allreduce size class measured (its smallest size in bytes) the calls, how many wrote the
-    slots with streaming stores, and each kind's cost in ticks per byte (al_shm.h; 0: none)."""
+    collective and size class measured (its smallest size in bytes: what the op writes into
+    the slots) the calls, how many wrote the slots with streaming stores, and each kind's cost
+    in ticks per byte (al_shm.h; 0: none)."""
     cdef al_shm_seg* s = cs.c.shm
-    cdef int c
+    cdef int c, k
     if s == NULL:
         return None
     who = al_shm_broken_by(s)
     stores = {}
-    for c in range(AL_SHM_STORE_CLASSES):
-        if s.adapt[c].ops:
-            stores[1 << (c + AL_SHM_STORE_MIN_LOG2)] = {
-                "calls": s.adapt[c].ops, "streamed": s.adapt[c].streamed,
-                "cost": (al_shm_stores_cost(&s.adapt[c], 0), al_shm_stores_cost(&s.adapt[c], 1))}
+    for k in range(8):
+        for c in range(AL_SHM_STORE_CLASSES):
+            if s.adapt[k][c].ops:
+                stores.setdefault(SHM_COLL_NAMES[k], {})[1 << (c + AL_SHM_STORE_MIN_LOG2)] = {
+                    "calls": s.adapt[k][c].ops, "streamed": s.adapt[k][c].streamed,
+                    "cost": (al_shm_stores_cost(&s.adapt[k][c], 0),
+                             al_shm_stores_cost(&s.adapt[k][c], 1))}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
             "broken_by": who if who >= 0 else None, "stores": stores}

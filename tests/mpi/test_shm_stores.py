@@ -1,13 +1,15 @@
-"""How the "shm" allreduce writes its slots (al_shm.h, "the slots' stores"): ordinary (cached)
-or streaming stores, fixed (AL_SHM_SLOT_STORES) or chosen by each rank per size class from
+"""How "shm" writes its slots (al_shm.h, "the slots' stores"): ordinary (cached) or streaming
+stores, fixed (AL_SHM_SLOT_STORES) or chosen by each rank per collective and size class from
 what it measures.  Every kind, and ranks that use different kinds in the same call, must give
-numpy's result from every rank's inputs; the choice must follow its documented schedule."""
+numpy's result from every rank's inputs; the choice must follow its documented schedule.
+(tests/test_mpi_suite.py also runs the whole shm suites with every slot streamed.)"""
 import numpy as np
 import pytest
 
 import aluminum_py as al
 from aluminum_py import _core
-from conftest import all_ranks_ok, every_rank, gather_all, make_input, reference, differences
+from conftest import (WORLD, all_ranks_ok, every_rank, gather_all, make_input, reference,
+                      differences)
 from test_allreduce import matrix_failures
 from test_shm import with_env
 
@@ -67,11 +69,11 @@ def test_every_kind_on_tiny_slots(stores, mode):
 
 
 def test_measured_choice_follows_its_schedule(stores):
-    """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), the first 3 calls
-    use cached stores, the next 3 streamed ones, later ones the kind measured cheaper except the
-    last 3 of every 32 (calls 29-31, 61-63), which try the other: after 6 calls exactly 3
-    streamed; after 64, at least 3 + 2 * 3 (cached always cheaper) and at most 64 - 3 - 2 * 3
-    (streamed always cheaper), and both kinds have a cost.  Messages below 16 KiB are not
+    """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), every call uses the
+    kind measured cheaper, except the last 3 of every 32 (calls 29-31, 61-63), which try the
+    other; until both are measured, the segment's latest verdict, cached on a new segment.  So
+    after 6 calls none streamed, after 32 exactly the 3 of the first trial; after 64 at least
+    those and at most 3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not
     measured.  Every result is right meanwhile."""
     stores(AUTO)
     comm = al.Communicator()            # a segment of its own: no calls counted before
@@ -81,20 +83,22 @@ def test_measured_choice_follows_its_schedule(stores):
             return
         failures = []
         seen = []
-        for n, calls in ((1000, 64), (24 << 10, 6), (24 << 10, 58)):   # 4000 B, then 96 KiB
+        for n, calls in ((1000, 64), (24 << 10, 6), (24 << 10, 26), (24 << 10, 32)):  # 96 KiB
             x = np.arange(n, dtype=np.float32) + comm.rank
             expected = sum(np.arange(n, dtype=np.float32) + r for r in range(comm.size))
             for k in range(calls):
                 out = np.empty_like(x)
                 comm.Allreduce(x, out, algorithm="shm")
                 failures += differences(f"n={n} call {k}", out, expected)
-            seen.append(_core.shm_info(comm._state)["stores"])
+            seen.append(_core.shm_info(comm._state)["stores"].get("allreduce", {}))
         if seen[0] != {}:
             failures.append(f"4000 B measured: {seen[0]}")
-        first, last = seen[1].get(64 << 10), seen[2].get(64 << 10)
-        if list(seen[2]) != [64 << 10] or first["calls"] != 6 or first["streamed"] != 3:
+        first, trial, last = (seen[i].get(64 << 10) for i in (1, 2, 3))
+        if list(seen[3]) != [64 << 10] or first["calls"] != 6 or first["streamed"] != 0:
             failures.append(f"after 6 calls of 96 KiB: {seen[1]}")
-        elif last["calls"] != 64 or not 9 <= last["streamed"] <= 55:
+        elif trial["calls"] != 32 or trial["streamed"] != 3:
+            failures.append(f"after 32 calls of 96 KiB: {trial}")
+        elif last["calls"] != 64 or not 3 <= last["streamed"] <= 35:
             failures.append(f"after 64 calls of 96 KiB: {last}")
         elif not all(cost > 0 for cost in last["cost"]):
             failures.append(f"a kind without a measured cost: {last}")
@@ -116,3 +120,57 @@ def test_fixed_kinds_are_not_measured(stores):
         assert info is None or info["stores"] == {}
     finally:
         comm.Free()
+
+
+def collectives_of(comm, n):
+    """Allgather, Reduce_scatter, Alltoall, Allgatherv and Alltoallv over the segment with n
+    elements per block (uneven per rank for the v forms): the differences from numpy."""
+    p, me = comm.size, comm.rank
+    failures = []
+    x = make_input("float32", al.SUM, n, seed=n, rank=me)
+    rows = gather_all(x)
+    out = np.empty(n * p, np.float32)
+    comm.Allgather(x, out, algorithm="shm")
+    failures += differences(f"allgather n={n}", out, np.concatenate(rows))
+    big = make_input("float32", al.SUM, n * p, seed=n + 1, rank=me)
+    part = np.empty(n, np.float32)
+    comm.Reduce_scatter(big, part, algorithm="shm")
+    failures += differences(f"reduce_scatter n={n}", part,
+                            reference(al.SUM, gather_all(big), p)[me * n:(me + 1) * n])
+    a2a = np.empty(n * p, np.float32)
+    comm.Alltoall(big, a2a, algorithm="shm")
+    failures += differences(f"alltoall n={n}", a2a, np.concatenate(
+        [r[me * n:(me + 1) * n] for r in gather_all(big)]))
+    counts = [n - 7 * j if n > 7 * j else 1 for j in range(p)]
+    mine = x[:counts[me]]
+    outv = np.empty(sum(counts), np.float32)
+    comm.Allgatherv(mine, [outv, counts], algorithm="shm")
+    failures += differences(f"allgatherv n={n}", outv,
+                            np.concatenate([r[:counts[j]] for j, r in enumerate(rows)]))
+    # rank i sends (i + j) % 3 + n - 3 elements to rank j
+    f = lambda i, j: (i + j) % 3 + n - 3                           # noqa: E731
+    sc = [f(me, j) for j in range(p)]
+    rc = [f(j, me) for j in range(p)]
+    send = make_input("float32", al.SUM, sum(sc), seed=n + 2, rank=me)
+    recv = np.empty(sum(rc), np.float32)
+    comm.Alltoallv([send, sc], [recv, rc], algorithm="shm")
+    sends = WORLD.allgather(send)
+    expected = []
+    for j in range(p):
+        sdj = [f(j, k) for k in range(p)]
+        start = sum(sdj[:me])
+        expected.append(sends[j][start:start + sdj[me]])
+    failures += differences(f"alltoallv n={n}", recv, np.concatenate(expected))
+    return failures
+
+
+@pytest.mark.parametrize("mode", [AUTO, CACHED, STREAMED, "mixed"])
+def test_the_other_collectives(comm, stores, mode):
+    """The collectives other than the allreduce, each kind of store and mixed kinds, below and
+    above 16 KiB written and above one 1 MiB slot; with auto, each measured collective's
+    calls are counted."""
+    stores(mode if mode != "mixed" else (STREAMED if comm.rank % 2 == 0 else CACHED))
+    failures = []
+    for n in (1000, 9000, 300001):
+        failures += collectives_of(comm, n)
+    assert all_ranks_ok(not failures), every_rank(failures)
