@@ -18,9 +18,15 @@ smallest power of two >= n) and one element size:
   not complete by then gives no sample);
 * at the first call of the class after the schedule, the ranks exchange their samples (one
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
-  every rank decides from the same numbers: the lowest median wins, unless the table's choice is within :data:`KEEP` of it
-  (then the table's choice stays: more samples decided it).  From then on the class costs what
-  any "auto" call costs: the launcher caches the committed name.
+  every rank decides from the same numbers: the table's choice stays unless a contender's
+  median is below it by more than :data:`KEEP` *and* that contender was faster than it in at
+  least :data:`WINS` of the rounds (paired by round; then the fastest such median wins).  A
+  call's time includes the wait for the last rank to arrive, which between back-to-back calls
+  of a program varies by tens of microseconds: five samples of a 2 us allreduce compare those
+  waits, not the algorithms, and a median alone chose recursive doubling where shm was 1.5x
+  faster (issue 31).  Size classes up to :data:`CHEAP_BYTES` (whose calls cost microseconds)
+  therefore learn for :data:`CHEAP_ROUNDS` times as many rounds.  From then on the class costs
+  what any "auto" call costs: the launcher caches the committed name.
 
 The calls of one class must be the same sequence on every rank (MPI's rule for collectives):
 then every rank runs the same contender at every call, and nothing can diverge.
@@ -38,6 +44,9 @@ from .errors import Error, TimeoutError
 
 CONTENDERS = 3          # algorithms tried per size class at most
 KEEP = 1.05             # the table's choice stays where within this factor of the fastest
+WINS = 0.75             # ... or where a faster median won fewer than this share of the rounds
+CHEAP_BYTES = 64 << 10  # size classes up to this learn for CHEAP_ROUNDS x AL_AUTO_LEARN rounds
+CHEAP_ROUNDS = 4
 
 
 def size_class(nbytes: int) -> int:
@@ -110,18 +119,32 @@ class Learner:
                 self.samples[i] = t[1] - t[0]
         self.pending.clear()
         every = self.exchange(self.samples)     # the same array on every rank
-        per = {a: every[k:][self.order[k:] == j] for j, a in enumerate(self.names)}
-        per = {a: s[s > 0] for a, s in per.items()}
+        # by round (rows) and contender (columns); -1: no sample
+        table = np.full((len(self.order) // k - 1, k), -1.0)
+        for i in range(k, len(self.order)):
+            table[i // k - 1, self.order[i]] = every[i]
+        per = {a: table[:, j][table[:, j] > 0] for j, a in enumerate(self.names)}
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
+        wins = {}
         best = self.prior
-        if medians:
-            best = min(medians, key=medians.get)
-            if self.prior in medians and medians[self.prior] <= KEEP * medians[best]:
-                best = self.prior
+        if self.prior not in medians:
+            best = min(medians, key=medians.get) if medians else self.prior
+        else:
+            mine = table[:, self.names.index(self.prior)]
+            for a in sorted(medians, key=medians.get):
+                if a == self.prior or medians[a] * KEEP >= medians[self.prior]:
+                    continue
+                theirs = table[:, self.names.index(a)]
+                both = (mine > 0) & (theirs > 0)
+                wins[a] = (int(np.sum(theirs[both] < mine[both])), int(np.sum(both)))
+                if wins[a][1] and wins[a][0] >= WINS * wins[a][1]:
+                    best = a
+                    break
         self.committed = best
         self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
                        "prior": self.prior, "source": self.source,
-                       "medians": medians, "samples": {a: len(s) for a, s in per.items()}}
+                       "medians": medians, "samples": {a: len(s) for a, s in per.items()},
+                       "wins": wins}
         return best
 
 
@@ -143,8 +166,9 @@ class Learning:
         key = (size_class(nbytes), itemsize)
         learner = self.learners.get(key)
         if learner is None:
+            rounds = self.rounds * (CHEAP_ROUNDS if key[0] <= CHEAP_BYTES else 1)
             learner = Learner(self.exchange, nbytes, itemsize, self.explain(key[0], itemsize),
-                              self.rounds)
+                              rounds)
             self.learners[key] = learner
         return learner
 
@@ -181,6 +205,7 @@ class Learning:
     def learned(self) -> list:
         """What was committed so far: one dict per size class (bytes: the class's power of two,
         itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
+        wins: per challenger (rounds faster than the prior, rounds compared),
         samples: how many timed calls each)."""
         return [dict(lr.result) for key, lr in sorted(self.learners.items())
                 if lr.result is not None]

@@ -638,9 +638,12 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * memory instead of the shared cache: 1.2x slower at 64 MiB, 2.5x at 1-2 MiB.
  *
  * No placement can be seen from inside the VM, and it changes while a program runs, so each
- * rank measures, per size class (powers of two from 16 KiB up), what each kind of store costs
- * it: the ticks per byte of a call from its first copy-in to its end, less the wait for the
- * peers' first publish (the ranks' arrival skew is not the protocol's).  A measurement counts
+ * rank measures, per collective (the allreduce, and allgather, reduce_scatter, allgatherv,
+ * alltoall(v) below, by what they write into the slots: al_shm_written_bytes; a bcast, whose
+ * root alone writes and never waits, and a barrier use ordinary stores) and size class (powers
+ * of two from 16 KiB up), what each kind of store costs it: the ticks per byte of a call from
+ * its first copy-in to its end, less the wait for the peers' first publish (the ranks'
+ * arrival skew is not the protocol's).  A measurement counts
  * only where the class's previous call used the same stores (a call after a switch finds the
  * caches as the other kind left them); each kind's cost is the least of its last 4.  A call
  * uses the cheaper kind, except the last 3 calls of every AL_SHM_EXPLORE of a class (calls

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from aluminum_py import config, tuning
-from aluminum_py.learning import KEEP, Learner, contenders, size_class, transport
+from aluminum_py.learning import KEEP, WINS, Learner, contenders, size_class, transport
 from aluminum_py.tuning import Choice
 
 
@@ -78,6 +78,24 @@ def test_the_tables_choice_stays_within_keep():
     lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=3)
     run(lr, cost.get)
     assert lr.next() == "ring"
+
+
+def test_a_faster_median_must_also_win_most_rounds():
+    """A contender whose median beats the table's choice by more than KEEP replaces it only if
+    it was faster in at least WINS of the rounds (paired by round): faster in 3 rounds of 5
+    keeps the prior, in 4 of 5 replaces it."""
+    assert 3 < WINS * 5 <= 4
+    cases = (([1, 1, 9, 9, 9], [2, 2, 8, 8, 8], "shm"),      # medians 9 / 8, ring wins 3 of 5
+             ([9, 9, 9, 9, 1], [8, 8, 8, 8, 2], "ring"))     # medians 9 / 8, ring wins 4 of 5
+    for shm, ring, expected in cases:
+        lr = Learner(Exchange(), 64, 4, choice("shm", "ring"), rounds=5)
+        for i in range(len(lr.order)):
+            r = i // len(lr.names) - 1                       # the timed round (-1: warm-up)
+            times = {"shm": shm, "ring": ring}[lr.next()]
+            lr.record(times[r] if r >= 0 else 1.0)
+        assert lr.next() == expected, lr.result
+        assert lr.result["medians"] == pytest.approx({"shm": 9.0, "ring": 8.0})
+        assert lr.result["wins"]["ring"] == (3 if expected == "shm" else 4, 5)
 
 
 def test_decision_uses_every_ranks_samples():
