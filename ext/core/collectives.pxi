@@ -72,6 +72,7 @@ cdef class HostCollectives:
         if L.trial is None:
             return self.run_allreduce(&m, opcode, alg, blocking)
         learner, L.trial = L.trial, None        # auto is learning (learning.py): time it
+        learner.sync()                          # every rank there first (Learning.sync)
         if not blocking:
             request = self.run_allreduce(&m, opcode, alg, False)
             learner.record_op(request._op)      # its start and completion, read later
