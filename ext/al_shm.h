@@ -130,7 +130,8 @@ typedef struct al_shm_seg {
                                         AL_SHM_STORE_CLASSES (below) */
   int prefer;                        /* the stores a class uses until it has measured both: the
                                         cheaper at the latest choice of a class of at least
-                                        AL_SHM_PREFER_BYTES (1: streamed) */
+                                        AL_SHM_PREFER_BYTES or decided by AL_SHM_DECISIVE
+                                        (1: streamed) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
@@ -649,10 +650,11 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * uses the cheaper kind, except the last 3 calls of every AL_SHM_EXPLORE of a class (calls
  * 29-31, 61-63, ...), which try the other, so that a change of placement is seen within that
  * many calls of the class.  Until a class has measured both kinds, "the cheaper" is the
- * segment's latest verdict (s->prefer: the choice of the latest class of at least 256 KiB
- * that had both; cached on a new segment), so that a new class starts as the others run
- * (a class that tried both in its first calls would show AL_AUTO_LEARN, which times those
- * calls, the slower kind's times).  The choice is this rank's
+ * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
+ * least 256 KiB or with one kind at least 1.5x cheaper; cached on a new segment), so that a
+ * new class starts as the others run (a class that tried both in its first calls would show
+ * AL_AUTO_LEARN, which times those calls, the slower kind's times; one that started cached
+ * in the far placement showed it shm 2-3x slower than Rabenseifner at 256-512 KiB).  The choice is this rank's
  * alone (a reader does not care how a line was written; a fence orders streamed stores before
  * the publish); as the calls of a class are counted in call order, the ranks try the other
  * kind in the same calls.  AL_SHM_SLOT_STORES (al_shm_slot_stores) fixes one kind instead.
@@ -667,6 +669,7 @@ enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 #define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
 #define AL_SHM_RECENT 4              /* measurements kept per kind */
 #define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
+#define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
 
 enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
 static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
@@ -726,7 +729,7 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
   c1 = al_shm_stores_cost(a, 1);
   if (c0 > 0 && c1 > 0) {
     a->choice = c1 < c0;
-    if (bytes >= AL_SHM_PREFER_BYTES)
+    if (bytes >= AL_SHM_PREFER_BYTES || c0 > AL_SHM_DECISIVE * c1 || c1 > AL_SHM_DECISIVE * c0)
       s->prefer = a->choice;
   } else {
     a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */
