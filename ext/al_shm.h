@@ -95,6 +95,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "al_reduce.h"
@@ -126,6 +127,9 @@ typedef struct al_shm_seg {
     uint64_t streamed;               /* of which with streamed slot stores */
     int last;                        /* the previous call's stores + 1 (0: none yet) */
     int choice;                      /* the cheaper at the latest call outside a trial */
+    int trial_left;                  /* calls left of the trial under way */
+    double trial_at;                 /* when the latest trial began (the class's first call
+                                        before any; CLOCK_MONOTONIC seconds) */
   } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
                                         AL_SHM_STORE_CLASSES (below) */
   int prefer;                        /* the stores a class uses until it has measured both: the
@@ -647,9 +651,11 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * arrival skew is not the protocol's).  A measurement counts
  * only where the class's previous call used the same stores (a call after a switch finds the
  * caches as the other kind left them); each kind's cost is the least of its last 4.  A call
- * uses the cheaper kind, except the last 3 calls of every AL_SHM_EXPLORE of a class (calls
- * 29-31, 61-63, ...), which try the other, so that a change of placement is seen within that
- * many calls of the class.  Until a class has measured both kinds, "the cheaper" is the
+ * uses the cheaper kind, except in trials of 3 calls, which try the other: at calls 29-31,
+ * 61-63, ... of a class (AL_SHM_EXPLORE), and whenever AL_SHM_TRIAL_EVERY (0.5 s) has passed
+ * since its latest trial began (or since its first call), so that a change of placement is
+ * seen within 32 calls or half a second of the class, whichever comes first (a 64 MiB call
+ * takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow kind).  Until a class has measured both kinds, "the cheaper" is the
  * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
  * least 256 KiB or with one kind at least 1.5x cheaper; cached on a new segment), so that a
  * new class starts as the others run (a class that tried both in its first calls would show
@@ -668,6 +674,7 @@ enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 #define AL_SHM_EXPLORE 32            /* calls of a class per trial of the other kind */
 #define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
 #define AL_SHM_RECENT 4              /* measurements kept per kind */
+#define AL_SHM_TRIAL_EVERY 0.5       /* seconds: a class's trials at least this often */
 #define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
 #define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
 
@@ -685,6 +692,13 @@ static inline uint64_t al_shm_ticks(void) {
   return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
 }
 #endif
+
+/* CLOCK_MONOTONIC in seconds (when a class's trials began). */
+static inline double al_shm_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* The size class of an allreduce of `bytes` (-1 below 16 KiB). */
 static inline int al_shm_stores_class(size_t bytes) {
@@ -708,7 +722,7 @@ static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
 static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
   struct al_shm_adapt *a;
   uint64_t n;
-  double c0, c1;
+  double c0, c1, now;
   o->cls = -1;
   o->nt = 0;
   if (!AL_SHM_CAN_STREAM || s->size < 2)
@@ -721,8 +735,19 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     return;
   a = &s->adapt[coll & 7][o->cls];
   n = a->ops;
-  if (n % AL_SHM_EXPLORE >= AL_SHM_EXPLORE - AL_SHM_TRIAL) {
-    o->nt = !a->choice;              /* a trial: the other kind, for all its calls */
+  now = al_shm_seconds();
+  if (n == 0)
+    a->trial_at = now;
+  if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
+    a->trial_left--;
+    o->nt = !a->choice;
+    return;
+  }
+  if (n % AL_SHM_EXPLORE == AL_SHM_EXPLORE - AL_SHM_TRIAL ||
+      (n >= AL_SHM_TRIAL && now - a->trial_at > AL_SHM_TRIAL_EVERY)) {
+    a->trial_at = now;
+    a->trial_left = AL_SHM_TRIAL - 1;
+    o->nt = !a->choice;
     return;
   }
   c0 = al_shm_stores_cost(a, 0);

@@ -71,9 +71,9 @@ def test_every_kind_on_tiny_slots(stores, mode):
 def test_measured_choice_follows_its_schedule(stores):
     """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), every call uses the
     kind measured cheaper, except the last 3 of every 32 (calls 29-31, 61-63), which try the
-    other; until both are measured, the segment's latest verdict, cached on a new segment.  So
-    after 6 calls none streamed, after 32 exactly the 3 of the first trial; after 64 at least
-    those and at most 3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not
+    other, and every half second; until both are measured, the segment's latest verdict, cached
+    on a new segment.  So after 6 calls none streamed, after 32 the 3 of the first trial;
+    after 64 at least those and at most 3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not
     measured.  Every result is right meanwhile."""
     stores(AUTO)
     comm = al.Communicator()            # a segment of its own: no calls counted before
@@ -96,7 +96,8 @@ def test_measured_choice_follows_its_schedule(stores):
         first, trial, last = (seen[i].get(64 << 10) for i in (1, 2, 3))
         if list(seen[3]) != [64 << 10] or first["calls"] != 6 or first["streamed"] != 0:
             failures.append(f"after 6 calls of 96 KiB: {seen[1]}")
-        elif trial["calls"] != 32 or trial["streamed"] != 3:
+        elif trial["calls"] != 32 or not 3 <= trial["streamed"] <= 6:   # (6: a half-second
+            # trial too, if these calls took that long)
             failures.append(f"after 32 calls of 96 KiB: {trial}")
         elif last["calls"] != 64 or not 3 <= last["streamed"] <= 35:
             failures.append(f"after 64 calls of 96 KiB: {last}")
