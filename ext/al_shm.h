@@ -128,6 +128,9 @@ typedef struct al_shm_seg {
     int last;                        /* the previous call's stores + 1 (0: none yet) */
     int choice;                      /* the cheaper at the latest call outside a trial */
     int trial_left;                  /* calls left of the trial under way */
+    int surprised;                   /* calls in a row of the choice that cost AL_SHM_SURPRISE x
+                                        its least (2: a trial next) */
+    uint64_t trial_n;                /* the call the latest trial began at */
     double trial_at;                 /* when the latest trial began (the class's first call
                                         before any; CLOCK_MONOTONIC seconds) */
   } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
@@ -652,10 +655,12 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * only where the class's previous call used the same stores (a call after a switch finds the
  * caches as the other kind left them); each kind's cost is the least of its last 4.  A call
  * uses the cheaper kind, except in trials of 3 calls, which try the other: at calls 29-31,
- * 61-63, ... of a class (AL_SHM_EXPLORE), and whenever AL_SHM_TRIAL_EVERY (0.5 s) has passed
- * since its latest trial began (or since its first call), so that a change of placement is
- * seen within 32 calls or half a second of the class, whichever comes first (a 64 MiB call
- * takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow kind).  Until a class has measured both kinds, "the cheaper" is the
+ * 61-63, ... of a class (AL_SHM_EXPLORE); right after two calls in a row of the chosen kind
+ * that cost AL_SHM_SURPRISE (2x) its least (from 1 MiB: the placement changed under it); and
+ * once AL_SHM_TRIAL_EVERY
+ * (0.5 s) has passed since the latest trial began (or the first call), if at least 16 calls
+ * have (a 64 MiB call takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow
+ * kind, and a trial every half second alone took most of them).  Until a class has measured both kinds, "the cheaper" is the
  * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
  * least 256 KiB or with one kind at least 1.5x cheaper; cached on a new segment), so that a
  * new class starts as the others run (a class that tried both in its first calls would show
@@ -674,7 +679,11 @@ enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 #define AL_SHM_EXPLORE 32            /* calls of a class per trial of the other kind */
 #define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
 #define AL_SHM_RECENT 4              /* measurements kept per kind */
-#define AL_SHM_TRIAL_EVERY 0.5       /* seconds: a class's trials at least this often */
+#define AL_SHM_TRIAL_EVERY 0.5       /* seconds: a class's trials at least this often, */
+#define AL_SHM_TRIAL_CALLS 16        /* ... but at most once in this many calls */
+#define AL_SHM_SURPRISE 2.0          /* two calls in a row of the choice this much dearer than
+                                        its least: a trial at the next call (classes of */
+#define AL_SHM_SURPRISE_BYTES ((size_t)1 << 20)   /* at least this: smaller calls are noisier) */
 #define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
 #define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
 
@@ -743,9 +752,11 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     o->nt = !a->choice;
     return;
   }
-  if (n % AL_SHM_EXPLORE == AL_SHM_EXPLORE - AL_SHM_TRIAL ||
-      (n >= AL_SHM_TRIAL && now - a->trial_at > AL_SHM_TRIAL_EVERY)) {
+  if (n % AL_SHM_EXPLORE == AL_SHM_EXPLORE - AL_SHM_TRIAL || a->surprised >= 2 ||
+      (n >= a->trial_n + AL_SHM_TRIAL_CALLS && now - a->trial_at > AL_SHM_TRIAL_EVERY)) {
     a->trial_at = now;
+    a->trial_n = n;
+    a->surprised = 0;
     a->trial_left = AL_SHM_TRIAL - 1;
     o->nt = !a->choice;
     return;
@@ -770,9 +781,14 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, siz
     return;
   a = &s->adapt[coll & 7][o->cls];
   if (a->last == o->nt + 1 && o->t_in != 0) {
-    double *r = a->recent[o->nt], x;
+    double *r = a->recent[o->nt], x, least = al_shm_stores_cost(a, o->nt);
     int i;
     x = (double)(o->work + (al_shm_ticks() - o->t_in)) / (double)bytes;
+    if (bytes >= AL_SHM_SURPRISE_BYTES && o->nt == a->choice && a->trial_left == 0 &&
+        least > 0 && x > AL_SHM_SURPRISE * least)
+      a->surprised++;                /* twice in a row: the placement changed, try the other */
+    else
+      a->surprised = 0;
     for (i = AL_SHM_RECENT - 1; i > 0; i--) r[i] = r[i - 1];
     r[0] = x;
   }
