@@ -74,18 +74,28 @@ def gloo_allreduce(world):
     return factory
 
 
-def learn(comm, auto, nbytes: int) -> dict:
-    """Run `auto` (the "auto" contender's call, or None) until its size class has committed
-    (AL_AUTO_LEARN: aluminum_py.learning), before the timing: the table shows auto as it runs
-    in a long program, and the row records what learning cost (learn_calls, learn_us: the
-    calls and their total time on this rank, the check's first call included)."""
+def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
+    """Run the contenders `calls` as the timing does (interleaved in random order, a barrier
+    before each) until the "auto" contender's size class has committed (AL_AUTO_LEARN:
+    aluminum_py.learning): the table shows auto as it runs in a long program, having learned
+    in the conditions it is timed in.  (Learning from `auto` alone, called back to back, chose
+    Rabenseifner at 256 KiB-1 MiB, where in the interleaved timing recursive doubling and shm
+    were 1.5-2x faster: issue 31.)  The row records what learning cost: learn_calls (auto's
+    calls) and learn_us (their total time on this rank)."""
+    auto = calls.get("auto")
     if auto is None or comm._host.learning is None:
         return {}
-    t0, calls = time.perf_counter(), 0
-    while comm.explain(nbytes).source != "learned" and calls < 1000:
-        auto()
-        calls += 1
-    return {"learn_calls": calls, "learn_us": (time.perf_counter() - t0) * 1e6}
+    names, spent, n, rounds = list(calls), 0.0, 0, 0
+    while comm.explain(nbytes).source != "learned" and n < 1000:
+        for i in np.random.default_rng([salt, rounds, 7]).permutation(len(names)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            calls[names[i]]()
+            if names[i] == "auto":
+                spent += time.perf_counter() - t0
+                n += 1
+        rounds += 1
+    return {"learn_calls": n, "learn_us": spent * 1e6}
 
 
 def memory_bound(nbytes: int, p: int, copy_bw: float, add_bw: float) -> float:
@@ -237,7 +247,7 @@ def main(argv=None) -> int:
         wrong = check(world, calls, n // 4, skipped)
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
-        learning = learn(comm, calls.get("auto"), n)
+        learning = learn(world, comm, calls, n, salt=n)
         samples = time_interleaved(world, calls, iterations(world, calls, args.budget), salt=n)
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
