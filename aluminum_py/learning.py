@@ -13,11 +13,12 @@ smallest power of two >= n) and one element size:
   point-to-point for every other algorithm), at most :data:`CONTENDERS`;
 * a schedule of ``rounds + 1`` rounds, each running every contender once in an order drawn from
   the round's number (the same on every rank); round 0 is a warm-up, not timed;
-* each timed call starts after a barrier on the learning communicator (so that its time does
-  not include the wait for ranks the previous call left behind: :meth:`Learning.sync`) and is
-  timed on each rank: a blocking call from its start to its return, a nonblocking one from
-  the op's start to its completion (read when the schedule is over; an op not complete by
-  then gives no sample);
+* each blocking call of the schedule starts after a barrier on the learning communicator (so
+  that its time does not include the wait for ranks the previous call left behind:
+  :meth:`Learning.sync`; a nonblocking call never waits for its peers: ranks may start them
+  on several communicators in different orders) and is timed on each rank: a blocking call
+  from its start to its return, a nonblocking one from the op's start to its completion
+  (read when the schedule is over; an op not complete by then gives no sample);
 * at the first call of the class after the schedule, the ranks exchange their samples (one
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
   every rank decides from the same numbers: the table's choice stays unless a contender's

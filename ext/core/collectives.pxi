@@ -72,12 +72,14 @@ cdef class HostCollectives:
         if L.trial is None:
             return self.run_allreduce(&m, opcode, alg, blocking)
         learner, L.trial = L.trial, None        # auto is learning (learning.py): time it
-        learner.sync()                          # every rank there first (Learning.sync)
         if not blocking:
             request = self.run_allreduce(&m, opcode, alg, False)
             learner.record_op(request._op)      # its start and completion, read later
             return request
-        t0 = al_now()
+        if unusual(L.state):                    # freed or broken: its error, not the barrier's
+            L.state.check_usable("allreduce/" + alg)
+        learner.sync()          # every rank there first (Learning.sync); blocking calls only:
+        t0 = al_now()           # a nonblocking call must not wait for its peers
         self.run_allreduce(&m, opcode, alg, True)
         learner.record(al_now() - t0)
         return None
