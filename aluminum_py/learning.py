@@ -13,12 +13,13 @@ smallest power of two >= n) and one element size:
   point-to-point for every other algorithm), at most :data:`CONTENDERS`;
 * a schedule of ``rounds + 1`` rounds, each running every contender once in an order drawn from
   the round's number (the same on every rank); round 0 is a warm-up, not timed;
-* each blocking call of the schedule starts after a barrier on the learning communicator (so
-  that its time does not include the wait for ranks the previous call left behind:
-  :meth:`Learning.sync`; a nonblocking call never waits for its peers: ranks may start them
-  on several communicators in different orders) and is timed on each rank: a blocking call
-  from its start to its return, a nonblocking one from the op's start to its completion
-  (read when the schedule is over; an op not complete by then gives no sample);
+* each call is timed on each rank: a blocking call from its start to its return, a
+  nonblocking one from the op's start to its completion (read when the schedule is over; an op
+  not complete by then gives no sample).  A call's time includes the wait for the ranks the
+  previous call left behind, which depends on the previous call's algorithm (MPI's
+  point-to-point ones let the ranks leave apart, shm together): a barrier before each timed
+  blocking call removed that bias, but made a call whose peer never comes wait past the
+  call's own timeout, so it was taken out again (issue 31; what is left);
 * at the first call of the class after the schedule, the ranks exchange their samples (one
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
   every rank decides from the same numbers: the table's choice stays unless a contender's
@@ -78,9 +79,8 @@ def contenders(ranked, k: int = CONTENDERS) -> tuple:
 class Learner:
     """The schedule and the samples of one size class (see the module's docstring)."""
 
-    def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int, sync=None):
+    def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int):
         self.exchange = exchange            # samples -> their max over ranks (collective)
-        self.sync = sync or (lambda: None)  # a barrier before each timed call (collective)
         self.size_class = size_class(nbytes)
         self.itemsize = itemsize
         self.prior = choice.algorithm       # the table's (or the model's) choice
@@ -172,7 +172,7 @@ class Learning:
         if learner is None:
             rounds = self.rounds * (CHEAP_ROUNDS if key[0] <= CHEAP_BYTES else 1)
             learner = Learner(self.exchange, nbytes, itemsize, self.explain(key[0], itemsize),
-                              rounds, self.sync)
+                              rounds)
             self.learners[key] = learner
         return learner
 
@@ -191,17 +191,6 @@ class Learning:
         return replace(choice, algorithm=r["choice"], source="learned",
                        detail=f"learned in use for messages up to {r['bytes']} B (medians of "
                               f"the max over ranks: {medians}); before: {choice}")
-
-    def sync(self) -> None:
-        """A barrier on the learning communicator before each timed call of a schedule, so that
-        every sample starts with every rank there, as the crossover's and bench/peers.py's do.
-        Without it a call's time includes the wait for the ranks the previous call left behind,
-        and that depends on the previous call's algorithm: MPI's point-to-point algorithms let
-        the ranks leave apart (a sender is done before its peer has received), the segment's
-        protocol lets them leave together, so "shm" was charged the others' skew and looked
-        2-3x slower than it is from 64 KiB to 512 KiB (issue 31)."""
-        wait_exchange(self.comm.Ibarrier(), self.state, "Allreduce (auto, AL_AUTO_LEARN)",
-                      "the barrier before a timed call of what auto learns")
 
     def exchange(self, samples: np.ndarray) -> np.ndarray:
         """The max over ranks of `samples` (-1: no sample), waited for at most AL_HANG_TIMEOUT

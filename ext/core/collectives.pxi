@@ -76,10 +76,7 @@ cdef class HostCollectives:
             request = self.run_allreduce(&m, opcode, alg, False)
             learner.record_op(request._op)      # its start and completion, read later
             return request
-        if unusual(L.state):                    # freed or broken: its error, not the barrier's
-            L.state.check_usable("allreduce/" + alg)
-        learner.sync()          # every rank there first (Learning.sync); blocking calls only:
-        t0 = al_now()           # a nonblocking call must not wait for its peers
+        t0 = al_now()
         self.run_allreduce(&m, opcode, alg, True)
         learner.record(al_now() - t0)
         return None
