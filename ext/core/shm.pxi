@@ -27,8 +27,8 @@ def set_shm_stream_bytes(size_t nbytes):
     al_shm_stream_bytes = nbytes
 
 def set_shm_slot_stores(int mode):
-    """How "shm" allreduces write the slots: 0 measured per size class, 1 ordinary (cached)
-    stores, 2 streaming stores (al_shm.h; AL_SHM_SLOT_STORES)."""
+    """How the "shm" collectives write the slots: 0 measured per collective and size class, 1
+    ordinary (cached) stores, 2 streaming stores (al_shm.h; AL_SHM_SLOT_STORES)."""
     global al_shm_slot_stores
     al_shm_slot_stores = mode
 
@@ -58,8 +58,9 @@ for _i, _n in enumerate((b"int8", b"int16", b"int32", b"int64", b"uint8", b"uint
 for _i, _n in enumerate((b"SUM", b"PROD", b"MIN", b"MAX", b"LAND", b"LOR", b"LXOR", b"BAND",
                          b"BOR", b"BXOR", b"AVG", b"?", b"?", b"?", b"?", b"?")):
     g_op_names[_i] = _n
-for _i, _n in enumerate((b"Allreduce", b"Allgather", b"Bcast", b"Reduce_scatter", b"Barrier",
-                         b"Allgatherv", b"Alltoall", b"Alltoallv")):
+_COLL_CALLS = (b"Allreduce", b"Allgather", b"Bcast", b"Reduce_scatter", b"Barrier", b"Allgatherv",
+               b"Alltoall", b"Alltoallv")
+for _i, _n in enumerate(_COLL_CALLS):
     g_coll_names[_i] = _n
 
 cdef int fp_describe(uint64_t fp, char* out, size_t n) noexcept nogil:
@@ -425,8 +426,7 @@ def shm_detach(CommState cs):
     """Unmap the communicator's segment, if it has one (Free; nothing may be pending)."""
     shm_release(cs.c)
 
-SHM_COLL_NAMES = ("allreduce", "allgather", "bcast", "reduce_scatter", "barrier", "allgatherv",
-                  "alltoall", "alltoallv")            # al_shm_fp's codes
+SHM_COLL_NAMES = tuple(n.decode().lower() for n in _COLL_CALLS)    # al_shm_fp's codes
 
 def shm_info(CommState cs):
     """The segment as this rank sees it (None without one: one rank, or none could be made): its
