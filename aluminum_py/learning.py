@@ -15,11 +15,17 @@ smallest power of two >= n) and one element size:
   the round's number (the same on every rank); round 0 is a warm-up, not timed;
 * each call is timed on each rank: a blocking call from its start to its return, a
   nonblocking one from the op's start to its completion (read when the schedule is over; an op
-  not complete by then gives no sample).  A call's time includes the wait for the ranks the
-  previous call left behind, which depends on the previous call's algorithm (MPI's
-  point-to-point ones let the ranks leave apart, shm together): a barrier before each timed
-  blocking call removed that bias, but made a call whose peer never comes wait past the
-  call's own timeout, so it was taken out again (issue 31; what is left);
+  not complete by then gives no sample, on any rank: then the call has none).  Where every rank
+  runs on one machine (one kernel: the ranks share ``CLOCK_MONOTONIC``), a call's sample is
+  the time from the last rank's start to the last rank's end: what the call adds to the
+  program's critical path, and what a loop of back-to-back calls of one algorithm costs per
+  call.  A call's own span on a rank also holds the wait for the ranks that the previous call
+  left behind, and that depends on the *previous* call's algorithm (MPI's point-to-point
+  algorithms let the ranks leave apart, shm together): timed that way, "shm" was charged the
+  others' skew and looked 2-3x slower than it is from 64 KiB to 512 KiB (issue 31).  A
+  barrier before each timed call removed the bias too, but made a call whose peer never comes
+  wait past the call's own timeout.  On several machines (no common clock) the sample is the
+  longest span over the ranks, skew and all;
 * at the first call of the class after the schedule, the ranks exchange their samples (one
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
   every rank decides from the same numbers: the table's choice stays unless a contender's
@@ -79,8 +85,10 @@ def contenders(ranked, k: int = CONTENDERS) -> tuple:
 class Learner:
     """The schedule and the samples of one size class (see the module's docstring)."""
 
-    def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int):
-        self.exchange = exchange            # samples -> their max over ranks (collective)
+    def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int,
+                 one_clock: bool = False):
+        self.exchange = exchange            # an array -> its max over ranks (collective)
+        self.one_clock = one_clock          # every rank on one machine: starts/ends comparable
         self.size_class = size_class(nbytes)
         self.itemsize = itemsize
         self.prior = choice.algorithm       # the table's (or the model's) choice
@@ -90,7 +98,10 @@ class Learner:
         # call i of the schedule runs names[order[i]]; round 0 (the first k calls) warms up
         self.order = np.concatenate([np.random.default_rng(r).permutation(k)
                                      for r in range(rounds + 1)])
-        self.samples = np.full(len(self.order), -1.0)     # -1: no sample
+        # per call of the schedule, its start and end on this rank (time.monotonic's clock);
+        # an end of inf: no sample (and none for the call, whatever the other ranks have)
+        self.starts = np.zeros(len(self.order))
+        self.ends = np.full(len(self.order), np.inf)
         self.pending = {}                   # call index -> the NativeOp of a nonblocking call
         self.calls = 0
         self.committed = None if k > 1 else self.prior
@@ -107,27 +118,40 @@ class Learner:
         self.calls = i + 1
         return self.names[self.order[i]]
 
-    def record(self, seconds: float) -> None:
-        """The last call's duration (a blocking call timed by the caller)."""
-        self.samples[self.calls - 1] = seconds
+    def record(self, start: float, end: float) -> None:
+        """The last call's start and end (a blocking call timed by the caller, al_now)."""
+        self.starts[self.calls - 1] = start
+        self.ends[self.calls - 1] = end
 
     def record_op(self, op) -> None:
         """The last call was nonblocking: its op, read when the schedule is over."""
         self.pending[self.calls - 1] = op
 
+    def payload(self) -> np.ndarray:
+        """What this rank contributes to the exchange (whose max over ranks every rank gets):
+        per call its span, start and end."""
+        return np.concatenate([self.ends - self.starts, self.starts, self.ends])
+
+    def samples(self, every: np.ndarray) -> np.ndarray:
+        """Per call of the schedule, from the exchanged maxima: its time (see the module's
+        docstring), nan where some rank has no sample."""
+        spans, starts, ends = np.split(every, 3)
+        t = ends - starts if self.one_clock else spans
+        return np.where(np.isfinite(t), t, np.nan)
+
     def commit(self) -> str:
-        k = len(self.names)
         for i, op in self.pending.items():
             t = op.times                        # None: not complete yet, no sample
             if t is not None and op.error is None and t[1] > t[0] > 0:
-                self.samples[i] = t[1] - t[0]
+                self.starts[i], self.ends[i] = t
         self.pending.clear()
-        every = self.exchange(self.samples)     # the same array on every rank
-        # by round (rows) and contender (columns); -1: no sample
-        table = np.full((len(self.order) // k - 1, k), -1.0)
+        every = self.samples(self.exchange(self.payload()))    # the same on every rank
+        # by round (rows) and contender (columns); nan: no sample
+        k = len(self.names)
+        table = np.full((len(self.order) // k - 1, k), np.nan)
         for i in range(k, len(self.order)):
             table[i // k - 1, self.order[i]] = every[i]
-        per = {a: table[:, j][table[:, j] > 0] for j, a in enumerate(self.names)}
+        per = {a: table[:, j][table[:, j] >= 0] for j, a in enumerate(self.names)}
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
         wins = {}
         best = self.prior
@@ -139,7 +163,7 @@ class Learner:
                 if a == self.prior or medians[a] * KEEP >= medians[self.prior]:
                     continue
                 theirs = table[:, self.names.index(a)]
-                both = (mine > 0) & (theirs > 0)
+                both = (mine >= 0) & (theirs >= 0)      # nan compares False
                 wins[a] = (int(np.sum(theirs[both] < mine[both])), int(np.sum(both)))
                 if wins[a][1] and wins[a][0] >= WINS * wins[a][1]:
                     best = a
@@ -155,10 +179,13 @@ class Learner:
 class Learning:
     """The learners of one communicator: the launcher's chooser while AL_AUTO_LEARN is on.
     `explain(nbytes, itemsize)` is the Chooser's; `comm` an MPI communicator used by nothing
-    else (the exchanges); `state` the CommState (a broken communicator ends a wait)."""
+    else (the exchanges); `state` the CommState (a broken communicator ends a wait);
+    `one_clock`: every rank runs on one machine (the samples' clock is the same on every
+    rank)."""
 
-    def __init__(self, explain, comm, state, rounds: int):
+    def __init__(self, explain, comm, state, rounds: int, one_clock: bool = False):
         self.explain = explain
+        self.one_clock = one_clock
         self.comm = comm
         self.state = state
         self.rounds = rounds
@@ -172,7 +199,7 @@ class Learning:
         if learner is None:
             rounds = self.rounds * (CHEAP_ROUNDS if key[0] <= CHEAP_BYTES else 1)
             learner = Learner(self.exchange, nbytes, itemsize, self.explain(key[0], itemsize),
-                              rounds)
+                              rounds, self.one_clock)
             self.learners[key] = learner
         return learner
 
@@ -190,16 +217,17 @@ class Learning:
                             sorted(r["medians"].items(), key=lambda kv: kv[1]))
         return replace(choice, algorithm=r["choice"], source="learned",
                        detail=f"learned in use for messages up to {r['bytes']} B (medians of "
-                              f"the max over ranks: {medians}); before: {choice}")
+                              f"the calls' times: {medians}); before: {choice}")
 
     def exchange(self, samples: np.ndarray) -> np.ndarray:
-        """The max over ranks of `samples` (-1: no sample), waited for at most AL_HANG_TIMEOUT
-        (or until a peer breaks the communicator).  The max, as every benchmark here takes it:
-        a call costs the program what its slowest rank spends in it.  The min (the last rank
-        to arrive) was tried first and is biased: with MPI's eager messages the early ranks'
-        data is already waiting for the last one, so the point-to-point algorithms looked
-        cheaper than they are (bench/results/issue31_acceptance.txt, 16-64 KiB).  The ranks'
-        skew adds the same to every contender, in a random order each round."""
+        """The max over ranks of `samples` (Learner.payload: spans, starts and ends), waited for
+        at most AL_HANG_TIMEOUT (or until a peer breaks the communicator).  From the maxima
+        every rank computes the same samples: a call costs the program what its slowest rank
+        spends in it (the longest span; on one clock, the last rank's start to the last end).
+        The min (the last rank to arrive) was tried first and is biased: with MPI's eager
+        messages the early ranks' data is already waiting for the last one, so the
+        point-to-point algorithms looked cheaper than they are
+        (bench/results/issue31_acceptance.txt, 16-64 KiB)."""
         from mpi4py import MPI
         every = np.empty_like(samples)
         wait_exchange(self.comm.Iallreduce(samples, every, op=MPI.MAX), self.state,

@@ -35,12 +35,16 @@ class Exchange:
         return np.maximum.reduce([samples, *self.others])
 
 
-def run(learner, cost, calls=None):
-    """Drive `learner` through its schedule with `cost(name)` seconds per call; the names."""
+def run(learner, cost, calls=None, start=100.0):
+    """Drive `learner` through its schedule with `cost(name)` seconds per call, back to back
+    from `start` (cost None: the call has no sample on this rank); the names."""
     names = []
     for _ in range(calls or len(learner.order)):
         names.append(learner.next())
-        learner.record(cost(names[-1]))
+        t = cost(names[-1])
+        if t is not None:
+            learner.record(start, start + t)
+            start += t
     return names
 
 
@@ -92,25 +96,78 @@ def test_a_faster_median_must_also_win_most_rounds():
         for i in range(len(lr.order)):
             r = i // len(lr.names) - 1                       # the timed round (-1: warm-up)
             times = {"shm": shm, "ring": ring}[lr.next()]
-            lr.record(times[r] if r >= 0 else 1.0)
+            lr.record(10.0, 10.0 + (times[r] if r >= 0 else 1.0))
         assert lr.next() == expected, lr.result
         assert lr.result["medians"] == pytest.approx({"shm": 9.0, "ring": 8.0})
         assert lr.result["wins"]["ring"] == (3 if expected == "shm" else 4, 5)
 
 
+def peers(learners):
+    """Their exchange: every one gets the max of all their payloads (as MPI_Allreduce would)."""
+    every = np.maximum.reduce([lr.payload() for lr in learners])
+    for lr in learners:
+        lr.exchange = lambda payload: every
+
+
 def test_decision_uses_every_ranks_samples():
-    """Samples missing on this rank (-1: a nonblocking call not complete, a call that raised)
-    come from a peer: the decision is made from the exchanged array, the same on every rank."""
-    lr = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
-    names = run(lr, lambda a: -1.0)
-    peer = np.array([{"ring": 2.0, "shm": 1.0}[a] for a in names])
-    lr.exchange = Exchange(peer)
-    assert lr.next() == "shm" and lr.result["samples"] == {"ring": 2, "shm": 2}
+    """A call costs what its slowest rank spends in it: the decision is made from the max over
+    the ranks, the same on every rank."""
+    mine = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
+    theirs = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
+    run(mine, {"ring": 1.0, "shm": 2.0}.get)
+    run(theirs, {"ring": 3.0, "shm": 1.5}.get)
+    peers([mine, theirs])
+    for lr in (mine, theirs):
+        assert lr.next() == "shm"
+        assert lr.result["medians"] == {"ring": 3.0, "shm": 2.0}
+
+
+def test_a_call_without_a_sample_on_one_rank_has_none():
+    """A nonblocking call not complete at the decision, or a call that raised, on one rank: the
+    call has no sample (the others' spans would say it was cheaper than it was)."""
+    mine = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
+    theirs = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
+    run(mine, {"ring": None, "shm": 1.0}.get)
+    run(theirs, {"ring": 0.5, "shm": 1.0}.get)
+    peers([mine, theirs])
+    assert mine.next() == "shm" and mine.result["samples"] == {"ring": 0, "shm": 2}
+
+
+def test_on_one_clock_a_call_costs_from_the_last_start_to_the_last_end():
+    """On one machine a call's time is from the last rank's start to the last rank's end: the
+    wait of the ranks that the previous call left early is the previous call's skew, not this
+    call's algorithm.  Here "ring" lets rank 0 leave 5 s before rank 1 (as a point-to-point
+    algorithm lets a sender go before its receiver has its data), "shm" lets them leave
+    together; ring takes 2 s and shm 3 s from the last arrival.  Rank 0's span charges
+    whichever call follows ring the 5 s it waits for rank 1; on one clock the medians are the
+    algorithms' own times."""
+    cost = {"ring": 2.0, "shm": 3.0}
+
+    def drive(one_clock):
+        ranks = [Learner(None, 1 << 20, 4, choice("shm", "ring"), rounds=8, one_clock=one_clock)
+                 for _ in range(2)]
+        starts = [0.0, 0.0]                     # when each rank starts its next call
+        for _ in range(len(ranks[0].order)):
+            name = ranks[0].next()
+            assert ranks[1].next() == name      # the same schedule on every rank
+            end = max(starts) + cost[name]
+            ends = [end - (5.0 if name == "ring" else 0.0), end]
+            for lr, t0, t1 in zip(ranks, starts, ends):
+                lr.record(t0, t1)
+            starts = ends                       # back to back
+        peers(ranks)
+        return ranks
+
+    for lr in drive(one_clock=True):
+        assert lr.next() == "ring" and lr.result["medians"] == {"ring": 2.0, "shm": 3.0}
+    spans = drive(one_clock=False)[0]
+    spans.next()
+    assert spans.result["medians"]["shm"] > 3.0     # charged ring's skew
 
 
 def test_no_sample_anywhere_keeps_the_prior():
     lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=2)
-    run(lr, lambda a: -1.0)
+    run(lr, lambda a: None)
     assert lr.next() == "ring" and lr.result["medians"] == {}
 
 

@@ -78,7 +78,7 @@ cdef class HostCollectives:
             return request
         t0 = al_now()
         self.run_allreduce(&m, opcode, alg, True)
-        learner.record(al_now() - t0)
+        learner.record(t0, al_now())
         return None
 
     cdef object run_allreduce(self, al_msg* m, int opcode, str alg, bint blocking):
