@@ -342,7 +342,8 @@ class HostBackend:
         try:
             _core.shm_attach(self.state, self._node_comm, slot,
                              min(config.shm_small_bytes(), slot), config.hang_timeout_native(),
-                             config.shm_named(), config.shm_test_faults())
+                             config.shm_named(), config.shm_test_faults(),
+                             config.shm_direct_bytes())
         except TimeoutError:
             raise
         except Error as e:
