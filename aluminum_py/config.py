@@ -177,16 +177,6 @@ def shm_stream_bytes() -> int:
     return _bytes("AL_SHM_STREAM_BYTES", 8 << 20)
 
 
-def shm_direct_bytes() -> int:
-    """AL_SHM_DIRECT_BYTES: "shm" allreduces of more than this many bytes use the direct
-    protocol, which reads the peers' buffers once (Linux's cross-memory attach) instead of
-    copying through the segment's slots twice (default DIRECT_BYTES; 0: never).  Used only
-    where every rank could read its peers' memory at setup.  Rank 0's value is used."""
-    return _bytes("AL_SHM_DIRECT_BYTES", DIRECT_BYTES)
-
-
-DIRECT_BYTES = 256 << 10        # measured: docs/performance.md, "The direct protocol"
-
 SHM_SLOT_STORES = ("auto", "cached", "streamed")
 
 
@@ -281,7 +271,6 @@ def construction_error() -> str | None:
         node_layout()
         shm_slot_bytes()
         shm_small_bytes()
-        shm_direct_bytes()
         shm_named()
         shm_test_faults()
         model_params()
@@ -366,16 +355,14 @@ def cuda_driver() -> str:
     return cuda_library() or CUDA_DRIVER
 
 
-def shm_test_faults() -> tuple[int, int, int]:
+def shm_test_faults() -> tuple[int, int]:
     """TESTING AIDS ONLY, read at each shared-memory setup (``_core.shm_attach``'s `faults`):
-    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE, AL_SHM_TEST_UNREADABLE), the rank that
-    calls ``os._exit`` in the middle of the setup (tests/test_shm_segment.py), the rank that
-    expects another nonce than rank 0 sent, as if it had opened a file that is not rank 0's
-    segment (tests/mpi/test_hostile.py), and the rank that reports it cannot read its peers'
-    memory (the direct protocol's probe: tests/mpi/test_shm_direct.py); -1: none."""
+    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE), the rank that calls ``os._exit`` in the
+    middle of the setup (tests/test_shm_segment.py) and the rank that expects another nonce
+    than rank 0 sent, as if it had opened a file that is not rank 0's segment
+    (tests/mpi/test_hostile.py); -1: none."""
     return (_count("AL_SHM_TEST_DIE_IN_SETUP", -1, 0, MAX_INT, "ranks"),
-            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"),
-            _count("AL_SHM_TEST_UNREADABLE", -1, 0, MAX_INT, "ranks"))
+            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"))
 
 
 def cuda_standin_dir() -> str | None:

@@ -17,9 +17,8 @@ Everything below the Python-visible classes runs without the GIL:
   (release store, acquire load); waiters sleep on a condition variable.
 """
 
-from libc.errno cimport EIO, EPERM
 from libc.stdlib cimport malloc, free, calloc
-from libc.string cimport memcpy, memset, strncpy, strerror
+from libc.string cimport memcpy, memset, strncpy
 from libc.stdint cimport int64_t, intptr_t, uint32_t, uint64_t, uintptr_t
 from posix.time cimport timespec, clock_gettime, CLOCK_REALTIME
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS

@@ -91,12 +91,10 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,7 +108,6 @@
 #define AL_SHM_INLINE 16             /* bytes per rank of a round carried in the flag's line */
 #define AL_SHM_MISMATCH (-2)         /* an advance's result: a peer's fingerprint differs */
 #define AL_SHM_COUNTS_DIFFER (-3)    /* alltoallv: a peer sends another count than expected */
-#define AL_SHM_UNREADABLE (-4)       /* the direct protocol: reading a peer's buffer failed */
 
 typedef struct al_shm_seg {
   char *base;                        /* the mapping */
@@ -142,22 +139,14 @@ typedef struct al_shm_seg {
                                         cheaper at the latest choice of a class of at least
                                         AL_SHM_PREFER_BYTES or decided by AL_SHM_DECISIVE
                                         (1: streamed) */
-  size_t direct;                     /* allreduces of more than this many bytes use the direct
-                                        protocol (0: none; the same on every rank, set at
-                                        setup once every rank read every peer: below) */
-  int pid[AL_SHM_MAX_RANKS];         /* every rank's process id (the direct protocol's reads) */
-  char *tiles;                       /* the direct protocol's (size - 1) tiles of
-                                        AL_SHM_DIRECT_TILE bytes (made at its first op) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
-enum { AL_SHM_PUT = 0, AL_SHM_WAIT_IN = 1, AL_SHM_WAIT_OUT = 2, AL_SHM_END = 3,
-       AL_SHM_WAIT_DONE = 4 /* the direct protocol: the peers' reads of my buffers */ };
+enum { AL_SHM_PUT = 0, AL_SHM_WAIT_IN = 1, AL_SHM_WAIT_OUT = 2, AL_SHM_END = 3 };
 
 typedef struct al_shm_op {
   int phase;                         /* AL_SHM_PUT ... AL_SHM_END */
   int split;                         /* 1: reduce-scatter + allgather, 0: symmetric */
-  int direct;                        /* allreduce: the direct protocol (split is 1 too) */
   int stream;                        /* write recvbuf with streaming stores (al_shm_copy_nt) */
   int64_t off;                       /* the current chunk: elements [off, off + chunk) */
   int64_t chunk;
@@ -461,8 +450,7 @@ static inline uint64_t *al_shm_health(const al_shm_seg *s) { return (uint64_t *)
 /* Why a rank broke the segment (the health word's high half). */
 enum { AL_SHM_ABANDONED = 0,         /* it gave up an op at its hang timeout */
        AL_SHM_REFUSED = 1,           /* it refused a call (another thread's: commstate.pxi) */
-       AL_SHM_MISMATCHED = 2,        /* the ranks' calls differ (fingerprints) */
-       AL_SHM_UNREAD = 3 };          /* it could not read a peer's buffer (the direct protocol) */
+       AL_SHM_MISMATCHED = 2 };      /* the ranks' calls differ (fingerprints) */
 
 static inline void al_shm_mark_broken_why(al_shm_seg *s, int why) {
   uint64_t healthy = 0;
@@ -869,8 +857,6 @@ typedef struct al_shm_args {
   char *rbuf;
   int64_t count;
   double avg_div;                    /* > 0: AVG, divide in the last reduction pass */
-  int no_direct;                     /* allreduce: never the direct protocol (the buffers are a
-                                        host-transfer op's pinned staging buffer) */
   int coll;                          /* 0: allreduce, else AL_SHM_ALLGATHER ... (below) */
   int root;                          /* bcast */
   const int *scounts, *sdispls;      /* v-collectives: per-rank elements (below); NULL where */
@@ -909,14 +895,7 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_bytes;
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
-  o->direct = o->split && !a->no_direct && s->direct > 0 && bytes > s->direct;
-  if (o->direct) {                   /* no slot: no stores to choose, nothing timed */
-    o->stream = 0;
-    o->cls = -1;
-    o->chunk = a->count;
-  } else {
-    al_shm_choose_stores(s, o, 0, bytes);
-  }
+  al_shm_choose_stores(s, o, 0, bytes);
 }
 
 /* Elements of the round that starts at element `off`: a slot's worth, or what is left. */
@@ -955,143 +934,6 @@ static void al_shm_split_out(const al_shm_seg *s, const al_shm_args *a, int b, i
   }
 }
 
-/* ---- the direct protocol (allreduces of more than s->direct bytes) ----
- *
- * The split protocol copies every byte twice through the slots: in, and out again.  Where the
- * slots are out of the caches (messages of megabytes, interleaved with other work) those
- * copies cost what a memcpy through memory costs, and MPICH's own point-to-point algorithms,
- * which read a peer's buffer once with Linux's cross-memory attach (process_vm_readv, MPICH's
- * "CMA" path from 64 KiB), were 1.1-1.5x faster at 256 KiB-8 MiB (docs/performance.md, issue
- * 31).  The direct protocol reads the peers' buffers themselves, the same way: one round of
- * three publishes, no slot.
- *
- *   1. write the fingerprint and the addresses of my sendbuf and recvbuf (al_shm_addrs: the
- *      second half of my flag line's pair); publish; arrive (every peer's call matches, its
- *      addresses are there);
- *   2. reduce my block of the message (al_shm_block over the whole count), AL_SHM_DIRECT_TILE
- *      bytes at a time: each peer's part of the tile read from its sendbuf into a tile of my
- *      own (process_vm_readv: one copy, by the kernel), then reduced with my sendbuf's into my
- *      recvbuf; publish; arrive;
- *   3. read every peer's reduced block from its recvbuf into mine; publish; arrive (no peer
- *      reads my buffers any more: the op may end, and the caller reuse them).
- *
- * Every byte of a peer's buffer read in step 2 is its sendbuf's, which it does not write (in
- * place: its recvbuf's blocks other than its own, which it writes in step 3 only, after my
- * publish of step 2); every byte read in step 3 is a block its owner finished in step 2 and
- * does not write again.  The arrive of step 3 makes the op's end wait for the slowest peer's
- * reads, as a closing barrier would: no later write to either buffer can reach a reader.  A
- * fingerprint that differs fails the op at step 1's arrive, before any read (a peer's count
- * is the same as mine when its fingerprint is).  The round uses buffer round % 2's
- * fingerprint word only, and ends with a full arrive (nothing owed), so the rule of the
- * protocol holds for the rounds before and after it.
- *
- * Whether the ranks may read each other's memory is found at setup (shm.pxi: every rank reads
- * a word of every peer's; a container's seccomp profile or Yama's ptrace_scope can forbid
- * it); s->direct is 0 unless all could, else rank 0's AL_SHM_DIRECT_BYTES, so every rank
- * picks the same protocol for a call.  A read that fails later (a peer gone: ESRCH) fails the
- * op and breaks the communicator on every rank (AL_SHM_UNREAD), as the peers would otherwise
- * wait for a publish that never comes. */
-#define AL_SHM_DIRECT_TILE ((size_t)64 << 10)   /* bytes of each peer read per syscall */
-
-/* Rank r's sendbuf and recvbuf addresses (the direct protocol): words 8 and 9 of its flag
- * line pair (the second 64-byte line, which nothing else uses). */
-static inline uint64_t *al_shm_addrs(const al_shm_seg *s, int r) {
-  return al_shm_flag(s, r) + 8;
-}
-
-/* Copy `n` bytes at address `from` of process `pid` to `to`: 0, or the errno. */
-static int al_shm_read_peer(long pid, char *to, uint64_t from, size_t n) {
-  while (n > 0) {
-    struct iovec mine = {to, n}, theirs = {(void *)(uintptr_t)from, n};
-    long got = syscall(SYS_process_vm_readv, pid, &mine, 1L, &theirs, 1L, 0L);
-    if (got <= 0)
-      return got < 0 && errno != 0 ? errno : EIO;
-    to += got;
-    from += (uint64_t)got;
-    n -= (size_t)got;
-  }
-  return 0;
-}
-
-/* The direct protocol's steps (above), as al_shm_allreduce_advance's.  AL_SHM_UNREADABLE: a
- * read of peer o->waiting failed with errno o->theirs. */
-static int al_shm_direct_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
-  const char *src[AL_SHM_MAX_RANKS];
-  int p = s->size, me = s->rank, j, k, e, b = (int)(s->round & 1);
-  int64_t lo, hi, t, m, es = a->esize, tile = (int64_t)(AL_SHM_DIRECT_TILE / (size_t)es);
-  if (o->phase == AL_SHM_PUT) {
-    if (!al_shm_settled(s, o)) { o->polls++; return 0; }
-    if (s->tiles == NULL && (s->tiles = (char *)malloc((size_t)(p - 1) * AL_SHM_DIRECT_TILE))
-                            == NULL) {
-      o->waiting = me;
-      o->theirs = ENOMEM;
-      return AL_SHM_UNREADABLE;
-    }
-    *al_shm_fpw(s, b, me) = o->fp;
-    al_shm_addrs(s, me)[0] = (uint64_t)(uintptr_t)a->sbuf;
-    al_shm_addrs(s, me)[1] = (uint64_t)(uintptr_t)a->rbuf;
-    al_shm_publish(s, o);
-    o->phase = AL_SHM_WAIT_IN;
-  }
-  if (o->phase == AL_SHM_WAIT_IN) {
-    if ((k = al_shm_arrived(s, o, b)) != 1) {
-      if (k < 0) return k;
-      o->polls++;
-      return 0;
-    }
-    al_shm_block(a->count, p, a->esize, me, &lo, &hi);
-    for (t = lo; t < hi; t += tile) {
-      m = hi - t < tile ? hi - t : tile;
-      src[0] = a->sbuf + t * es;
-      for (j = 0, k = 1; j < p; j++) {
-        if (j == me) continue;
-        char *mine = s->tiles + (size_t)(k - 1) * AL_SHM_DIRECT_TILE;
-        if ((e = al_shm_read_peer(s->pid[j], mine, al_shm_addrs(s, j)[0] + (uint64_t)(t * es),
-                                  (size_t)(m * es))) != 0) {
-          o->waiting = j;
-          o->theirs = (uint64_t)e;
-          return AL_SHM_UNREADABLE;
-        }
-        src[k++] = mine;
-      }
-      if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + t * es, src, p, m, a->avg_div,
-                        NULL) != 0)
-        return -1;
-    }
-    al_shm_publish(s, o);
-    o->phase = AL_SHM_WAIT_OUT;
-  }
-  if (o->phase == AL_SHM_WAIT_OUT) {
-    if ((k = al_shm_arrived(s, o, b)) != 1) {
-      if (k < 0) return k;
-      o->polls++;
-      return 0;
-    }
-    for (j = 0; j < p; j++) {
-      if (j == me) continue;
-      al_shm_block(a->count, p, a->esize, j, &lo, &hi);
-      if (hi > lo && (e = al_shm_read_peer(s->pid[j], a->rbuf + lo * es,
-                                           al_shm_addrs(s, j)[1] + (uint64_t)(lo * es),
-                                           (size_t)((hi - lo) * es))) != 0) {
-        o->waiting = j;
-        o->theirs = (uint64_t)e;
-        return AL_SHM_UNREADABLE;
-      }
-    }
-    al_shm_publish(s, o);
-    o->phase = AL_SHM_WAIT_DONE;
-  }
-  if ((k = al_shm_arrived(s, o, b)) != 1) {
-    if (k < 0) return k;
-    o->polls++;
-    return 0;
-  }
-  s->round++;
-  o->off = a->count;
-  o->phase = AL_SHM_END;
-  return 1;
-}
-
 /* Run the op until it must wait for a peer (returns 0), it is complete (1) or fails (-1:
  * unsupported (dtype, op), checked before by the caller).  Never blocks.
  *
@@ -1117,8 +959,6 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
   const char *src[AL_SHM_MAX_RANKS];
   int p = s->size, me = s->rank, j, k, b;
   int64_t lo, hi, es = a->esize;
-  if (o->direct)
-    return o->phase == AL_SHM_END ? 1 : al_shm_direct_advance(s, o, a);
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {

@@ -29,11 +29,10 @@ cdef extern from "al_reduce.h" nogil:
 cdef extern from "al_shm.h" nogil:
     # the shared-memory transport (ext/al_shm.h; its protocol is described there)
     enum:
-        AL_SHM_PUT, AL_SHM_WAIT_IN, AL_SHM_WAIT_OUT, AL_SHM_END, AL_SHM_WAIT_DONE, AL_SHM_MAX_RANKS
+        AL_SHM_PUT, AL_SHM_WAIT_IN, AL_SHM_WAIT_OUT, AL_SHM_END, AL_SHM_MAX_RANKS
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
-        AL_SHM_UNREADABLE, AL_SHM_UNREAD
     cdef struct al_shm_adapt:
         uint64_t ops, streamed
     ctypedef struct al_shm_seg:
@@ -43,11 +42,8 @@ cdef extern from "al_shm.h" nogil:
         size_t slot, small
         uint64_t seq, round, owed, ops
         al_shm_adapt adapt[8][16]
-        size_t direct
-        int pid[256]
-        char* tiles
     ctypedef struct al_shm_op:
-        int phase, split, direct, stream
+        int phase, split, stream
         int64_t off, chunk
         uint64_t want
         int waiting
@@ -62,7 +58,6 @@ cdef extern from "al_shm.h" nogil:
         char* rbuf
         int64_t count
         double avg_div
-        int no_direct
         int coll, root
         const int* scounts
         const int* sdispls
@@ -73,7 +68,6 @@ cdef extern from "al_shm.h" nogil:
                             const char* what, char* err, size_t errlen)
     void al_shm_header_write(char* p, int size, size_t slot, uint64_t nonce)
     size_t al_shm_stream_bytes
-    int al_shm_read_peer(long pid, char* to, uint64_t frm, size_t n)
     int al_shm_slot_stores
     double al_shm_stores_cost(const al_shm_adapt* a, int nt)
     enum:

@@ -72,16 +72,6 @@ def test_mismatched_counts_shm():
     assert "rank 1 called Allreduce(count=1002, float32, SUM" in out, out[-4000:]
 
 
-def test_direct_protocol_mismatch_and_two_threads():
-    """The same over shm's direct protocol (AL_SHM_DIRECT_BYTES=1024: 1000 floats and up read
-    the peers' buffers themselves): counts that differ raise on both ranks before any read, and
-    two threads on one communicator end in right values or al.Error, never a crash or a
-    hang."""
-    out = launch(2, "mismatch", "shm", AL_SHM_DIRECT_BYTES="1024")
-    assert "rank 1 called Allreduce(count=1002, float32, SUM" in out, out[-4000:]
-    launch(2, "threads", "shm", "Allreduce", "6", AL_SHM_DIRECT_BYTES="1024")
-
-
 def test_mismatched_counts_al_check():
     """The same with AL_CHECK=1 over the point-to-point algorithms and "mpi"."""
     out = launch(2, "mismatch", "ring,recursive_doubling,rabenseifner,mpi", AL_CHECK="1")

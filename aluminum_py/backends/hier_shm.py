@@ -57,7 +57,7 @@ class NodeSegments:
             try:
                 _core.shm_attach(node_state, sub, slot, min(config.shm_small_bytes(), slot),
                                  config.hang_timeout_native(), config.shm_named(),
-                                 config.shm_test_faults(), config.shm_direct_bytes())
+                                 config.shm_test_faults())
             except TimeoutError:
                 raise
             except Error as e:

@@ -342,8 +342,7 @@ class HostBackend:
         try:
             _core.shm_attach(self.state, self._node_comm, slot,
                              min(config.shm_small_bytes(), slot), config.hang_timeout_native(),
-                             config.shm_named(), config.shm_test_faults(),
-                             config.shm_direct_bytes())
+                             config.shm_named(), config.shm_test_faults())
         except TimeoutError:
             raise
         except Error as e:

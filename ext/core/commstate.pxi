@@ -65,10 +65,6 @@ cdef void shm_broken_message(al_shm_seg* seg, int who, char* out) noexcept nogil
         snprintf(out, WHY, "rank %d refused a call on this communicator from a thread that does "
                  "not own it (the threading rule: docs/semantics.md), so the ranks' calls are "
                  "out of step for good; use a new Communicator", who)
-    elif why == AL_SHM_UNREAD:
-        snprintf(out, WHY, "rank %d could not read a peer's buffer in a direct-protocol "
-                 "allreduce (process_vm_readv failed: a peer gone?), so the ranks' calls are out "
-                 "of step for good; use a new Communicator", who)
     elif why == AL_SHM_MISMATCHED:
         snprintf(out, WHY, "rank %d found that the ranks' calls on this communicator differ "
                  "(collective fingerprints: count, dtype, op, root or call order); use a new "
@@ -119,7 +115,6 @@ cdef class CommState:
     cdef readonly object coll_comm, p2p_comm
     cdef readonly unsigned int seq
     cdef public bint freed
-    cdef public object direct_unavailable   # why its segment has no direct protocol (shm.pxi)
     cdef public object interrupted   # NativeOp of a blocking call a signal interrupted, until done
     cdef public bint busy            # the owner is inside a blocking call that released the GIL
     cdef readonly unsigned long owner   # the thread that may start calls (its ident)

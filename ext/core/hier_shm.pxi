@@ -19,9 +19,6 @@ cdef int hier_start(al_op* op) noexcept nogil:
     cdef int i
     h.cur = 0
     h.started = 0
-    for i in range(h.nphases):
-        if h.phases[i].op != NULL:
-            h.phases[i].op.no_direct = op.no_direct
     if op.sched.tmpbytes > 0:
         op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
         if op.sched.tmp == NULL:

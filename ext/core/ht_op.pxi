@@ -192,7 +192,6 @@ def host_transfer_allreduce(Launcher L, Device dev, uintptr_t stream, uintptr_t 
                                 opcode, alg, True, None)
         if inner.keep is None:                # "shm": the outer op keeps the state
             inner.keep = (L.state, None, None)
-        inner.op.no_direct = 1                # (and the phases of "hierarchical": hier_start)
     except BaseException:
         al_pinned_put(d, pinned)              # nothing was enqueued: the buffer is free
         raise

@@ -11,7 +11,6 @@ cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
     a.rbuf = op.rbuf
     a.count = op.count
     a.avg_div = op.result.avg_div if op.result.avg_in_steps else 0.0
-    a.no_direct = op.no_direct
     a.coll = op.kind - K_SHM_ALLREDUCE     # 0: allreduce, else AL_SHM_ALLGATHER ... (al_shm.h)
     a.root = op.mpi.root
     if op.kind >= K_SHM_ALLGATHERV:        # the v-collectives (shm_vcollectives.pxi)
@@ -103,17 +102,6 @@ cdef int shm_mismatch(al_op* op) noexcept nogil:
     comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
     return op_finish(op)
 
-cdef int shm_unreadable(al_op* op) noexcept nogil:
-    """The direct protocol could not read peer op.shm.waiting's buffer (errno op.shm.theirs,
-    AL_SHM_UNREADABLE): fail `op` naming both, and break the communicator on every rank (its
-    peers would wait for this rank's publish forever)."""
-    op.err = -1
-    snprintf(op.errmsg, 256, "shm allreduce (direct protocol): rank %d could not read rank "
-             "%d's buffer: process_vm_readv: %s; the communicator is now unusable on every rank",
-             op.comm.shm.rank, op.shm.waiting, strerror(<int>op.shm.theirs))
-    comm_break(op.comm, AL_SHM_UNREAD, op.errmsg)
-    return op_finish(op)
-
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
@@ -138,8 +126,6 @@ cdef int shm_step(al_op* op) noexcept nogil:
         return shm_mismatch(op)
     if rc == AL_SHM_COUNTS_DIFFER:
         return shm_counts_differ(op)           # shm_vcollectives.pxi
-    if rc == AL_SHM_UNREADABLE:
-        return shm_unreadable(op)
     if rc < 0:
         op.err = -1
         snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
@@ -234,12 +220,11 @@ cdef str shm_describe(al_op* op):
     settling = s.phase == 0 and op.comm.shm != NULL and op.comm.shm.owed != 0   # al_shm_settled
     what = ("waiting for the peers to finish the round before" if settling else
             ("copying in", "waiting for the peers' inputs",
-             "waiting for the peers' reduced blocks", "done",
-             "waiting for the peers to finish reading this rank's buffers")[s.phase])
+             "waiting for the peers' reduced blocks", "done")[s.phase])
     who = (f" (rank {s.waiting} has not published {s.want} yet)"
-           if (s.phase in (1, 2, 4) or settling) and s.waiting < op.comm.size else "")
-    how = (f"{'direct' if s.direct else 'split' if s.split else 'symmetric'} protocol, "
-           if op.kind == K_SHM_ALLREDUCE else "")
+           if (s.phase in (1, 2) or settling) and s.waiting < op.comm.size else "")
+    how = (f"{'split' if s.split else 'symmetric'} protocol, " if op.kind == K_SHM_ALLREDUCE
+           else "")
     if op.kind >= K_SHM_ALLGATHERV:        # rounds over blocks of per-rank sizes
         upto = f"{s.end}" if s.end >= 0 else "(round 0 tells)"
         return f"elements {s.off}..{s.off + s.chunk} of each block, up to {upto}: {what}{who}"
@@ -293,7 +278,7 @@ def _shm_test_nonce(int rank, nonce, faults):
     return nonce ^ 1 if faults[1] == rank else nonce
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
-               bint named=False, tuple faults=(-1, -1, -1), size_t direct=0):
+               bint named=False, tuple faults=(-1, -1)):
     """Create and map the communicator's segment (at construction: collective over
     `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
     other traffic uses it).  Rank 0 creates an anonymous memory file (memfd_create), every rank
@@ -303,9 +288,7 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     memfd_create on rank 0, or a rank may not open rank 0's fd), or with `named` (rank 0's
     AL_SHM_NAMED), the whole communicator uses a named POSIX object instead, unlinked by rank 0
     once every rank has reported (al_shm.h).  Rank 0's `slot` (bytes per rank per buffer, a
-    multiple of 4096) and `small` (the symmetric protocol's limit) are used by all, as is its
-    `direct` (allreduces of more bytes use the direct protocol, al_shm.h; 0: never) if every
-    rank can read every peer's memory (_shm_direct_probe; else no allreduce uses it).  Raises
+    multiple of 4096) and `small` (the symmetric protocol's limit) are used by all.  Raises
     aluminum_py.Error naming every rank's failure, or TimeoutError after `timeout` seconds
     (< 0: none).  `faults`: testing aids (``aluminum_py.config.shm_test_faults``)."""
     cdef int size = cs.c.size, rank = cs.c.rank
@@ -321,52 +304,6 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     deadline = time.monotonic() + timeout if timeout >= 0 else None
     if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults) == SHM_NAMED:
         _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults)
-    _shm_direct_probe(cs, node_comm, direct, timeout, deadline, faults)
-
-cdef uint64_t g_direct_probe = 0    # the word every peer reads at setup (_shm_direct_probe)
-
-def _shm_direct_probe(CommState cs, node_comm, size_t direct, double timeout, deadline,
-                      tuple faults):
-    """Whether the ranks may read each other's memory (the direct protocol, al_shm.h), found
-    at setup after the segment is mapped: rank 0's `direct` goes to every rank with every
-    rank's process id and the address and value of a word of its own; each rank reads every
-    peer's word (process_vm_readv); the segment's `direct` is rank 0's where every rank read
-    every word right, else 0 (why: shm_info's "direct_unavailable").  `faults[2]`
-    (AL_SHM_TEST_UNREADABLE) == rank: that rank reports EPERM, as under a seccomp profile that
-    forbids the call (tests/mpi/test_shm_direct.py)."""
-    global g_direct_probe
-    import os
-    import numpy as np
-    cdef al_shm_seg* seg = cs.c.shm
-    cdef int size = cs.c.size, rank = cs.c.rank, r, err = 0
-    cdef uint64_t word = 0
-    g_direct_probe = int.from_bytes(os.urandom(8), "little") | 1
-    mine = np.array([direct if rank == 0 else 0, os.getpid(), <uintptr_t>&g_direct_probe,
-                     g_direct_probe], dtype=np.uint64)
-    every = np.zeros((size, 4), dtype=np.uint64)
-    _shm_finish(node_comm.Iallgather(mine, every), deadline, timeout,
-                "every rank's process id for the direct protocol")
-    direct = int(every[0, 0])
-    for r in range(size):
-        seg.pid[r] = <int>every[r, 1]
-    for r in range(size):
-        if direct == 0 or r == rank or err != 0:
-            continue
-        err = al_shm_read_peer(seg.pid[r], <char*>&word, int(every[r, 2]), 8)
-        if err == 0 and word != every[r, 3]:
-            err = EIO
-    if direct and len(faults) > 2 and faults[2] == rank:
-        err = EPERM
-    verdicts = np.zeros(size, dtype=np.int64)
-    if direct:
-        _shm_finish(node_comm.Iallgather(np.array([err], dtype=np.int64), verdicts), deadline,
-                    timeout, "every rank's verdict on reading its peers' memory")
-    failed = [r for r in range(size) if verdicts[r]]
-    seg.direct = direct if not failed else 0
-    cs.direct_unavailable = ("AL_SHM_DIRECT_BYTES=0 (rank 0's)" if direct == 0 else
-                             "; ".join(f"rank {r} could not read its peers' memory "
-                                       f"(process_vm_readv: {os.strerror(int(verdicts[r]))})"
-                                       for r in failed) or None)
 
 cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
                   int mode, tuple faults) except -1:
@@ -482,7 +419,6 @@ cdef void shm_release(al_comm* c) noexcept nogil:
     """Unmap the segment (no op may use it any more)."""
     if c != NULL and c.shm != NULL:
         munmap(c.shm.base, c.shm.len)
-        free(c.shm.tiles)
         free(c.shm)
         c.shm = NULL
 
@@ -513,5 +449,4 @@ def shm_info(CommState cs):
                     "cost": (al_shm_stores_cost(&s.adapt[k][c], 0),
                              al_shm_stores_cost(&s.adapt[k][c], 1))}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
-            "broken_by": who if who >= 0 else None, "stores": stores, "direct": s.direct,
-            "direct_unavailable": cs.direct_unavailable}
+            "broken_by": who if who >= 0 else None, "stores": stores}

@@ -241,9 +241,6 @@ cdef struct al_op:
     int kind
     int phase
     int counted          # counted in comm.pending
-    int no_direct        # K_SHM_ALLREDUCE: never the direct protocol (its buffers are a
-                         # host-transfer op's pinned staging buffer, which the driver maps:
-                         # process_vm_readv may not read it); set before the op starts
     al_comm* comm
     int tag
     char* sbuf           # NULL: in place (MPI_IN_PLACE)
