@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
+from aluminum_py import _core
 from aluminum_py.bench.timing import iterations, parse_bytes, size_sweep, time_interleaved
 
 
@@ -111,7 +112,6 @@ def measure_bandwidths(nbytes: int = 64 << 20, reps: int = 7) -> tuple[float, fl
     """(copy, add) bandwidth in bytes/s on this core: np.copyto and the library's float32 SUM
     kernel, medians over `reps` (buffers pre-faulted)."""
     import time
-    from aluminum_py import _core
     a = np.ones(nbytes // 4, dtype=np.float32)
     b = np.ones_like(a)
     c = np.empty_like(a)
@@ -292,11 +292,18 @@ def main(argv=None) -> int:
               f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; "
               + "; ".join(f"{k} {big[k]:.0f} us = {big[k] / bound:.2f}x" for k in columns
                           if k in big))
+        shm = _core.shm_info(comm._state)
+        round_trip = shm and shm["round_trip_ns"]
+        if round_trip:
+            print(f"# placement probe at setup (al_shm.h): a cache line's round trip between "
+                  f"ranks 0 and 1 {round_trip:.0f} ns (far above 200: new size classes "
+                  f"start with streamed slot stores)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,
                            "bound_us": bound, "omp_threads": args.omp_threads,
-                           "skipped": skipped, **versions}, f, indent=1)
+                           "round_trip_ns": round_trip, "skipped": skipped, **versions}, f,
+                          indent=1)
     native.Free()
     return 1 if wrong_any else 0
 

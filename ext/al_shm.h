@@ -89,6 +89,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -138,7 +139,10 @@ typedef struct al_shm_seg {
   int prefer;                        /* the stores a class uses until it has measured both: the
                                         cheaper at the latest choice of a class of at least
                                         AL_SHM_PREFER_BYTES or decided by AL_SHM_DECISIVE
-                                        (1: streamed) */
+                                        (1: streamed); on a new segment, what the placement
+                                        probe found (al_shm_round_trip) */
+  double round_trip_ns;              /* the probe's least round trip between ranks 0 and 1
+                                        (0: not probed) */
 } al_shm_seg;
 
 /* Where one op stands (al_op.shm); zero is "not started". */
@@ -707,6 +711,66 @@ static inline double al_shm_seconds(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The placement probe, at setup (shm.pxi), before any op: ranks 0 and 1 pass a counter back
+ * and forth through the first line of each one's slot of buffer 0 (nothing else uses them
+ * yet), in batches of AL_SHM_PROBE_BATCH round trips, until `batches` batches or `budget`
+ * seconds have passed; rank 0 stops rank 1 with AL_SHM_PROBE_STOP.  Returns rank 0's least
+ * round trip of a batch in ns (0 on other ranks, or when none completed): a new segment's
+ * classes start with streamed slot stores where it is above AL_SHM_FAR_NS, the ranks then
+ * sharing no cache (on the reference VM 51-66 ns near, 330-590 ns far: "the slots' stores"
+ * above).  The least of a batch, not a mean: a descheduled peer makes some batches slow. */
+#define AL_SHM_PROBE_BATCH 16
+#define AL_SHM_PROBE_STOP UINT64_MAX
+#define AL_SHM_FAR_NS 200.0
+static double al_shm_round_trip(al_shm_seg *s, int batches, double budget) {
+  volatile uint64_t *ping, *pong;
+  uint64_t v = 0, seen = 0;
+  double best = 0, t0, t, end = al_shm_seconds() + budget;
+  long spins = 0;
+  int b, j;
+  if (s->size < 2 || s->rank > 1)
+    return 0;
+  ping = (volatile uint64_t *)al_shm_slot(s, 0, 0);
+  pong = (volatile uint64_t *)al_shm_slot(s, 0, 1);
+  if (s->rank == 1) {                /* answer every ping until the stop (or the budget + 1 s) */
+    end += 1.0;
+    while (1) {
+      uint64_t x = __atomic_load_n(ping, __ATOMIC_ACQUIRE);
+      if (x == AL_SHM_PROBE_STOP)
+        return 0;
+      if (x != seen) {
+        seen = x;
+        __atomic_store_n(pong, x, __ATOMIC_RELEASE);
+        spins = 0;
+      } else if (++spins % 4096 == 0) {
+        if (al_shm_seconds() > end)
+          return 0;
+        sched_yield();
+      }
+    }
+  }
+  for (b = 0; b < batches && al_shm_seconds() < end; b++) {
+    t0 = al_shm_seconds();
+    for (j = 0; j < AL_SHM_PROBE_BATCH; j++) {
+      __atomic_store_n(ping, ++v, __ATOMIC_RELEASE);
+      spins = 0;
+      while (__atomic_load_n(pong, __ATOMIC_ACQUIRE) != v) {
+        if (++spins % 4096 == 0) {
+          if (al_shm_seconds() > end)
+            goto done;
+          sched_yield();
+        }
+      }
+    }
+    t = (al_shm_seconds() - t0) * 1e9 / AL_SHM_PROBE_BATCH;
+    if (best == 0 || t < best)
+      best = t;
+  }
+done:
+  __atomic_store_n(ping, AL_SHM_PROBE_STOP, __ATOMIC_RELEASE);
+  return best;
 }
 
 /* The size class of an allreduce of `bytes` (-1 below 16 KiB). */

@@ -42,6 +42,8 @@ cdef extern from "al_shm.h" nogil:
         size_t slot, small
         uint64_t seq, round, owed, ops
         al_shm_adapt adapt[8][16]
+        int prefer
+        double round_trip_ns
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk
@@ -68,6 +70,8 @@ cdef extern from "al_shm.h" nogil:
                             const char* what, char* err, size_t errlen)
     void al_shm_header_write(char* p, int size, size_t slot, uint64_t nonce)
     size_t al_shm_stream_bytes
+    double al_shm_round_trip(al_shm_seg* s, int batches, double budget) nogil
+    double AL_SHM_FAR_NS
     int al_shm_slot_stores
     double al_shm_stores_cost(const al_shm_adapt* a, int nt)
     enum:

@@ -304,6 +304,31 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     deadline = time.monotonic() + timeout if timeout >= 0 else None
     if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults) == SHM_NAMED:
         _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults)
+    _shm_placement_probe(cs, node_comm, timeout, deadline)
+
+def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline):
+    """Where the host runs the ranks, found once the segment is mapped (al_shm_round_trip):
+    ranks 0 and 1 pass a cache line back and forth for at most 5 ms; rank 0's least round trip
+    goes to every rank, and above AL_SHM_FAR_NS (the ranks share no cache) the segment's size
+    classes start with streamed slot stores instead of cached ones (al_shm.h, "the slots'
+    stores": a class then measures both kinds and keeps the cheaper).  Without it a new class
+    ran its first calls, which AL_AUTO_LEARN times, with cached stores, 1.5-2x slower than
+    streamed ones in the far placement, and learning chose Rabenseifner at 256 KiB where shm
+    was 3x faster once its stores had settled (issue 31, set J).  Not where ranks outnumber
+    cores (AL_ENGINE_YIELD): ranks 0 and 1 may then share a core, and every round trip is a
+    context switch, which says nothing about the caches."""
+    import numpy as np
+    cdef al_shm_seg* seg = cs.c.shm
+    cdef double rt = 0
+    if cs.c.size < 2 or g_yield_every > 0:
+        return
+    with nogil:
+        rt = al_shm_round_trip(seg, 64, 0.005)
+    got = np.array([rt])
+    _shm_finish(node_comm.Ibcast(got, root=0), deadline, timeout,
+                "the placement probe's round trip")
+    seg.round_trip_ns = got[0]
+    seg.prefer = 1 if got[0] > AL_SHM_FAR_NS else 0
 
 cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
                   int mode, tuple faults) except -1:
@@ -449,4 +474,5 @@ def shm_info(CommState cs):
                     "cost": (al_shm_stores_cost(&s.adapt[k][c], 0),
                              al_shm_stores_cost(&s.adapt[k][c], 1))}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
-            "broken_by": who if who >= 0 else None, "stores": stores}
+            "broken_by": who if who >= 0 else None, "stores": stores,
+            "round_trip_ns": s.round_trip_ns, "prefer": ("cached", "streamed")[s.prefer]}

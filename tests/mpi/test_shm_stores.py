@@ -71,10 +71,11 @@ def test_every_kind_on_tiny_slots(stores, mode):
 def test_measured_choice_follows_its_schedule(stores):
     """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), every call uses the
     kind measured cheaper, except the last 3 of every 32 (calls 29-31, 61-63), which try the
-    other, and every half second; until both are measured, the segment's latest verdict, cached
-    on a new segment.  So after 6 calls none streamed, after 32 the 3 of the first trial;
-    after 64 at least those and at most 3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not
-    measured.  Every result is right meanwhile."""
+    other, and every half second; until both are measured, the segment's latest verdict (on a
+    new segment: what the placement probe found, its "prefer").  So after 6 calls none of the
+    other kind, after 32 the 3 of the first trial; after 64 at least those and at most
+    3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not measured.  Every
+    result is right meanwhile."""
     stores(AUTO)
     comm = al.Communicator()            # a segment of its own: no calls counted before
     try:
@@ -83,6 +84,12 @@ def test_measured_choice_follows_its_schedule(stores):
             return
         failures = []
         seen = []
+        first_kind = _core.shm_info(comm._state)["prefer"]
+
+        def others(d):
+            """Calls of the kind the class did not start with."""
+            return d["streamed"] if first_kind == "cached" else d["calls"] - d["streamed"]
+
         for n, calls in ((1000, 64), (24 << 10, 6), (24 << 10, 26), (24 << 10, 32)):  # 96 KiB
             x = np.arange(n, dtype=np.float32) + comm.rank
             expected = sum(np.arange(n, dtype=np.float32) + r for r in range(comm.size))
@@ -94,18 +101,39 @@ def test_measured_choice_follows_its_schedule(stores):
         if seen[0] != {}:
             failures.append(f"4000 B measured: {seen[0]}")
         first, trial, last = (seen[i].get(64 << 10) for i in (1, 2, 3))
-        if list(seen[3]) != [64 << 10] or first["calls"] != 6 or first["streamed"] != 0:
-            failures.append(f"after 6 calls of 96 KiB: {seen[1]}")
-        elif trial["calls"] != 32 or not 3 <= trial["streamed"] <= 6:   # (6: a half-second
+        if list(seen[3]) != [64 << 10] or first["calls"] != 6 or others(first) != 0:
+            failures.append(f"after 6 calls of 96 KiB, starting {first_kind}: {seen[1]}")
+        elif trial["calls"] != 32 or not 3 <= others(trial) <= 6:   # (6: a half-second
             # trial too, if these calls took that long)
             failures.append(f"after 32 calls of 96 KiB: {trial}")
-        elif last["calls"] != 64 or not 3 <= last["streamed"] <= 35:
+        elif last["calls"] != 64 or not 3 <= others(last) <= 35:
             failures.append(f"after 64 calls of 96 KiB: {last}")
         elif not all(cost > 0 for cost in last["cost"]):
             failures.append(f"a kind without a measured cost: {last}")
     finally:
         comm.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_the_placement_probe_chooses_the_first_kind():
+    """At setup ranks 0 and 1 time a cache line's round trip (al_shm_round_trip): every rank
+    gets rank 0's figure, and a new segment's classes start streamed above 200 ns (no cache
+    shared), cached below; no probe where ranks outnumber cores (every round trip would be a
+    context switch)."""
+    import os
+    comm = al.Communicator()
+    try:
+        info = _core.shm_info(comm._state)
+    finally:
+        comm.Free()
+    if info is None:
+        return
+    rt, first = info["round_trip_ns"], info["prefer"]
+    every = WORLD.allgather((rt, first))
+    cores = len(os.sched_getaffinity(0))
+    ok = (len(set(every)) == 1 and first == ("streamed" if rt > 200 else "cached")
+          and (rt > 0) == (WORLD.size <= cores))
+    assert all_ranks_ok(ok), every
 
 
 def test_fixed_kinds_are_not_measured(stores):
