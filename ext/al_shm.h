@@ -666,7 +666,8 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * have (a 64 MiB call takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow
  * kind, and a trial every half second alone took most of them).  Until a class has measured both kinds, "the cheaper" is the
  * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
- * least 256 KiB or with one kind at least 1.5x cheaper; cached on a new segment), so that a
+ * least 256 KiB or with one kind at least 1.5x cheaper; on a new segment, what the placement
+ * probe at setup found: al_shm_round_trip below), so that a
  * new class starts as the others run (a class that tried both in its first calls would show
  * AL_AUTO_LEARN, which times those calls, the slower kind's times; one that started cached
  * in the far placement showed it shm 2-3x slower than Rabenseifner at 256-512 KiB).  The choice is this rank's
