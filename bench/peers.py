@@ -288,6 +288,12 @@ def main(argv=None) -> int:
                 print(f"# auto learned in use before the timing (AL_AUTO_LEARN): "
                       f"{sum(r['learn_calls'] for r in learned)} calls at {len(learned)} sizes, "
                       f"{sum(r['learn_us'] for r in learned) / 1e3:.1f} ms in all on rank 0")
+            for r in (comm._host.learning.learned() if comm._host.learning else ()):
+                if r["choice"] != r["prior"]:
+                    medians = ", ".join(f"{a} {t * 1e6:.1f}" for a, t in
+                                        sorted(r["medians"].items(), key=lambda kv: kv[1]))
+                    print(f"#   learned at {r['bytes']} B: {r['prior']} -> {r['choice']} (medians "
+                          f"us: {medians}; rounds won: {r['wins']})")
         print(f"# memory bandwidth (one core): copy {copy_bw / 1e9:.2f} GB/s, add (output) "
               f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; "
               + "; ".join(f"{k} {big[k]:.0f} us = {big[k] / bound:.2f}x" for k in columns
