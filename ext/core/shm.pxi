@@ -314,13 +314,22 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline):
     stores": a class then measures both kinds and keeps the cheaper).  Without it a new class
     ran its first calls, which AL_AUTO_LEARN times, with cached stores, 1.5-2x slower than
     streamed ones in the far placement, and learning chose Rabenseifner at 256 KiB where shm
-    was 3x faster once its stores had settled (issue 31, set J).  Not where ranks outnumber
-    cores (AL_ENGINE_YIELD): ranks 0 and 1 may then share a core, and every round trip is a
-    context switch, which says nothing about the caches."""
+    was 3x faster once its stores had settled (issue 31, set J).
+
+    Where ranks outnumber cores (AL_ENGINE_YIELD) the probe says nothing: it took 530-630 ns
+    at 4 ranks on the 2-core reference VM in both placements (a waiting rank yields to the
+    others), against 56-63 ns (near) and 337-373 ns (far) between two pinned threads.  There
+    the classes start streamed, the better worst case: at 4 ranks, 4-64 MiB, cached stores
+    were 1.5-2.7x slower than streamed ones in the far placement, streamed 1.0-1.24x slower
+    than cached in the near one (bench/results/issue31_shm_stores_4ranks.txt); each class's
+    trials then find the cheaper."""
     import numpy as np
     cdef al_shm_seg* seg = cs.c.shm
     cdef double rt = 0
-    if cs.c.size < 2 or g_yield_every > 0:
+    if cs.c.size < 2:
+        return
+    if g_yield_every > 0:
+        seg.prefer = 1
         return
     with nogil:
         rt = al_shm_round_trip(seg, 64, 0.005)
