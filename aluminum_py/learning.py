@@ -11,8 +11,15 @@ smallest power of two >= n) and one element size:
 * the contenders: the two best of the table's (or the cost model's) ranking at that size, and
   the best of each transport not among them ("shm", the node's segment; the MPI library's
   point-to-point for every other algorithm), at most :data:`CONTENDERS`;
-* a schedule of ``rounds + 1`` rounds, each running every contender once in an order drawn from
-  the round's number (the same on every rank); round 0 is a warm-up, not timed;
+* a schedule of ``rounds + 1`` rounds, each running every contender :data:`RUN` (2) times in
+  a row, the contenders in an order drawn from the round's number (the same on every rank);
+  only the last call of each run is timed, and round 0 is a warm-up, not timed.  The first
+  call of a run finds the user's buffers (and the segment's slots) as the *previous*
+  contender left them, not as the same algorithm leaves them call after call once committed:
+  timed that way (one call per contender per round), "shm" took 45 us at 256 KiB where it
+  takes 18 us after itself, as hierarchical's point-to-point messages had left the buffers'
+  lines in the other core's cache, and learning chose Rabenseifner or hierarchical at 128 KiB-
+  4 MiB where shm was 1.5-3x faster in the timing that followed (issue 31, set K);
 * each call is timed on each rank: a blocking call from its start to its return, a
   nonblocking one from the op's start to its completion (read when the schedule is over; an op
   not complete by then gives no sample, on any rank: then the call has none).  Where every rank
@@ -57,6 +64,7 @@ KEEP = 1.05             # the table's choice stays where within this factor of t
 WINS = 0.75             # ... or where a faster median won fewer than this share of the rounds
 CHEAP_BYTES = 64 << 10  # size classes up to this learn for CHEAP_ROUNDS x AL_AUTO_LEARN rounds
 CHEAP_ROUNDS = 4
+RUN = 2                 # calls of a contender in a row; the last is timed (see the docstring)
 
 
 def size_class(nbytes: int) -> int:
@@ -95,9 +103,15 @@ class Learner:
         self.source = choice.source
         self.names = contenders(choice.ranked or (choice.algorithm,))
         k = len(self.names)
-        # call i of the schedule runs names[order[i]]; round 0 (the first k calls) warms up
-        self.order = np.concatenate([np.random.default_rng(r).permutation(k)
-                                     for r in range(rounds + 1)])
+        # call i of the schedule runs names[order[i]]: per round each contender RUN times in a
+        # row, in an order drawn from the round's number; cell[i] is where call i's sample goes
+        # in the (round - 1, contender) table: the last call of each run, round 0 (a warm-up)
+        # none
+        perms = [np.random.default_rng(r).permutation(k) for r in range(rounds + 1)]
+        self.order = np.repeat(np.concatenate(perms), RUN)
+        self.cell = [(r - 1, int(j)) if r > 0 and t == RUN - 1 else None
+                     for r, perm in enumerate(perms) for j in perm for t in range(RUN)]
+        self.rounds = rounds
         # per call of the schedule, its start and end on this rank (time.monotonic's clock);
         # an end of inf: no sample (and none for the call, whatever the other ranks have)
         self.starts = np.zeros(len(self.order))
@@ -147,10 +161,10 @@ class Learner:
         self.pending.clear()
         every = self.samples(self.exchange(self.payload()))    # the same on every rank
         # by round (rows) and contender (columns); nan: no sample
-        k = len(self.names)
-        table = np.full((len(self.order) // k - 1, k), np.nan)
-        for i in range(k, len(self.order)):
-            table[i // k - 1, self.order[i]] = every[i]
+        table = np.full((self.rounds, len(self.names)), np.nan)
+        for i, cell in enumerate(self.cell):
+            if cell is not None:
+                table[cell] = every[i]
         per = {a: table[:, j][table[:, j] >= 0] for j, a in enumerate(self.names)}
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
         wins = {}
