@@ -201,6 +201,12 @@ cdef class Launcher:
         by the caller where `learn` is LEARN_TIMED), or once committed its choice (cached)."""
         if learner.committed is None and learn == LEARN_PEEK:
             return learner.prior
+        if unusual(self.state):
+            # before the schedule moves: a call the communicator refuses (another thread's: it
+            # raises here) must neither take a contender's turn nor start the exchange, a
+            # collective on the learning communicator, beside the owner's (two threads in one
+            # collective: MPICH crashed, issue 31)
+            self.state.check_usable("allreduce/auto")
         name = learner.next()
         if learner.committed is not None:
             self.auto_cache[key] = learner.committed
