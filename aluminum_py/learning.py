@@ -233,8 +233,8 @@ class Learning:
                        detail=f"learned in use for messages up to {r['bytes']} B (medians of "
                               f"the calls' times: {medians}); before: {choice}")
 
-    def exchange(self, samples: np.ndarray) -> np.ndarray:
-        """The max over ranks of `samples` (Learner.payload: spans, starts and ends), waited for
+    def exchange(self, payload: np.ndarray) -> np.ndarray:
+        """The max over ranks of `payload` (Learner.payload: spans, starts and ends), waited for
         at most AL_HANG_TIMEOUT (or until a peer breaks the communicator).  From the maxima
         every rank computes the same samples: a call costs the program what its slowest rank
         spends in it (the longest span; on one clock, the last rank's start to the last end).
@@ -243,8 +243,8 @@ class Learning:
         point-to-point algorithms looked cheaper than they are
         (bench/results/issue31_acceptance.txt, 16-64 KiB)."""
         from mpi4py import MPI
-        every = np.empty_like(samples)
-        wait_exchange(self.comm.Iallreduce(samples, every, op=MPI.MAX), self.state,
+        every = np.empty_like(payload)
+        wait_exchange(self.comm.Iallreduce(payload, every, op=MPI.MAX), self.state,
                       "Allreduce (auto, AL_AUTO_LEARN)", "the exchange of what auto learned")
         return every
 

@@ -14,7 +14,6 @@ static double now(){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t
 int main(int argc,char**argv){
   size_t n = (size_t)atol(argv[1]); size_t tile = argc>2? (size_t)atol(argv[2]) : n;
   char *src = aligned_alloc(4096, n); memset(src, 1, n);
-  int p[2]; pipe(p);
   pid_t c = fork();
   if (c==0){ memset(src,2,n); pause(); return 0; } usleep(300000);
   char *dst = aligned_alloc(4096, n); memset(dst, 0, n);
