@@ -29,6 +29,7 @@ def install() -> None:
         _core.set_serial_bytes(config.engine_serial_bytes())
         _core.set_scratch_cache(config.scratch_cache())
         _core.set_wait_spin(config.wait_spin())
+        _core.set_wait_nap(config.wait_nap())
         _core.set_shm_stream_bytes(config.shm_stream_bytes())
         _core.set_shm_slot_stores(config.shm_slot_stores())
         atexit.register(_shutdown)

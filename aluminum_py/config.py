@@ -203,6 +203,14 @@ def wait_spin() -> float:
     return _seconds("AL_WAIT_SPIN", 5e-6, MAX_SPIN, -MAX_SPIN, " (negative: never yield)")
 
 
+def wait_nap() -> float:
+    """AL_WAIT_NAP: where ranks outnumber cores, seconds an "shm" op's wait for its peers' flags
+    polls (yielding, AL_ENGINE_YIELD) without progress before it sleeps between polls instead
+    (default 0.001; 0: never sleep).  Yielding alone let 4 ranks on 2 cores fall into a state
+    where shm allreduces took 3-8x longer (docs/performance.md, "Waits that sleep")."""
+    return _seconds("AL_WAIT_NAP", 1e-3, MAX_SPIN, note=" (0: never sleep)")
+
+
 def shm_named() -> bool:
     """AL_SHM_NAMED: a debugging aid; 1 makes every communicator's shared-memory segment a named
     POSIX object in /dev/shm (unlinked once every rank has mapped it) instead of an anonymous

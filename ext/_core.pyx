@@ -20,7 +20,7 @@ Everything below the Python-visible classes runs without the GIL:
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memcpy, memset, strncpy
 from libc.stdint cimport int64_t, intptr_t, uint32_t, uint64_t, uintptr_t
-from posix.time cimport timespec, clock_gettime, CLOCK_REALTIME
+from posix.time cimport timespec, clock_gettime, nanosleep, CLOCK_REALTIME
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
 cimport mpi4py.libmpi as mpi
 cimport numpy as cnp

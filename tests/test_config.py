@@ -32,6 +32,17 @@ def test_wait_spin(monkeypatch):
         config.wait_spin()
 
 
+def test_wait_nap(monkeypatch):
+    monkeypatch.delenv("AL_WAIT_NAP", raising=False)
+    assert config.wait_nap() == 1e-3
+    monkeypatch.setenv("AL_WAIT_NAP", "0")
+    assert config.wait_nap() == 0.0
+    for bad in ("-1", "soon", "5"):
+        monkeypatch.setenv("AL_WAIT_NAP", bad)
+        with pytest.raises(ValueError, match="AL_WAIT_NAP"):
+            config.wait_nap()
+
+
 def test_shm_slot_stores(monkeypatch):
     monkeypatch.delenv("AL_SHM_SLOT_STORES", raising=False)
     assert config.shm_slot_stores() == 0

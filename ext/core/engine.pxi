@@ -15,6 +15,7 @@ cdef int g_waiters = 0
 cdef double g_exit_grace = 2.0
 cdef long g_loops = 0            # engine loop iterations (diagnostics)
 cdef int g_yield_every = 0       # polls without progress between sched_yield calls (0: never)
+cdef double g_wait_nap = 1e-3    # seconds an oversubscribed wait on shm flags polls before naps
 cdef int64_t g_serial_bytes = 0   # see set_serial_bytes
 cdef double g_idle_spin = 0.0    # seconds the idle engine polls for work before sleeping
 cdef int g_nsubmitted = 0        # submissions so far (atomic; the idle poll watches it)
@@ -25,6 +26,7 @@ cdef double g_wait_spin = 5e-6   # seconds a wait spins before it yields (wait_p
 # a busy caller, 0.0 % without; performance.md "Under load").  After milliseconds without
 # progress the peer is descheduled, and yielding lets it have a core.
 DEF ENGINE_WAIT_SPIN = 2e-3
+DEF WAIT_NAP = 1e-5               # an oversubscribed wait's sleep (80-100 us on the reference VM)
 
 def set_idle_spin(double seconds):
     """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
@@ -43,27 +45,57 @@ def set_poll_yield(int every):
     global g_yield_every
     g_yield_every = every
 
+def poll_yield():
+    """The polls between sched_yield calls now in force (set_poll_yield)."""
+    return g_yield_every
+
+def set_wait_nap(double seconds):
+    """Where ranks outnumber cores: how long a wait for shm peers' flags polls (yielding)
+    without progress before it sleeps between polls instead (AL_WAIT_NAP; 0: never)."""
+    global g_wait_nap
+    g_wait_nap = seconds
+
 def set_wait_spin(double seconds):
     """How long a blocking call's wait polls without yielding where every rank has a core
     (AL_WAIT_SPIN; < 0: never yield).  The engine's loop uses ENGINE_WAIT_SPIN."""
     global g_wait_spin
     g_wait_spin = seconds
 
-cdef inline void wait_poll(long polls, double* since, double spin) noexcept nogil:
+cdef inline void nap(double seconds) noexcept nogil:
+    """Sleep `seconds` (below 1 s): at least the timer slack, 50 us by default."""
+    cdef timespec ts
+    ts.tv_sec = 0
+    ts.tv_nsec = <long>(seconds * 1e9)
+    nanosleep(&ts, NULL)
+
+cdef inline void wait_poll(long polls, double* since, double spin, int on_flags) noexcept nogil:
     """The one policy of every polling wait: a blocking call's loop (run_inline) with
     spin = g_wait_spin, the engine's loop with ENGINE_WAIT_SPIN, and so an shm op's wait for its
     peers' flags (stepped by those two).  Called after
     each unsuccessful poll; `polls` counts them since the last progress (1 at the first),
     `since` is the caller's variable for this function, set at the first.
     Where ranks outnumber cores (g_yield_every > 0, AL_ENGINE_YIELD), it yields the core every
-    g_yield_every polls: the peer waited for needs it.  Otherwise it spins for `spin` seconds
+    g_yield_every polls: the peer waited for needs it.  If the wait is only for peers' flags
+    (`on_flags`: shm ops, whose every publish is progress) and has lasted g_wait_nap seconds
+    (AL_WAIT_NAP; the clock read every 16 polls), it sleeps WAIT_NAP at every poll from then on
+    instead: yielding alone left 4 ranks on 2 cores in a state where shm allreduces took 3-8x
+    longer for seconds at a time (docs/performance.md, "Waits that sleep"), and a sleeping
+    waiter always leaves its core to the peer.  Waits on MPI requests never sleep: MPICH moves
+    a large message only while both sides poll.
+    Otherwise it spins for `spin` seconds
     (g_wait_spin, AL_WAIT_SPIN; < 0: never yield; the clock read every 16 polls), then yields
     at every poll: a wait that long means the peer is not running (descheduled by other work
     on the machine) or is busy for a while, and spinning on would keep the core from it or
     from that work.  A wait on an idle machine (microseconds) seldom yields, and sched_yield
     returns at once when nothing else wants the core."""
     if g_yield_every > 0:
-        if polls % g_yield_every == 0:
+        if polls == 1:
+            since[0] = al_now()
+        if on_flags and g_wait_nap > 0 and (since[0] < 0 or (
+                (polls & 15) == 0 and al_now() - since[0] >= g_wait_nap)):
+            since[0] = -1.0               # past the budget: sleep at every poll from now on
+            nap(WAIT_NAP)
+        elif polls % g_yield_every == 0:
             sched_yield()
     elif polls == 1:
         since[0] = al_now()
@@ -156,6 +188,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
     cdef al_op* nxt
     cdef int stopping = 0, progress
     cdef long idle = 0
+    cdef int on_flags = 0
     cdef int seen = 0
     cdef double spin_until, idle_since = 0.0
     cdef al_op* deferred = NULL       # submitted, not yet started (FIFO)
@@ -238,6 +271,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
         # step every active op
         prev = NULL
         op = active
+        on_flags = 1                      # every op left waits on shm peers' flags alone
         while op != NULL:
             nxt = op.next
             if op_step(op):
@@ -247,6 +281,8 @@ cdef void* engine_main(void* arg) noexcept nogil:
             else:
                 if shm_waits_anew(op):
                     progress = 1
+                if not is_shm_kind(op.kind):
+                    on_flags = 0
                 prev = op
             op = nxt
         if stopping and ((active == NULL and deferred == NULL) or al_now() > deadline):
@@ -255,7 +291,7 @@ cdef void* engine_main(void* arg) noexcept nogil:
             idle = 0
         else:
             idle += 1
-            wait_poll(idle, &idle_since, ENGINE_WAIT_SPIN)
+            wait_poll(idle, &idle_since, ENGINE_WAIT_SPIN, on_flags)
     # shutdown: abandon what is left
     if dtail != NULL:                 # never-started ops are abandoned like the rest
         dtail.next = active
@@ -377,7 +413,7 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
             w = 0
         n += 1
         w += 1
-        wait_poll(w, &since, g_wait_spin)
+        wait_poll(w, &since, g_wait_spin, is_shm_kind(op.kind))
         if (n & 15) == 0:
             now = al_now()
             if now > deadline:

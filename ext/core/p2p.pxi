@@ -4,16 +4,8 @@
 # call, the GIL released, back in Python every WAKE seconds for the signal handlers and a
 # communicator a peer broke, and a deadline (AL_HANG_TIMEOUT or the caller's timeout).
 
-from posix.time cimport nanosleep
-
 DEF PROBE_SPIN = 2e-4       # seconds a blocking probe polls (wait_poll's policy) before sleeping
 DEF PROBE_NAP_MAX = 1e-3    # the longest sleep between two polls after that (doubling from 20 us)
-
-cdef inline void nap(double seconds) noexcept nogil:
-    cdef timespec ts
-    ts.tv_sec = 0
-    ts.tv_nsec = <long>(seconds * 1e9)
-    nanosleep(&ts, NULL)
 
 cdef int probe_slice(al_comm* c, int source, int tag, double deadline, mpi.MPI_Status* st,
                      int* rc) noexcept nogil:
@@ -39,7 +31,7 @@ cdef int probe_slice(al_comm* c, int source, int tag, double deadline, mpi.MPI_S
         if now >= wake:
             return SLICE
         if now - start < PROBE_SPIN:
-            wait_poll(polls, &since, g_wait_spin)
+            wait_poll(polls, &since, g_wait_spin, 0)
         else:
             nap(naptime)
             naptime = naptime * 2 if naptime * 2 < PROBE_NAP_MAX else PROBE_NAP_MAX

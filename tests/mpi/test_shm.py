@@ -170,6 +170,39 @@ def test_wait_policy_with_late_ranks(comm, spin):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+@pytest.mark.parametrize("n", [300, 300001])            # symmetric, split
+def test_an_oversubscribed_wait_for_a_late_rank_sleeps(comm, n):
+    """Where ranks outnumber cores (AL_ENGINE_YIELD's rule, forced here), a blocking shm
+    allreduce whose last rank arrives 0.3 s late: the others wait on its flags, yielding for
+    AL_WAIT_NAP (1 ms here), then sleeping between polls, so they leave the cores to the late
+    rank and whatever else runs: each waiting rank's CPU time in the call is under a third of
+    its wall time (yielding alone, where nothing else wants the core, it spins at 100 %), and
+    the result is right."""
+    import time
+    if comm.size < 2:
+        pytest.skip("no peer to wait for")
+    every = _core.poll_yield()
+    _core.set_poll_yield(1)
+    _core.set_wait_nap(1e-3)
+    failures = []
+    try:
+        x = ramp(n, 5, comm.rank)
+        WORLD.Barrier()
+        if comm.rank == comm.size - 1:
+            time.sleep(0.3)
+        wall, cpu = time.perf_counter(), time.process_time()
+        comm.Allreduce(x, algorithm="shm")
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        failures += differences(f"n={n}", x, ramp_reference(n, 5, comm.size))
+        if comm.rank != comm.size - 1 and not (wall > 0.2 and cpu < wall / 3):
+            failures.append(f"rank {comm.rank} waited {wall * 1e3:.0f} ms and used "
+                            f"{cpu * 1e3:.0f} ms of CPU (expected under a third)")
+    finally:
+        _core.set_poll_yield(every)
+        _core.set_wait_nap(al.config.wait_nap())
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
 def test_large(comm):
     """4 Mi + 5 float32 (16 MiB: 16 chunks of the default 1 MiB slot), in place and out."""
     n = (4 << 20) + 5

@@ -1,0 +1,87 @@
+"""bench/peers.py with every sample kept: each contender's call, in the order it ran, with the
+contender that ran just before it, its time (max over ranks) and the CPU each rank was on
+after it, one JSON line per sample into TRACE (default peers_trace.jsonl), then a summary per
+size (median / max in ms of the contenders named in --show).  It found what made one size per
+4-rank run slow (docs/performance.md, "Waits that sleep"): from some sample on, every
+contender of ours that waits by yielding took 3-8x longer, whatever ran before it.
+
+    mpiexec -n 4 python bench/peers_trace.py [--trace FILE] [--show shm,ring] [peers.py args]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
+
+
+def this_cpu() -> int:
+    """The CPU this process last ran on (/proc/self/stat's field 39)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+
+def traced(path: str):
+    """A time_interleaved (aluminum_py.bench.timing) that also appends every sample to `path`."""
+    def time_interleaved(world, contenders, iters, salt=0):
+        names = list(contenders)
+        samples = np.zeros((len(names), iters))
+        cpus = np.zeros((len(names), iters), dtype=int)
+        before = {}
+        for it in range(iters):
+            prev = None
+            for i in np.random.default_rng([salt, it]).permutation(len(names)):
+                world.Barrier()
+                t0 = time.perf_counter()
+                contenders[names[i]]()
+                samples[i, it] = time.perf_counter() - t0
+                cpus[i, it] = this_cpu()
+                before[i, it], prev = prev, names[i]
+        world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
+        every = world.gather(cpus, root=0)
+        if world.rank == 0:
+            with open(path, "a") as f:
+                for (i, it), prev in sorted(before.items(), key=lambda kv: kv[0][::-1]):
+                    f.write(json.dumps({"bytes": salt, "iteration": it, "name": names[i],
+                                        "after": prev, "us": samples[i, it] * 1e6,
+                                        "cpus": [int(c[i, it]) for c in every]}) + "\n")
+        return {name: samples[i] for i, name in enumerate(names)}
+    return time_interleaved
+
+
+def summary(path: str, show: list[str]) -> None:
+    rows = [json.loads(line) for line in open(path)]
+    for n in sorted({r["bytes"] for r in rows}):
+        cells = []
+        for name in show:
+            t = [r["us"] for r in rows if r["bytes"] == n and r["name"] == name]
+            if t:
+                cells.append(f"{name} {np.median(t) / 1e3:.1f}/{max(t) / 1e3:.0f}")
+        print(f"# {n:>10} B (median/max ms): " + "  ".join(cells))
+
+
+def main(argv: list[str]) -> int:
+    path, show = "peers_trace.jsonl", "shm,ring,hierarchical,rabenseifner,mpi4py,deepspeed_shm"
+    for flag in ("--trace", "--show"):
+        if flag in argv:
+            k = argv.index(flag)
+            value = argv[k + 1]
+            del argv[k:k + 2]
+            path, show = (value, show) if flag == "--trace" else (path, value)
+    if MPI.COMM_WORLD.rank == 0 and os.path.exists(path):
+        os.unlink(path)
+    peers.time_interleaved = traced(path)
+    rc = peers.main(argv)
+    if MPI.COMM_WORLD.rank == 0:
+        summary(path, show.split(","))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
