@@ -30,7 +30,7 @@ def install() -> None:
         _core.set_scratch_cache(config.scratch_cache())
         _core.set_wait_spin(config.wait_spin())
         _core.set_wait_nap(config.wait_nap())
-        _core.set_shm_stream_bytes(config.shm_stream_bytes())
+        _core.set_shm_stream_bytes(config.shm_stream_bytes(), config.last_level_cache_bytes())
         _core.set_shm_slot_stores(config.shm_slot_stores())
         atexit.register(_shutdown)
         timeline.start_from_env()

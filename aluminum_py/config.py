@@ -169,12 +169,41 @@ def shm_small_bytes() -> int:
     return _bytes("AL_SHM_SMALL_BYTES", 64 << 10)
 
 
-def shm_stream_bytes() -> int:
+def shm_stream_bytes() -> int | None:
     """AL_SHM_STREAM_BYTES: "shm" allreduces (reduce-scatter then allgather) of at least this
     many bytes write recvbuf with streaming stores, which skip the read of every line before
-    its write and leave the caches to the slots (default 8 MiB; a huge value: never).  Not
+    its write and leave the caches to the slots (a huge value: never).  Unset (None): those
+    whose node's sendbufs and recvbufs, 2 x ranks x bytes, fill the last-level cache
+    (:func:`last_level_cache_bytes`): 8 MiB at 2 ranks and 4 MiB at 4 on a 32 MiB L3.  Not
     needed to be the same on every rank."""
-    return _bytes("AL_SHM_STREAM_BYTES", 8 << 20)
+    return _bytes("AL_SHM_STREAM_BYTES", None)
+
+
+def last_level_cache_bytes(cpu: int = 0) -> int:
+    """The size of `cpu`'s largest data (or unified) cache from sysfs, 32 MiB where it cannot be
+    read."""
+    best = 0
+    base = f"/sys/devices/system/cpu/cpu{cpu}/cache"
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        entries = []
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(f"{base}/{entry}/type") as f:
+                if f.read().strip() not in ("Data", "Unified"):
+                    continue
+            with open(f"{base}/{entry}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best or 32 << 20
 
 
 SHM_SLOT_STORES = ("auto", "cached", "streamed")

@@ -527,8 +527,13 @@ static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo,
  * ("read for ownership") and then written back: 3n bytes of memory traffic instead of the 2n
  * of the bound (docs/performance.md).  A streaming (non-temporal) store writes a whole line
  * without reading it and without keeping it in the caches.  Used for recvbuf only, above
- * al_shm_stream_bytes (AL_SHM_STREAM_BYTES): a smaller result may be read from the caches by
- * the caller next, and the slots must stay in the caches for the peers.
+ * al_shm_stream_from (AL_SHM_STREAM_BYTES; unset: where the node's sendbufs and recvbufs,
+ * 2 x ranks x n bytes, fill the last-level cache, al_shm_cache_bytes): a smaller result may be
+ * read from the caches by the caller next, and the slots must stay in the caches for the peers.
+ * On the reference VM (32 MiB L3) that is 8 MiB at 2 ranks and 4 MiB at 4, where streaming took
+ * 0.76-0.92 of ordinary stores' time in both placements, and 0.89-0.94 with the caller summing
+ * the result next; at 2 ranks 4 MiB streamed alone 0.81-0.94 but 1.05-1.10 with the sum
+ * (docs/performance.md, "Streaming recvbuf stores by the cache").
  *
  * Memory ordering: streaming stores are weakly ordered, neither with the release store of a
  * flag nor with the completion flag of an op that another thread reads (a plain store on
@@ -545,7 +550,16 @@ static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo,
 #define AL_SHM_CAN_STREAM 0
 #endif
 
-static size_t al_shm_stream_bytes = (size_t)8 << 20;   /* allreduces of at least this: stream */
+#define AL_SHM_STREAM_BY_CACHE ((size_t)-1)
+static size_t al_shm_stream_bytes = AL_SHM_STREAM_BY_CACHE;  /* allreduces of at least this stream */
+static size_t al_shm_cache_bytes = (size_t)32 << 20;        /* the last-level cache's size */
+
+/* The least allreduce (bytes per rank) on segment `s` that writes recvbuf with streaming stores. */
+static inline size_t al_shm_stream_from(const al_shm_seg *s) {
+  if (al_shm_stream_bytes != AL_SHM_STREAM_BY_CACHE)
+    return al_shm_stream_bytes;
+  return al_shm_cache_bytes / (2 * (size_t)(s->size > 1 ? s->size : 1));
+}
 
 static inline void al_shm_stream_fence(void) {
 #if AL_SHM_CAN_STREAM
@@ -957,7 +971,7 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   size_t bytes = (size_t)a->count * a->esize;
   memset(o, 0, sizeof(*o));
   o->split = bytes > s->small && s->size > 1;
-  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_bytes;
+  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_from(s);
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
   al_shm_choose_stores(s, o, 0, bytes);

@@ -70,6 +70,9 @@ cdef extern from "al_shm.h" nogil:
                             const char* what, char* err, size_t errlen)
     void al_shm_header_write(char* p, int size, size_t slot, uint64_t nonce)
     size_t al_shm_stream_bytes
+    size_t al_shm_cache_bytes
+    size_t AL_SHM_STREAM_BY_CACHE
+    size_t al_shm_stream_from(const al_shm_seg* s) nogil
     double al_shm_round_trip(al_shm_seg* s, int batches, double budget) nogil
     double AL_SHM_FAR_NS
     int al_shm_slot_stores

@@ -7,7 +7,7 @@ from aluminum_py import config
 @pytest.mark.parametrize("name,read,default", [
     ("AL_ENGINE_SERIAL_BYTES", config.engine_serial_bytes, 1 << 20),
     ("AL_SCRATCH_CACHE", config.scratch_cache, 256 << 20),
-    ("AL_SHM_STREAM_BYTES", config.shm_stream_bytes, 8 << 20),
+    ("AL_SHM_STREAM_BYTES", config.shm_stream_bytes, None),
 ])
 def test_byte_counts(monkeypatch, name, read, default):
     monkeypatch.delenv(name, raising=False)
@@ -30,6 +30,28 @@ def test_wait_spin(monkeypatch):
     monkeypatch.setenv("AL_WAIT_SPIN", "soon")
     with pytest.raises(ValueError, match="AL_WAIT_SPIN"):
         config.wait_spin()
+
+
+def test_last_level_cache_bytes(tmp_path, monkeypatch):
+    """The largest data or unified cache sysfs lists (K/M suffixes), 32 MiB where none can be
+    read; an instruction cache never counts."""
+    for index, (level, kind, size) in enumerate(((1, "Data", "32K"), (1, "Instruction", "64M"),
+                                                 (2, "Unified", "1024K"), (3, "Unified", "32768K"))):
+        d = tmp_path / "cpu0" / "cache" / f"index{index}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    real_listdir, real_open = config.os.listdir, open
+
+    def moved(path):
+        return str(path).replace("/sys/devices/system/cpu", str(tmp_path))
+    monkeypatch.setattr(config.os, "listdir", lambda path: real_listdir(moved(path)))
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(moved(path), *a, **k))
+    assert config.last_level_cache_bytes() == 32 << 20
+    (tmp_path / "cpu0" / "cache" / "index3" / "size").write_text("96M\n")
+    assert config.last_level_cache_bytes() == 96 << 20
+    assert config.last_level_cache_bytes(cpu=7) == 32 << 20     # no such CPU: the fallback
 
 
 def test_wait_nap(monkeypatch):

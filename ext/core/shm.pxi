@@ -20,11 +20,14 @@ cdef inline void shm_args(al_op* op, al_shm_args* a) noexcept nogil:
         a.rcounts = op.v.rcounts
         a.rdispls = op.v.rdispls
 
-def set_shm_stream_bytes(size_t nbytes):
+def set_shm_stream_bytes(nbytes, size_t cache_bytes=0):
     """"shm" allreduces of at least `nbytes` write recvbuf with streaming stores (al_shm.h;
-    AL_SHM_STREAM_BYTES)."""
-    global al_shm_stream_bytes
-    al_shm_stream_bytes = nbytes
+    AL_SHM_STREAM_BYTES); None: those where the node's sendbufs and recvbufs (2 x ranks x
+    bytes) fill the last-level cache, `cache_bytes` bytes (0: as it was, initially 32 MiB)."""
+    global al_shm_stream_bytes, al_shm_cache_bytes
+    al_shm_stream_bytes = AL_SHM_STREAM_BY_CACHE if nbytes is None else <size_t>nbytes
+    if cache_bytes:
+        al_shm_cache_bytes = cache_bytes
 
 def set_shm_slot_stores(int mode):
     """How the "shm" collectives write the slots: 0 measured per collective and size class, 1
@@ -484,4 +487,5 @@ def shm_info(CommState cs):
                              al_shm_stores_cost(&s.adapt[k][c], 1))}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
             "broken_by": who if who >= 0 else None, "stores": stores,
-            "round_trip_ns": s.round_trip_ns, "prefer": ("cached", "streamed")[s.prefer]}
+            "round_trip_ns": s.round_trip_ns, "prefer": ("cached", "streamed")[s.prefer],
+            "stream_from": al_shm_stream_from(s)}

@@ -203,6 +203,25 @@ def test_an_oversubscribed_wait_for_a_late_rank_sleeps(comm, n):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def test_streaming_starts_where_the_ranks_buffers_fill_the_cache(comm):
+    """Unset AL_SHM_STREAM_BYTES: recvbuf is streamed from the size whose sendbufs and recvbufs
+    on every rank (2 x ranks x bytes) fill the last-level cache (8 MiB at 2 ranks with a
+    32 MiB L3); a value given is used as it is."""
+    if comm.size < 2:
+        pytest.skip("no segment at one rank")
+    cache = al.config.last_level_cache_bytes()
+    try:
+        _core.set_shm_stream_bytes(None, cache)
+        got = _core.shm_info(comm._state)["stream_from"]
+        _core.set_shm_stream_bytes(3 << 20)
+        given = _core.shm_info(comm._state)["stream_from"]
+    finally:
+        _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+    failures = [] if got == cache // (2 * comm.size) else [f"by the cache: {got}"]
+    failures += [] if given == 3 << 20 else [f"given 3 MiB: {given}"]
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
 def test_large(comm):
     """4 Mi + 5 float32 (16 MiB: 16 chunks of the default 1 MiB slot), in place and out."""
     n = (4 << 20) + 5
