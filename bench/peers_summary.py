@@ -1,6 +1,8 @@
 """Summarise ``bench/peers.py --json`` runs, one line per run: ``auto`` over the fastest
 contender (the worst size, and at how many sizes it is within 1.10x and 1.25x: issue 31's
-targets), ``shm`` against DeepSpeed's op and against Rabenseifner (1-64 MiB) where the run has
+targets), ``auto`` against the algorithm it ran at each size (timed as a contender of its
+own in the same run: the benchmark's own noise for two identical calls; its worst and at how
+many sizes it is over 1.10x), ``shm`` against DeepSpeed's op and against Rabenseifner (1-64 MiB) where the run has
 them, and ``shm`` at the largest size against the run's memory bound.
 
     python bench/peers_summary.py RUN.json [RUN.json ...]
@@ -25,6 +27,12 @@ def summary(run: dict) -> str:
         parts.append(f"auto/fastest worst {worst[0]:.2f}x at {worst[1]} B ({worst[2]}), "
                      f"<=1.10x at {sum(o[0] <= 1.10 for o in over)}/{len(over)}, "
                      f"<=1.25x at {sum(o[0] <= 1.25 for o in over)}/{len(over)}")
+        same = [(r["auto"] / r[r["algorithm"]], r["bytes"], r["algorithm"]) for r in rows
+                if r.get("algorithm") in keys]
+        if same:
+            worst = max(same)
+            parts.append(f"auto/its own algorithm worst {worst[0]:.2f}x at {worst[1]} B "
+                         f"({worst[2]}), >1.10x at {sum(o[0] > 1.10 for o in same)}/{len(same)}")
     if "shm" in keys and "deepspeed_shm" in keys:
         ds = min((r["deepspeed_shm"] / r["shm"], r["bytes"]) for r in rows)
         parts.append(f"shm vs DeepSpeed worst {ds[0]:.2f}x at {ds[1]} B")

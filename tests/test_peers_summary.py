@@ -11,13 +11,14 @@ def test_summary_of_a_run(tmp_path):
     rows = [{"bytes": 4, "auto": 2.0, "shm": 2.0, "rabenseifner": 5.0, "deepspeed_shm": 20.0,
              "auto_min": 1.0, "algorithm": "shm", "wrong": [], "learn_calls": 12, "learn_us": 9.0},
             {"bytes": 1 << 20, "auto": 150.0, "shm": 100.0, "rabenseifner": 120.0,
-             "deepspeed_shm": 80.0, "algorithm": "ring", "wrong": []}]
+             "deepspeed_shm": 80.0, "algorithm": "rabenseifner", "wrong": []}]
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"rows": rows, "bound_us": 50.0}))
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_summary.py"),
                           str(path)], capture_output=True, text=True, check=True).stdout
     assert out.startswith("run.json: auto/fastest worst 1.88x at 1048576 B (deepspeed_shm), "
                           "<=1.10x at 1/2, <=1.25x at 1/2")
+    assert "auto/its own algorithm worst 1.25x at 1048576 B (rabenseifner), >1.10x at 1/2" in out
     assert "shm vs DeepSpeed worst 0.80x at 1048576 B" in out
     assert "shm vs rabenseifner (1-64 MiB) worst 1.20x at 1048576 B" in out
     assert "1048576 B shm 100 us, bound 50 us (2.00x)" in out
