@@ -250,6 +250,22 @@ static atomic_long g_violations;
 static char g_violation[320];
 static int (*g_gil_check)(void);           /* PyGILState_Check when Python is in the process */
 
+/* fork(): a thread of the parent (a stream worker, the progress engine in a driver call) may
+ * hold g_mu at the moment another thread forks, and the child, which has only the forking
+ * thread, would then wait for it forever at its first call (tests/standin/test_driver_rules.py's
+ * forked child did: standin_reset_counters, once in a CI run).  So a fork waits until g_mu is
+ * free and the child starts with both locks free (no other thread exists there to hold them). */
+static void standin_prepare_fork(void) { pthread_mutex_lock(&g_mu); }
+static void standin_after_fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void standin_after_fork_child(void) {
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  g_mu = fresh;
+  g_drv = fresh;
+}
+__attribute__((constructor)) static void standin_register_fork_handlers(void) {
+  pthread_atfork(standin_prepare_fork, standin_after_fork_parent, standin_after_fork_child);
+}
+
 static int lock_mode(void) {
   int m = atomic_load(&g_lock_mode);
   if (m < 0) {
