@@ -235,9 +235,9 @@ def wait_spin() -> float:
 def wait_nap() -> float:
     """AL_WAIT_NAP: where ranks outnumber cores, seconds an "shm" op's wait for its peers' flags
     polls (yielding, AL_ENGINE_YIELD) without progress before it sleeps between polls instead
-    (default 0.001; 0: never sleep).  Yielding alone let 4 ranks on 2 cores fall into a state
+    (default 0.00025; 0: never sleep).  Yielding alone let 4 ranks on 2 cores fall into a state
     where shm allreduces took 3-8x longer (docs/performance.md, "Waits that sleep")."""
-    return _seconds("AL_WAIT_NAP", 1e-3, MAX_SPIN, note=" (0: never sleep)")
+    return _seconds("AL_WAIT_NAP", 2.5e-4, MAX_SPIN, note=" (0: never sleep)")
 
 
 def shm_named() -> bool:

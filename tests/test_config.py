@@ -56,7 +56,7 @@ def test_last_level_cache_bytes(tmp_path, monkeypatch):
 
 def test_wait_nap(monkeypatch):
     monkeypatch.delenv("AL_WAIT_NAP", raising=False)
-    assert config.wait_nap() == 1e-3
+    assert config.wait_nap() == 2.5e-4
     monkeypatch.setenv("AL_WAIT_NAP", "0")
     assert config.wait_nap() == 0.0
     for bad in ("-1", "soon", "5"):
