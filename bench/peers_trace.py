@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
+from aluminum_py.bench import timing  # noqa: E402
 
 
 def this_cpu() -> int:
@@ -28,30 +28,25 @@ def this_cpu() -> int:
 
 
 def traced(path: str):
-    """A time_interleaved (aluminum_py.bench.timing) that also appends every sample to `path`."""
+    """A time_interleaved (aluminum_py.bench.timing's, through its after_call) that also appends
+    every sample to `path`."""
     def time_interleaved(world, contenders, iters, salt=0):
         names = list(contenders)
-        samples = np.zeros((len(names), iters))
         cpus = np.zeros((len(names), iters), dtype=int)
-        before = {}
-        for it in range(iters):
-            prev = None
-            for i in np.random.default_rng([salt, it]).permutation(len(names)):
-                world.Barrier()
-                t0 = time.perf_counter()
-                contenders[names[i]]()
-                samples[i, it] = time.perf_counter() - t0
-                cpus[i, it] = this_cpu()
-                before[i, it], prev = prev, names[i]
-        world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
+        before, last = {}, {}
+
+        def after_call(i, it):
+            cpus[i, it] = this_cpu()
+            before[i, it], last[it] = last.get(it), names[i]
+        samples = timing.time_interleaved(world, contenders, iters, salt, after_call)
         every = world.gather(cpus, root=0)
         if world.rank == 0:
             with open(path, "a") as f:
                 for (i, it), prev in sorted(before.items(), key=lambda kv: kv[0][::-1]):
                     f.write(json.dumps({"bytes": salt, "iteration": it, "name": names[i],
-                                        "after": prev, "us": samples[i, it] * 1e6,
+                                        "after": prev, "us": samples[names[i]][it] * 1e6,
                                         "cpus": [int(c[i, it]) for c in every]}) + "\n")
-        return {name: samples[i] for i, name in enumerate(names)}
+        return samples
     return time_interleaved
 
 

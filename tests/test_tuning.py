@@ -489,3 +489,18 @@ def test_validate_entry_refuses_bad_decisions(field, value):
     e[field] = value
     with pytest.raises(ValueError, match=field):
         tuning.validate_entry(json.loads(json.dumps(e)))
+
+
+def test_time_interleaved_reports_every_call_to_after_call():
+    """time_interleaved's after_call sees each contender once per iteration, in the order the
+    calls ran (each iteration's own random order), and the samples keep their shape."""
+    from mpi4py import MPI
+    from aluminum_py.bench.timing import time_interleaved
+    ran, seen = [], []
+    calls = {name: (lambda name=name: ran.append(name)) for name in ("a", "b", "c")}
+    samples = time_interleaved(MPI.COMM_SELF, calls, 5, salt=7,
+                               after_call=lambda i, it: seen.append(("abc"[i], it)))
+    assert [name for name, _ in seen] == ran
+    assert sorted(seen) == [(n, it) for n in "abc" for it in range(5)]
+    assert [it for _, it in seen] == sorted(it for _, it in seen)
+    assert {k: v.shape for k, v in samples.items()} == {k: (5,) for k in "abc"}

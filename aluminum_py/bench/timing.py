@@ -60,7 +60,8 @@ def _max():
 
 
 def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: int,
-                     salt: int = 0) -> dict[str, np.ndarray]:
+                     salt: int = 0, after_call: Callable[[int, int], None] | None = None
+                     ) -> dict[str, np.ndarray]:
     """Per contender, `iters` samples (seconds) of the max over ranks of one call. Every
     iteration runs the contenders in a fresh random order (seeded by `salt` and the iteration,
     so the same on every rank), each call preceded by a barrier: no contender always follows
@@ -68,7 +69,9 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
     are still busy after its call, such as gloo's, then slowed the same contender every time).
     Give each size its own `salt` (its bytes): with the same orders at every size, a chance
     excess of one contender's calls right after such a peer biased it at every size alike
-    (issue 31: auto 1.1-1.4x of shm up to 2 KiB in six runs, the same algorithm)."""
+    (issue 31: auto 1.1-1.4x of shm up to 2 KiB in six runs, the same algorithm).
+    `after_call(i, it)`, if given, runs after each timed call (contender i of `contenders`,
+    iteration it), outside its time: bench/peers_trace.py records each call's context there."""
     from mpi4py import MPI
     names = list(contenders)
     samples = np.zeros((len(names), iters))
@@ -79,6 +82,8 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
             t0 = time.perf_counter()
             f()
             samples[i, it] = time.perf_counter() - t0
+            if after_call is not None:
+                after_call(i, it)
     world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
     return {name: samples[i] for i, name in enumerate(names)}
 
