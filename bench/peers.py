@@ -13,7 +13,11 @@ reason.  Every contender's first call at each size is checked against numpy (ran
 integer inputs, so every summation order gives the same float32 result); a wrong result is
 reported and makes the exit status 1.  Each sample is the max over ranks of one call (barrier
 before each); the table shows medians in microseconds and the first algorithm's speedup over
-each peer (peer time / its time; higher is better); --json also keeps each one's minimum.  With
+each peer (peer time / its time; higher is better); --json also keeps each one's minimum and,
+where ``auto`` runs, ``auto_paired``: per contender the median over iterations of ``auto``'s
+time over that contender's in the same iteration (a paired figure: a change of the machine's
+state between iterations slows both calls of a pair, where it moves two medians of independent
+samples apart; ``bench/peers_summary.py`` reports it beside the ratio of medians).  With
 torch, torch is imported in every rank for every contender; with --no-torch in none.  It also
 reports the memory-bandwidth bound for large messages (see `memory_bound`).
 """
@@ -253,6 +257,9 @@ def main(argv=None) -> int:
         row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
                "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning}
+        if "auto" in samples:   # paired: auto over each contender, by iteration (see docstring)
+            row["auto_paired"] = {k: float(np.median(samples["auto"] / v))
+                                  for k, v in samples.items() if k != "auto"}
         rows.append(row)
         if comm.rank == 0:
             line = f"{n:>10}" + "".join(f" {row[k]:>12.1f}{'!' if k in wrong else ' '}"
@@ -283,6 +290,13 @@ def main(argv=None) -> int:
             print(f"# auto over the fastest contender: worst {worst[0]:.2f}x at {worst[1]} B "
                   f"(fastest there: {worst[2]}); within 1.10x at {sum(o[0] <= 1.10 for o in over)}"
                   f" of {len(over)} sizes")
+            paired = [max((v, r["bytes"], k) for k, v in r["auto_paired"].items())
+                      for r in rows if r.get("auto_paired")]
+            if paired:
+                worst = max(paired)
+                print(f"# auto over each contender, paired by iteration (median of the ratios): "
+                      f"worst {worst[0]:.2f}x at {worst[1]} B (against {worst[2]}); within 1.10x "
+                      f"at {sum(p[0] <= 1.10 for p in paired)} of {len(paired)} sizes")
             learned = [r for r in rows if "learn_calls" in r]
             if learned:
                 print(f"# auto learned in use before the timing (AL_AUTO_LEARN): "

@@ -1,6 +1,8 @@
 """Summarise ``bench/peers.py --json`` runs, one line per run: ``auto`` over the fastest
 contender (the worst size, and at how many sizes it is within 1.10x and 1.25x: issue 31's
-targets), ``auto`` against the algorithm it ran at each size (timed as a contender of its
+targets), the same paired by iteration where the run has ``auto_paired`` (per contender,
+the median over iterations of ``auto``'s time over the contender's in the same iteration),
+``auto`` against the algorithm it ran at each size (timed as a contender of its
 own in the same run: the benchmark's own noise for two identical calls; its worst and at how
 many sizes it is over 1.10x), ``shm`` against DeepSpeed's op and against Rabenseifner (1-64 MiB) where the run has
 them, and ``shm`` at the largest size against the run's memory bound.
@@ -13,7 +15,7 @@ import json
 import os
 import sys
 
-NOT_CONTENDERS = {"bytes", "algorithm", "wrong", "learn_calls", "learn_us"}
+NOT_CONTENDERS = {"bytes", "algorithm", "wrong", "learn_calls", "learn_us", "auto_paired"}
 
 
 def summary(run: dict) -> str:
@@ -27,6 +29,13 @@ def summary(run: dict) -> str:
         parts.append(f"auto/fastest worst {worst[0]:.2f}x at {worst[1]} B ({worst[2]}), "
                      f"<=1.10x at {sum(o[0] <= 1.10 for o in over)}/{len(over)}, "
                      f"<=1.25x at {sum(o[0] <= 1.25 for o in over)}/{len(over)}")
+        paired = [max((v, r["bytes"], k) for k, v in r["auto_paired"].items())
+                  for r in rows if r.get("auto_paired")]
+        if paired:
+            worst = max(paired)
+            parts.append(f"paired worst {worst[0]:.2f}x at {worst[1]} B ({worst[2]}), "
+                         f"<=1.10x at {sum(p[0] <= 1.10 for p in paired)}/{len(paired)}, "
+                         f"<=1.25x at {sum(p[0] <= 1.25 for p in paired)}/{len(paired)}")
         same = [(r["auto"] / r[r["algorithm"]], r["bytes"], r["algorithm"]) for r in rows
                 if r.get("algorithm") in keys]
         if same:

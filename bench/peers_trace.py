@@ -1,11 +1,17 @@
 """bench/peers.py with every sample kept: each contender's call, in the order it ran, with the
-contender that ran just before it, its time (max over ranks) and the CPU each rank was on
-after it, one JSON line per sample into TRACE (default peers_trace.jsonl), then a summary per
+contender that ran just before it, its time (max over ranks), the CPU each rank was on
+after it and how many shm allreduces of each rank it made wrote the slots with streaming
+stores (al_shm.h's per-class choice: 1 for an shm call that streamed) and each rank's
+cost of each kind in the size's class after it (ticks per byte, cached then streamed), one JSON line per sample into TRACE (default peers_trace.jsonl), then a summary per
 size (median / max in ms of the contenders named in --show).  It found what made one size per
 4-rank run slow (docs/performance.md, "Waits that sleep"): from some sample on, every
 contender of ours that waits by yielding took 3-8x longer, whatever ran before it.
 
-    mpiexec -n 4 python bench/peers_trace.py [--trace FILE] [--show shm,ring] [peers.py args]
+    mpiexec -n 4 python bench/peers_trace.py [--trace FILE] [--show shm,ring]
+        [--trial-backoff N] [peers.py args]
+
+``--trial-backoff N``: the slot stores' trials back off to at most 2**N times their spacing
+(al_shm.h; the library's 3 unless given; 0: never).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
+from aluminum_py import _core  # noqa: E402
 from aluminum_py.bench import timing  # noqa: E402
 
 
@@ -27,25 +34,56 @@ def this_cpu() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
+MADE = []     # the communicators peers.py makes (the segment's store counters are read from it)
+
+
+def remembered(make):
+    def making(*args, **kwargs):
+        comm = make(*args, **kwargs)
+        MADE.append(comm)
+        return comm
+    return making
+
+
+def streamed_calls(nbytes: int) -> tuple[int, float, float]:
+    """How many of this rank's shm allreduces so far wrote the slots with streaming stores
+    (the segment's counters, al_shm.h; -1 without a segment), and what the size class of
+    `nbytes` holds as the cost of each kind (cached, streamed: ticks per byte; 0: none yet)."""
+    info = MADE and _core.shm_info(MADE[0]._state)
+    if not info:
+        return -1, 0.0, 0.0
+    classes = info["stores"].get("allreduce", {})
+    mine = classes.get(1 << (nbytes.bit_length() - 1), {"cost": (0.0, 0.0)})["cost"]
+    return sum(c["streamed"] for c in classes.values()), mine[0], mine[1]
+
+
 def traced(path: str):
     """A time_interleaved (aluminum_py.bench.timing's, through its after_call) that also appends
     every sample to `path`."""
     def time_interleaved(world, contenders, iters, salt=0):
         names = list(contenders)
         cpus = np.zeros((len(names), iters), dtype=int)
+        streamed = np.zeros((len(names), iters), dtype=int)
+        costs = np.zeros((2, len(names), iters))
         before, last = {}, {}
+        count = [streamed_calls(salt)[0]]
 
         def after_call(i, it):
             cpus[i, it] = this_cpu()
+            now, costs[0, i, it], costs[1, i, it] = streamed_calls(salt)
+            streamed[i, it], count[0] = now - count[0], now
             before[i, it], last[it] = last.get(it), names[i]
         samples = timing.time_interleaved(world, contenders, iters, salt, after_call)
-        every = world.gather(cpus, root=0)
+        every = world.gather((cpus, streamed, costs), root=0)
         if world.rank == 0:
             with open(path, "a") as f:
                 for (i, it), prev in sorted(before.items(), key=lambda kv: kv[0][::-1]):
                     f.write(json.dumps({"bytes": salt, "iteration": it, "name": names[i],
                                         "after": prev, "us": samples[names[i]][it] * 1e6,
-                                        "cpus": [int(c[i, it]) for c in every]}) + "\n")
+                                        "cpus": [int(c[0][i, it]) for c in every],
+                                        "streamed": [int(c[1][i, it]) for c in every],
+                                        "cost": [[round(float(c[2][k, i, it]), 4) for k in (0, 1)]
+                                                 for c in every]}) + "\n")
         return samples
     return time_interleaved
 
@@ -62,16 +100,20 @@ def summary(path: str, show: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    path, show = "peers_trace.jsonl", "shm,ring,hierarchical,rabenseifner,mpi4py,deepspeed_shm"
-    for flag in ("--trace", "--show"):
+    opts = {"--trace": "peers_trace.jsonl", "--trial-backoff": None,
+            "--show": "shm,ring,hierarchical,rabenseifner,mpi4py,deepspeed_shm"}
+    for flag in opts:
         if flag in argv:
             k = argv.index(flag)
-            value = argv[k + 1]
+            opts[flag] = argv[k + 1]
             del argv[k:k + 2]
-            path, show = (value, show) if flag == "--trace" else (path, value)
+    path, show = opts["--trace"], opts["--show"]
+    if opts["--trial-backoff"] is not None:     # the slot stores' trials (al_shm.h)
+        _core._set_shm_trial_backoff(int(opts["--trial-backoff"]))
     if MPI.COMM_WORLD.rank == 0 and os.path.exists(path):
         os.unlink(path)
     peers.time_interleaved = traced(path)
+    peers.al.Communicator = remembered(peers.al.Communicator)
     rc = peers.main(argv)
     if MPI.COMM_WORLD.rank == 0:
         summary(path, show.split(","))

@@ -131,11 +131,18 @@ typedef struct al_shm_seg {
     int trial_left;                  /* calls left of the trial under way */
     int surprised;                   /* calls in a row of the choice that cost AL_SHM_SURPRISE x
                                         its least (2: a trial next) */
+    int backoff;                     /* trials AL_SHM_EXPLORE << backoff calls apart (and
+                                        their time rule's calls and seconds as many times
+                                        longer): one more (up to AL_SHM_BACKOFF_MAX) after each
+                                        trial that found the other kind AL_SHM_DECISIVE x
+                                        dearer, 0 after one that did not */
     uint64_t trial_n;                /* the call the latest trial began at */
     double trial_at;                 /* when the latest trial began (the class's first call
                                         before any; CLOCK_MONOTONIC seconds) */
   } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
                                         AL_SHM_STORE_CLASSES (below) */
+  int prefer_backoff;                /* the backoff of the class that set prefer (a new class
+                                        starts with it, at most AL_SHM_BACKOFF_NEW) */
   int prefer;                        /* the stores a class uses until it has measured both: the
                                         cheaper at the latest choice of a class of at least
                                         AL_SHM_PREFER_BYTES or decided by AL_SHM_DECISIVE
@@ -678,7 +685,14 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * once AL_SHM_TRIAL_EVERY
  * (0.5 s) has passed since the latest trial began (or the first call), if at least 16 calls
  * have (a 64 MiB call takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow
- * kind, and a trial every half second alone took most of them).  Until a class has measured both kinds, "the cheaper" is the
+ * kind, and a trial every half second alone took most of them).  A trial that finds the other
+ * kind AL_SHM_DECISIVE (1.5x) dearer than the choice doubles the spacing of both rules (up to
+ * 8x: every 256 calls, or 128 calls and 4 s), one that does not resets it: in the far
+ * placement a trial of ordinary stores costs 2.2-2.6x a call at 4 ranks and 3.5x at 2, and
+ * trials every 16 calls took 3 of the 10 timed calls of a 64 MiB benchmark
+ * (docs/performance.md, "Trials that back off").  The surprise rule is not spaced: a choice
+ * that turns 2x dearer is tried against the other kind at once.  A new class starts with the
+ * spacing of the class whose verdict it starts from (at most 4x).  Until a class has measured both kinds, "the cheaper" is the
  * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
  * least 256 KiB or with one kind at least 1.5x cheaper; on a new segment, what the placement
  * probe at setup found: al_shm_round_trip below), so that a
@@ -700,6 +714,9 @@ enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 #define AL_SHM_RECENT 4              /* measurements kept per kind */
 #define AL_SHM_TRIAL_EVERY 0.5       /* seconds: a class's trials at least this often, */
 #define AL_SHM_TRIAL_CALLS 16        /* ... but at most once in this many calls */
+#define AL_SHM_BACKOFF_MAX 3         /* trials at most 8x further apart (every 256 calls, */
+#define AL_SHM_BACKOFF_NEW 2         /* ... 128 calls and 4 s); a new class at most 4x */
+static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; benchmarks) */
 #define AL_SHM_SURPRISE 2.0          /* two calls in a row of the choice this much dearer than
                                         its least: a trial at the next call (classes of */
 #define AL_SHM_SURPRISE_BYTES ((size_t)1 << 20)   /* at least this: smaller calls are noisier) */
@@ -809,7 +826,7 @@ static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
  * op of collective `coll` (al_shm_fp's code) writing `bytes` into its slots. */
 static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
   struct al_shm_adapt *a;
-  uint64_t n;
+  uint64_t n, every;
   double c0, c1, now;
   o->cls = -1;
   o->nt = 0;
@@ -824,15 +841,21 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
   a = &s->adapt[coll & 7][o->cls];
   n = a->ops;
   now = al_shm_seconds();
-  if (n == 0)
+  if (n == 0) {
     a->trial_at = now;
+    a->backoff = s->prefer_backoff < AL_SHM_BACKOFF_NEW ? s->prefer_backoff : AL_SHM_BACKOFF_NEW;
+    if (a->backoff > al_shm_backoff_max)
+      a->backoff = al_shm_backoff_max;
+  }
   if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
     a->trial_left--;
     o->nt = !a->choice;
     return;
   }
-  if (n % AL_SHM_EXPLORE == AL_SHM_EXPLORE - AL_SHM_TRIAL || a->surprised >= 2 ||
-      (n >= a->trial_n + AL_SHM_TRIAL_CALLS && now - a->trial_at > AL_SHM_TRIAL_EVERY)) {
+  every = (uint64_t)AL_SHM_EXPLORE << a->backoff;
+  if (n % every == every - AL_SHM_TRIAL || a->surprised >= 2 ||
+      (n >= a->trial_n + ((uint64_t)AL_SHM_TRIAL_CALLS << a->backoff) &&
+       now - a->trial_at > AL_SHM_TRIAL_EVERY * (double)(1 << a->backoff))) {
     a->trial_at = now;
     a->trial_n = n;
     a->surprised = 0;
@@ -844,8 +867,10 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
   c1 = al_shm_stores_cost(a, 1);
   if (c0 > 0 && c1 > 0) {
     a->choice = c1 < c0;
-    if (bytes >= AL_SHM_PREFER_BYTES || c0 > AL_SHM_DECISIVE * c1 || c1 > AL_SHM_DECISIVE * c0)
+    if (bytes >= AL_SHM_PREFER_BYTES || c0 > AL_SHM_DECISIVE * c1 || c1 > AL_SHM_DECISIVE * c0) {
       s->prefer = a->choice;
+      s->prefer_backoff = a->backoff;
+    }
   } else {
     a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */
   }
@@ -870,6 +895,13 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, siz
       a->surprised = 0;
     for (i = AL_SHM_RECENT - 1; i > 0; i--) r[i] = r[i - 1];
     r[0] = x;
+    if (o->nt != a->choice && a->trial_left == 0) {   /* a trial's last call: its verdict */
+      double mine = al_shm_stores_cost(a, a->choice);
+      if (mine > 0 && al_shm_stores_cost(a, o->nt) > AL_SHM_DECISIVE * mine)
+        a->backoff += a->backoff < al_shm_backoff_max;
+      else
+        a->backoff = 0;
+    }
   }
   a->last = o->nt + 1;
   a->ops++;

@@ -35,6 +35,7 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
     cdef struct al_shm_adapt:
         uint64_t ops, streamed
+        int backoff
     ctypedef struct al_shm_seg:
         char* base
         size_t len
@@ -42,7 +43,7 @@ cdef extern from "al_shm.h" nogil:
         size_t slot, small
         uint64_t seq, round, owed, ops
         al_shm_adapt adapt[8][16]
-        int prefer
+        int prefer, prefer_backoff
         double round_trip_ns
     ctypedef struct al_shm_op:
         int phase, split, stream
@@ -53,7 +54,7 @@ cdef extern from "al_shm.h" nogil:
         uint64_t fp, theirs
         int64_t end
         int nt, cls
-        uint64_t work
+        uint64_t work, t_in
     ctypedef struct al_shm_args:
         int dtype, rop, esize
         const char* sbuf
@@ -77,6 +78,11 @@ cdef extern from "al_shm.h" nogil:
     double AL_SHM_FAR_NS
     int al_shm_slot_stores
     double al_shm_stores_cost(const al_shm_adapt* a, int nt)
+    void al_shm_choose_stores(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
+    void al_shm_stores_done(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
+    uint64_t al_shm_ticks()
+    int al_shm_stores_class(size_t nbytes)
+    int al_shm_backoff_max
     enum:
         AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,

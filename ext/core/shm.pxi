@@ -465,13 +465,55 @@ def shm_detach(CommState cs):
 
 SHM_COLL_NAMES = tuple(n.decode().lower() for n in _COLL_CALLS)    # al_shm_fp's codes
 
+def _set_shm_trial_backoff(int most):
+    """The slot stores' trials back off to at most 2**most times their spacing (al_shm.h;
+    3 unless set; 0: they never back off).  For benchmarks that compare the two; returns the
+    value before."""
+    global al_shm_backoff_max
+    before = al_shm_backoff_max
+    al_shm_backoff_max = most
+    return before
+
+
+def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_backoff=0):
+    """The slot stores' choice (al_shm.h, "the slots' stores") on a segment of its own, with
+    made-up costs: call k of one allreduce size class of `nbytes` costs costs[k] = (cached,
+    streamed) ticks per byte with each kind; the segment starts with `prefer` (1: streamed)
+    and `prefer_backoff`.  Returns, per call, the kind it used (1: streamed) and the class's
+    backoff after it.  The calls take microseconds: the half-second rule never applies."""
+    global al_shm_slot_stores
+    cdef al_shm_seg* s = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
+    cdef al_shm_op o
+    cdef int saved = al_shm_slot_stores
+    if s == NULL:
+        raise MemoryError()
+    s.size = 2
+    s.prefer = prefer
+    s.prefer_backoff = prefer_backoff
+    out = []
+    al_shm_slot_stores = 0
+    try:
+        for cost in costs:
+            memset(&o, 0, sizeof(o))
+            al_shm_choose_stores(s, &o, 0, nbytes)
+            o.work = <uint64_t>(cost[o.nt] * nbytes)
+            o.t_in = al_shm_ticks()
+            al_shm_stores_done(s, &o, 0, nbytes)
+            out.append((o.nt, s.adapt[0][al_shm_stores_class(nbytes)].backoff))
+    finally:
+        al_shm_slot_stores = saved
+        free(s)
+    return out
+
+
 def shm_info(CommState cs):
     """The segment as this rank sees it (None without one: one rank, or none could be made): its
     length, slot and symmetric-protocol limit in bytes, the rounds and flag value so far, the
     rank that made it unusable (None while it is usable: shm_broken), and "stores": per
     collective and size class measured (its smallest size in bytes: what the op writes into
-    the slots) the calls, how many wrote the slots with streaming stores, and each kind's cost
-    in ticks per byte (al_shm.h; 0: none)."""
+    the slots) the calls, how many wrote the slots with streaming stores, each kind's cost
+    in ticks per byte (al_shm.h; 0: none) and the trials' backoff (they come
+    AL_SHM_EXPLORE << backoff calls apart)."""
     cdef al_shm_seg* s = cs.c.shm
     cdef int c, k
     if s == NULL:
@@ -483,6 +525,7 @@ def shm_info(CommState cs):
             if s.adapt[k][c].ops:
                 stores.setdefault(SHM_COLL_NAMES[k], {})[1 << (c + AL_SHM_STORE_MIN_LOG2)] = {
                     "calls": s.adapt[k][c].ops, "streamed": s.adapt[k][c].streamed,
+                    "backoff": s.adapt[k][c].backoff,
                     "cost": (al_shm_stores_cost(&s.adapt[k][c], 0),
                              al_shm_stores_cost(&s.adapt[k][c], 1))}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,

@@ -1,0 +1,78 @@
+"""The slot stores' trial schedule (al_shm.h, "the slots' stores"), on a segment of its own
+with made-up costs (_core._stores_schedule): trials of the other kind at calls 29-31 of every
+32; a trial that finds the other kind 1.5x dearer doubles the spacing (up to 8x), one that
+does not resets it; a choice that turns 2x dearer is tried against the other kind at once,
+whatever the spacing; a new class starts with the spacing of the segment's verdict (at most
+4x).  The MPI suites (tests/mpi/test_shm_stores.py) check the schedule's first trial on real
+calls and every result."""
+from aluminum_py import _core
+
+CACHED, STREAMED = 0, 1
+
+
+def trial_starts(run, choice=CACHED):
+    """The calls that begin a run of the other kind."""
+    return [k for k, (kind, _) in enumerate(run)
+            if kind != choice and (k == 0 or run[k - 1][0] == choice)]
+
+
+def test_trials_back_off_while_the_other_kind_stays_dearer():
+    run = _stores_schedule_of([(1.0, 2.0)] * 600)
+    assert trial_starts(run) == [29, 61, 125, 253, 509]
+    assert [len([k for k in range(s, s + 3) if run[k][0] == STREAMED]) for s in
+            trial_starts(run)] == [3] * 5
+    assert [b for _, b in run][-1] == 3            # 8x: at most
+
+
+def test_trials_every_32_calls_where_the_kinds_are_close():
+    run = _stores_schedule_of([(1.0, 1.2)] * 200)
+    assert trial_starts(run) == [29, 61, 93, 125, 157, 189]
+    assert {b for _, b in run} == {0}
+
+
+def test_a_close_trial_resets_the_spacing():
+    costs = [(1.0, 2.0)] * 200 + [(1.0, 1.1)] * 400
+    run = _stores_schedule_of(costs)
+    # backed off to 4x by call 125; the streamed cost drops at call 200; the trial at 253
+    # finds it close (1.1 against 1.0): every 32 calls again
+    assert trial_starts(run) == [29, 61, 125, 253, 285, 317, 349, 381, 413, 445, 477, 509,
+                                 541, 573]
+
+
+def test_a_choice_that_turns_dearer_is_tried_at_once():
+    costs = [(1.0, 2.0)] * 140 + [(5.0, 2.0)] * 60
+    run = _stores_schedule_of(costs)
+    starts = trial_starts(run)
+    assert starts[:3] == [29, 61, 125]
+    # cached costs 5.0 from call 140: two measured calls in a row at 2x its least, then a
+    # trial at once (not at call 253); once its recent costs are all 5.0, streamed wins and
+    # the trials of cached start again 32 calls apart (a trial that was not dearer: 148)
+    assert 142 <= starts[3] <= 146
+    switched = max(k for k in range(150) if run[k][0] == CACHED) + 1
+    assert switched < 160
+    assert trial_starts(run[switched:], choice=STREAMED) == [157 - switched, 189 - switched]
+
+
+def test_a_new_class_starts_with_the_verdicts_spacing():
+    for prefer_backoff, first in ((0, 29), (1, 61), (2, 125), (3, 125)):
+        run = _core._stores_schedule([(1.0, 2.0)] * 130, prefer=CACHED,
+                                     prefer_backoff=prefer_backoff)
+        assert trial_starts(run)[0] == first, prefer_backoff
+    run = _core._stores_schedule([(2.0, 1.0)] * 70, prefer=STREAMED, prefer_backoff=1)
+    assert trial_starts(run, choice=STREAMED) == [61]
+
+
+def _stores_schedule_of(costs):
+    return _core._stores_schedule(costs, prefer=CACHED)
+
+
+def test_no_backoff_where_benchmarks_turn_it_off():
+    before = _core._set_shm_trial_backoff(0)
+    try:
+        run = _stores_schedule_of([(1.0, 2.0)] * 200)
+        first = _core._stores_schedule([(1.0, 2.0)] * 40, prefer=CACHED, prefer_backoff=3)
+    finally:
+        assert _core._set_shm_trial_backoff(before) == 0
+    assert before == 3
+    assert trial_starts(run) == [29, 61, 93, 125, 157, 189]
+    assert trial_starts(first) == [29]
