@@ -129,6 +129,10 @@ typedef struct al_shm_seg {
     int last;                        /* the previous call's stores + 1 (0: none yet) */
     int choice;                      /* the cheaper at the latest call outside a trial */
     int trial_left;                  /* calls left of the trial under way */
+    double seed;                     /* the cost of kind seed_nt in the class whose verdict this
+                                        one started from (0: none): in its first AL_SHM_SEEDED
+                                        calls, the surprise rule's least where it is less */
+    int seed_nt;
     int surprised;                   /* calls in a row of the choice that cost AL_SHM_SURPRISE x
                                         its least (2: a trial next) */
     int backoff;                     /* trials AL_SHM_EXPLORE << backoff calls apart (and
@@ -141,6 +145,7 @@ typedef struct al_shm_seg {
                                         before any; CLOCK_MONOTONIC seconds) */
   } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
                                         AL_SHM_STORE_CLASSES (below) */
+  double prefer_cost[2];             /* the costs of each kind in the class that set prefer */
   int prefer_backoff;                /* the backoff of the class that set prefer (a new class
                                         starts with it, at most AL_SHM_BACKOFF_NEW) */
   int prefer;                        /* the stores a class uses until it has measured both: the
@@ -692,7 +697,13 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * trials every 16 calls took 3 of the 10 timed calls of a 64 MiB benchmark
  * (docs/performance.md, "Trials that back off").  The surprise rule is not spaced: a choice
  * that turns 2x dearer is tried against the other kind at once.  A new class starts with the
- * spacing of the class whose verdict it starts from (at most 4x).  Until a class has measured both kinds, "the cheaper" is the
+ * spacing of the class whose verdict it starts from (at most 4x), and in its first
+ * AL_SHM_SEEDED calls the surprise rule compares its calls with that class's cost of the
+ * kind as well: a verdict made before the host moved the ranks is tried against the other
+ * kind within a few calls, not at call 29 (a class of a sweep gets a few dozen calls; set N's
+ * 4-rank crossover timed shm at 16-64 MiB 2.2-2.4x slower than elsewhere, what ordinary stores
+ * cost in the far placement: docs/performance.md, "Trials that back off").  Until a class
+ * has measured both kinds, "the cheaper" is the
  * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
  * least 256 KiB or with one kind at least 1.5x cheaper; on a new segment, what the placement
  * probe at setup found: al_shm_round_trip below), so that a
@@ -720,6 +731,7 @@ static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; ben
 #define AL_SHM_SURPRISE 2.0          /* two calls in a row of the choice this much dearer than
                                         its least: a trial at the next call (classes of */
 #define AL_SHM_SURPRISE_BYTES ((size_t)1 << 20)   /* at least this: smaller calls are noisier) */
+#define AL_SHM_SEEDED 8              /* a new class's calls that compare with its verdict's cost */
 #define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
 #define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
 
@@ -846,6 +858,8 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     a->backoff = s->prefer_backoff < AL_SHM_BACKOFF_NEW ? s->prefer_backoff : AL_SHM_BACKOFF_NEW;
     if (a->backoff > al_shm_backoff_max)
       a->backoff = al_shm_backoff_max;
+    a->seed_nt = s->prefer;
+    a->seed = s->prefer_cost[s->prefer];
   }
   if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
     a->trial_left--;
@@ -870,6 +884,8 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     if (bytes >= AL_SHM_PREFER_BYTES || c0 > AL_SHM_DECISIVE * c1 || c1 > AL_SHM_DECISIVE * c0) {
       s->prefer = a->choice;
       s->prefer_backoff = a->backoff;
+      s->prefer_cost[0] = c0;
+      s->prefer_cost[1] = c1;
     }
   } else {
     a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */
@@ -887,6 +903,9 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, siz
   if (a->last == o->nt + 1 && o->t_in != 0) {
     double *r = a->recent[o->nt], x, least = al_shm_stores_cost(a, o->nt);
     int i;
+    if (a->seed > 0 && o->nt == a->seed_nt && a->ops < AL_SHM_SEEDED &&
+        (least == 0 || a->seed < least))
+      least = a->seed;               /* a new class: the placement may have changed since */
     x = (double)(o->work + (al_shm_ticks() - o->t_in)) / (double)bytes;
     if (bytes >= AL_SHM_SURPRISE_BYTES && o->nt == a->choice && a->trial_left == 0 &&
         least > 0 && x > AL_SHM_SURPRISE * least)

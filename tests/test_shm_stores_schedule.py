@@ -76,3 +76,19 @@ def test_no_backoff_where_benchmarks_turn_it_off():
     assert before == 3
     assert trial_starts(run) == [29, 61, 93, 125, 157, 189]
     assert trial_starts(first) == [29]
+
+
+def test_a_new_class_whose_verdict_turned_dearer_tries_the_other_kind_at_once():
+    """A class starts with the verdict of the latest one; where its own calls of that kind cost
+    2x what that class measured (the host moved the ranks in between), its first trial comes
+    within a few calls, not at call 61."""
+    verdict = [(1.0, 2.0, 8 << 20)] * 40             # cached, with a trial of streamed at 29
+    moved = [(3.0, 1.0, 16 << 20)] * 40              # the next class: cached now costs 3x
+    run = _core._stores_schedule(verdict + moved, prefer=CACHED)[40:]
+    # call 0 is not measured (no call of the class before it), 1 and 2 cost 3x the verdict's
+    # 1.0: a trial at call 3, which finds streamed cheaper
+    assert [kind for kind, _ in run[:8]] == [CACHED] * 3 + [STREAMED] * 5
+    assert all(kind == STREAMED for kind, _ in run[6:29])   # (29-31: the periodic trial)
+    # where the new class costs what the verdict's did, no early trial
+    same = _core._stores_schedule(verdict + [(1.0, 2.0, 16 << 20)] * 40, prefer=CACHED)[40:]
+    assert all(kind == CACHED for kind, _ in same)
