@@ -605,13 +605,45 @@ static void al_shm_copy_nt(char *dst, const char *src, size_t n) {
 #endif
 }
 
+/* dst = src (n bytes) with ordinary stores: memcpy, except where the two start at different
+ * places in a cache line (a slot starts on one, numpy's large arrays 16 bytes into one).
+ * There glibc's memcpy aligns its wide (32- or 64-byte) stores and every load then spans two
+ * lines: copying a peer's slot into such a recvbuf made a 2-rank allreduce of 2-4 MiB 1.2-1.3x
+ * slower (bench/recvbuf_offsets.py, docs/performance.md "recvbuf alignment").  16-byte vectors,
+ * aligned on the destination, never span two lines when the source is 16-byte aligned too. */
+static int al_shm_line_copies = 1;   /* 0: memcpy always (benchmarks compare the two) */
+static void al_shm_copy_lines(char *dst, const char *src, size_t n) {
+#if AL_SHM_CAN_STREAM
+  if (al_shm_line_copies && (((uintptr_t)dst ^ (uintptr_t)src) & 63) != 0 && n >= 256) {
+    size_t head = (size_t)(-(uintptr_t)dst & 15);
+    memcpy(dst, src, head);
+    dst += head; src += head; n -= head;
+    if (((uintptr_t)src & 15) == 0) {
+      for (; n >= 64; n -= 64, dst += 64, src += 64) {
+        __m128i x0 = _mm_load_si128((const __m128i *)src);
+        __m128i x1 = _mm_load_si128((const __m128i *)(src + 16));
+        __m128i x2 = _mm_load_si128((const __m128i *)(src + 32));
+        __m128i x3 = _mm_load_si128((const __m128i *)(src + 48));
+        _mm_store_si128((__m128i *)dst, x0);
+        _mm_store_si128((__m128i *)(dst + 16), x1);
+        _mm_store_si128((__m128i *)(dst + 32), x2);
+        _mm_store_si128((__m128i *)(dst + 48), x3);
+      }
+    }
+    memcpy(dst, src, n);
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
+}
+
 /* dst = src, n bytes, streamed (and fenced) if `stream`. */
 static inline void al_shm_copy(char *dst, const char *src, size_t n, int stream) {
   if (stream) {
     al_shm_copy_nt(dst, src, n);
     al_shm_stream_fence();
   } else {
-    memcpy(dst, src, n);
+    al_shm_copy_lines(dst, src, n);
   }
 }
 
@@ -646,7 +678,7 @@ static int al_shm_reduce_copy(int dtype, int op, int esize, char *out, const cha
     if (copy_to != NULL && stream)
       al_shm_copy_nt(copy_to + off, out + off, (size_t)m * esize);
     else if (copy_to != NULL)
-      memcpy(copy_to + off, out + off, (size_t)m * esize);
+      al_shm_copy_lines(copy_to + off, out + off, (size_t)m * esize);
   }
   if (stream)
     al_shm_stream_fence();
@@ -953,7 +985,7 @@ static inline void al_shm_slot_copy(char *dst, const char *src, size_t n, int nt
   if (nt)
     al_shm_copy_nt(dst, src, n);
   else
-    memcpy(dst, src, n);
+    al_shm_copy_lines(dst, src, n);
 }
 
 /* The split protocol's reduction with streamed slot stores: as al_shm_reduce_copy, but each
@@ -973,7 +1005,7 @@ static int al_shm_reduce_streamed(int dtype, int op, int esize, char *rbuf, char
     if (stream)
       al_shm_copy_nt(rbuf + off, tile, (size_t)m * esize);
     else
-      memcpy(rbuf + off, tile, (size_t)m * esize);
+      al_shm_copy_lines(rbuf + off, tile, (size_t)m * esize);
   }
   al_shm_stream_fence();
   return rc;

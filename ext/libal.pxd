@@ -83,6 +83,7 @@ cdef extern from "al_shm.h" nogil:
     uint64_t al_shm_ticks()
     int al_shm_stores_class(size_t nbytes)
     int al_shm_backoff_max
+    int al_shm_line_copies
     enum:
         AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,

@@ -475,6 +475,16 @@ def _set_shm_trial_backoff(int most):
     return before
 
 
+def _set_shm_line_copies(int on):
+    """Copies between the slots and a user's buffer placed differently in a cache line use
+    16-byte vectors (al_shm.h al_shm_copy_lines; 1 unless set) or memcpy (0).  For benchmarks
+    that compare the two; returns the value before."""
+    global al_shm_line_copies
+    before = al_shm_line_copies
+    al_shm_line_copies = on
+    return before
+
+
 def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_backoff=0):
     """The slot stores' choice (al_shm.h, "the slots' stores") on a segment of its own, with
     made-up costs: call k, an allreduce of `nbytes` (or costs[k][2] bytes), costs costs[k][:2] =

@@ -205,3 +205,34 @@ def test_the_other_collectives(comm, stores, mode):
     for n in (1000, 9000, 300001):
         failures += collectives_of(comm, n)
     assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def _at(nbytes, offset, dtype):
+    """An array of nbytes that starts `offset` bytes into a page."""
+    raw = np.zeros(nbytes + 8192, np.uint8)
+    start = (-raw.ctypes.data) % 4096 + offset
+    return raw[start:start + nbytes].view(dtype)
+
+
+@pytest.mark.parametrize("mode", [AUTO, CACHED, STREAMED])
+def test_buffers_anywhere_in_a_cache_line(comm, stores, mode):
+    """sendbuf and recvbuf at every 4-byte offset of a cache line (and in place): the copies
+    between the slots and buffers placed differently in a line take 16-byte vectors
+    (al_shm.h al_shm_copy_lines), with a head and a tail; the results are numpy's."""
+    stores(mode)
+    failures = []
+    for n in (70001, 300007, (5 << 20) // 4 + 3):       # both protocols, several slot rounds
+        x = make_input("float32", al.SUM, n, seed=n, rank=comm.rank)
+        expected = reference(al.SUM, gather_all(x), comm.size)
+        for s_off, r_off in ((16, 0), (0, 16), (4, 52), (16, 48), (60, 8), (32, 32), (12, 12)):
+            send, recv = _at(4 * n, s_off, np.float32), _at(4 * n, r_off, np.float32)
+            send[:] = x
+            comm.Allreduce(send, recv, algorithm="shm")
+            failures += differences(f"n={n} send+{s_off} recv+{r_off}", recv, expected)
+            if not np.array_equal(send, x):
+                failures.append(f"n={n} send+{s_off}: sendbuf changed")
+            inplace = _at(4 * n, r_off, np.float32)
+            inplace[:] = x
+            comm.Allreduce(inplace, algorithm="shm")
+            failures += differences(f"n={n} in place +{r_off}", inplace, expected)
+    assert all_ranks_ok(not failures), every_rank(failures)
