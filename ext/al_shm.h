@@ -1295,7 +1295,7 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
         return 0;
       }
       s->owed = s->seq;                /* the other peers' flags are not known to be there */
-      memcpy(a->rbuf + off * es, al_shm_data(s, b, a->root, span), (size_t)(c * es));
+      al_shm_copy_lines(a->rbuf + off * es, al_shm_data(s, b, a->root, span), (size_t)(c * es));
     } else {
       if ((rc = al_shm_arrived(s, o, b)) != 1) {
         if (rc < 0) return rc;
@@ -1307,7 +1307,8 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
       if (a->coll == AL_SHM_ALLGATHER) {
         for (j = 0; j < p; j++)
           if (j != me)
-            memcpy(a->rbuf + (j * n + off) * es, al_shm_data(s, b, j, span), (size_t)(c * es));
+            al_shm_copy_lines(a->rbuf + (j * n + off) * es, al_shm_data(s, b, j, span),
+                              (size_t)(c * es));
       } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
         for (j = 0; j < p; j++)
           src[j] = j == me ? a->sbuf + (me * n + off) * es : al_shm_data(s, b, j, span) + me * c * es;
@@ -1444,8 +1445,8 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     al_shm_arrive_done(o);
     for (j = 0; j < p; j++) {
       if (j == me || (c = al_shm_part(a->rcounts[j], off, cap)) == 0) continue;
-      memcpy(a->rbuf + ((int64_t)a->rdispls[j] + off) * es, al_shm_data(s, b, j, (size_t)(c * es)),
-             (size_t)(c * es));
+      al_shm_copy_lines(a->rbuf + ((int64_t)a->rdispls[j] + off) * es,
+                        al_shm_data(s, b, j, (size_t)(c * es)), (size_t)(c * es));
     }
     s->round++;
     o->off += cap;
@@ -1493,8 +1494,8 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
         if (j != me)
           al_shm_slot_copy(mine + al_shm_a2a_pos(me, j) * c * es, from, (size_t)(m * es), nt);
         else if (!inplace)
-          memcpy(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es, from,
-                 (size_t)(m * es));
+          al_shm_copy_lines(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es, from,
+                            (size_t)(m * es));
       }
       al_shm_copy_done(o, t0, nt);
       al_shm_publish(s, o);
@@ -1518,9 +1519,9 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     for (j = 0; j < p; j++) {
       int64_t m = v ? al_shm_part(a->rcounts[j], off, cap) : c;
       if (j == me || m == 0) continue;
-      memcpy(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es,
-             al_shm_data(s, b, j, span) + hdr + al_shm_a2a_pos(j, me) * c * es,
-             (size_t)(m * es));
+      al_shm_copy_lines(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es,
+                        al_shm_data(s, b, j, span) + hdr + al_shm_a2a_pos(j, me) * c * es,
+                        (size_t)(m * es));
     }
     s->round++;
     o->off += c;
