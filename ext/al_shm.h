@@ -146,6 +146,7 @@ typedef struct al_shm_seg {
   } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
                                         AL_SHM_STORE_CLASSES (below) */
   double prefer_cost[2];             /* the costs of each kind in the class that set prefer */
+  int prefer_coll;                   /* ... and its collective (al_shm_fp's code) */
   int prefer_backoff;                /* the backoff of the class that set prefer (a new class
                                         starts with it, at most AL_SHM_BACKOFF_NEW) */
   int prefer;                        /* the stores a class uses until it has measured both: the
@@ -608,7 +609,7 @@ static void al_shm_copy_nt(char *dst, const char *src, size_t n) {
 /* dst = src (n bytes) with ordinary stores: memcpy, except where the two start at different
  * places in a cache line (a slot starts on one, numpy's large arrays 16 bytes into one).
  * There glibc's memcpy aligns its wide (32- or 64-byte) stores and every load then spans two
- * lines: copying a peer's slot into such a recvbuf made a 2-rank allreduce of 2-4 MiB 1.2-1.3x
+ * lines: copying a peer's slot into such a recvbuf made a 2-rank allreduce of 1-4 MiB 1.15-1.45x
  * slower (bench/recvbuf_offsets.py, docs/performance.md "recvbuf alignment").  16-byte vectors,
  * aligned on the destination, never span two lines when the source is 16-byte aligned too. */
 static int al_shm_line_copies = 1;   /* 0: memcpy always (benchmarks compare the two) */
@@ -731,7 +732,7 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * that turns 2x dearer is tried against the other kind at once.  A new class starts with the
  * spacing of the class whose verdict it starts from (at most 4x), and in its first
  * AL_SHM_SEEDED calls the surprise rule compares its calls with that class's cost of the
- * kind as well: a verdict made before the host moved the ranks is tried against the other
+ * kind as well (where that class was of the same collective): a verdict made before the host moved the ranks is tried against the other
  * kind within a few calls, not at call 29 (a class of a sweep gets a few dozen calls; set N's
  * 4-rank crossover timed shm at 16-64 MiB 2.2-2.4x slower than elsewhere, what ordinary stores
  * cost in the far placement: docs/performance.md, "Trials that back off").  Until a class
@@ -890,8 +891,8 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     a->backoff = s->prefer_backoff < AL_SHM_BACKOFF_NEW ? s->prefer_backoff : AL_SHM_BACKOFF_NEW;
     if (a->backoff > al_shm_backoff_max)
       a->backoff = al_shm_backoff_max;
-    a->seed_nt = s->prefer;
-    a->seed = s->prefer_cost[s->prefer];
+    a->seed_nt = s->prefer;            /* (another collective's costs per byte are not this one's) */
+    a->seed = s->prefer_coll == (coll & 7) ? s->prefer_cost[s->prefer] : 0;
   }
   if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
     a->trial_left--;
@@ -918,6 +919,7 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
       s->prefer_backoff = a->backoff;
       s->prefer_cost[0] = c0;
       s->prefer_cost[1] = c1;
+      s->prefer_coll = coll & 7;
     }
   } else {
     a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */

@@ -89,6 +89,10 @@ def test_a_new_class_whose_verdict_turned_dearer_tries_the_other_kind_at_once():
     # 1.0: a trial at call 3, which finds streamed cheaper
     assert [kind for kind, _ in run[:8]] == [CACHED] * 3 + [STREAMED] * 5
     assert all(kind == STREAMED for kind, _ in run[6:29])   # (29-31: the periodic trial)
+    # a verdict of another collective (the allgather, 1) does not seed the allreduce's class
+    other = [(1.0, 2.0, 8 << 20, 1)] * 40
+    run = _core._stores_schedule(other + moved, prefer=CACHED)[40:]
+    assert all(kind == CACHED for kind, _ in run[:29])   # (its first trial: call 61)
     # where the new class costs what the verdict's did, no early trial
     same = _core._stores_schedule(verdict + [(1.0, 2.0, 16 << 20)] * 40, prefer=CACHED)[40:]
     assert all(kind == CACHED for kind, _ in same)
