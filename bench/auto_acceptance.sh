@@ -4,6 +4,8 @@
 # mpi4py and DeepSpeed's op (not gloo: not among the contenders, and its threads stay
 # busy after each call, slowing the next one), --json into OUT; then bench/peers_summary.py.
 #     bash bench/auto_acceptance.sh OUT [RANKS...]        (default ranks: 2 4; RUNS=3)
+# TRACE=1: bench/peers_trace.py instead of bench/peers.py (the same timing, every sample kept in
+# OUT/trace_*.jsonl with its slot stores and each rank's CPU: for a run that goes wrong).
 # Needs the bench and bench-deepspeed extras.  Each line of OUT/log.txt says when it ran.
 set -euo pipefail
 out=${1:?usage: auto_acceptance.sh OUT [RANKS...]}; shift
@@ -20,12 +22,17 @@ for n in "${ranks[@]}"; do
   AL_TUNING_FILE="$table" mpiexec -n "$n" python -m aluminum_py bench crossover --tune --quiet \
     --json "$out/crossover_$n.json" >> "$log" 2>&1
   for r in $(seq 1 "$runs"); do
-    stamp "peers.py, $n ranks, run $r, table"
-    AL_TUNING_FILE="$table" mpiexec -n "$n" python "$here/peers.py" --algorithms all --no-gloo \
-      --json "$out/peers_table_${n}_$r.json" >> "$log" 2>&1
-    stamp "peers.py, $n ranks, run $r, no table"
-    AL_TUNING_FILE="$out/none.json" mpiexec -n "$n" python "$here/peers.py" --algorithms all --no-gloo \
-      --json "$out/peers_none_${n}_$r.json" >> "$log" 2>&1
+    for t in table none; do
+      stamp "peers.py, $n ranks, run $r, $([ $t = table ] && echo table || echo no table)"
+      [ $t = table ] && tf="$table" || tf="$out/none.json"
+      if [ -n "${TRACE:-}" ]; then
+        prog=("$here/peers_trace.py" --trace "$out/trace_${t}_${n}_$r.jsonl")
+      else
+        prog=("$here/peers.py")
+      fi
+      AL_TUNING_FILE="$tf" mpiexec -n "$n" python "${prog[@]}" --algorithms all --no-gloo \
+        --json "$out/peers_${t}_${n}_$r.json" >> "$log" 2>&1
+    done
   done
 done
 stamp done
