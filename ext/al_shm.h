@@ -867,9 +867,10 @@ static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
   return c;
 }
 
-/* Choose the op's slot stores (o->nt) and whether the op is measured (o->cls >= 0), for an
- * op of collective `coll` (al_shm_fp's code) writing `bytes` into its slots. */
-static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
+/* This rank's choice of the op's slot stores (o->nt) and whether the op is measured (o->cls
+ * >= 0), for an op of collective `coll` (al_shm_fp's code) writing `bytes` into its slots
+ * (al_shm_choose_stores, below, makes rank 0's the kind every rank uses). */
+static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
   struct al_shm_adapt *a;
   uint64_t n, every;
   double c0, c1, now;
@@ -925,6 +926,39 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */
   }
   o->nt = a->choice;
+}
+
+/* Rank 0's kind for each class of collective `coll` (2 bits per class: 0 none yet, 1 cached,
+ * 2 streamed), in the second line of its flag's line pair (bytes 64-95; zero in a new
+ * segment). */
+static inline uint32_t *al_shm_kinds(const al_shm_seg *s, int coll) {
+  return (uint32_t *)((char *)al_shm_flag(s, 0) + 64) + (coll & 7);
+}
+
+/* The op's slot stores: rank 0 chooses (al_shm_choose_own) and publishes its kind per class;
+ * the other ranks use it (their own measurements go on, unused).  Each rank choosing for
+ * itself let the ranks settle on different kinds: each one's cost is mostly the wait for the
+ * slowest, so none of them gained by trying the other kind alone, and a 4-rank 64 MiB
+ * allreduce stayed at 51-55 ms with rank 0 cached and the others streamed, where all streamed
+ * took 21 ms (docs/performance.md, "One kind for every rank").  A rank that starts call n
+ * before rank 0 did uses rank 0's kind of call n - 1: a reader does not care how a line was
+ * written, and by call n + 1 every rank has rank 0's kind of call n (it cannot finish call n
+ * before rank 0 has begun it). */
+static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
+  uint32_t *w, v, shift, kind;
+  al_shm_choose_own(s, o, coll, bytes);
+  if (o->cls < 0)
+    return;
+  w = al_shm_kinds(s, coll);
+  shift = 2u * (uint32_t)o->cls;
+  v = __atomic_load_n(w, __ATOMIC_RELAXED);
+  if (s->rank == 0) {
+    uint32_t want = (v & ~(3u << shift)) | ((uint32_t)(o->nt + 1) << shift);
+    if (want != v)
+      __atomic_store_n(w, want, __ATOMIC_RELAXED);
+  } else if ((kind = v >> shift & 3u) != 0) {
+    o->nt = (int)kind - 1;
+  }
 }
 
 /* At the op's end: its cost per byte into its class's measurements (if the class's previous

@@ -78,7 +78,7 @@ cdef extern from "al_shm.h" nogil:
     double AL_SHM_FAR_NS
     int al_shm_slot_stores
     double al_shm_stores_cost(const al_shm_adapt* a, int nt)
-    void al_shm_choose_stores(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
+    void al_shm_choose_own(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
     void al_shm_stores_done(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
     uint64_t al_shm_ticks()
     int al_shm_stores_class(size_t nbytes)

@@ -486,11 +486,12 @@ def _set_shm_line_copies(int on):
 
 
 def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_backoff=0):
-    """The slot stores' choice (al_shm.h, "the slots' stores") on a segment of its own, with
-    made-up costs: call k, an allreduce of `nbytes` (or costs[k][2] bytes, of collective
-    costs[k][3]: al_shm_fp's code), costs costs[k][:2] = (cached, streamed) ticks per byte with
-    each kind; the segment starts with `prefer` (1: streamed) and `prefer_backoff`.  Returns, per call, the kind it used (1: streamed) and its
-    class's backoff after it.  The calls take microseconds: the half-second rule never
+    """Rank 0's choice of the slot stores (al_shm.h, "the slots' stores", al_shm_choose_own:
+    the kind every rank uses) on a segment of its own, with made-up costs: call k, an
+    allreduce of `nbytes` (or costs[k][2] bytes, of collective costs[k][3]: al_shm_fp's code),
+    costs costs[k][:2] = (cached, streamed) ticks per byte with each kind; the segment starts
+    with `prefer` (1: streamed) and `prefer_backoff`.  Returns, per call, the kind it used (1:
+    streamed) and its class's backoff after it.  The calls take microseconds: the half-second rule never
     applies."""
     global al_shm_slot_stores
     cdef al_shm_seg* s = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
@@ -508,7 +509,7 @@ def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_back
             n = cost[2] if len(cost) > 2 else nbytes
             coll = cost[3] if len(cost) > 3 else 0
             memset(&o, 0, sizeof(o))
-            al_shm_choose_stores(s, &o, coll, n)
+            al_shm_choose_own(s, &o, coll, n)
             o.work = <uint64_t>(cost[o.nt] * n)
             o.t_in = al_shm_ticks()
             al_shm_stores_done(s, &o, coll, n)

@@ -70,9 +70,10 @@ def test_every_kind_on_tiny_slots(stores, mode):
 
 def test_measured_choice_follows_its_schedule(stores):
     """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), every call uses the
-    kind measured cheaper, except the last 3 of every 32 (calls 29-31, 61-63), which try the
-    other, and every half second; until both are measured, the segment's latest verdict (on a
-    new segment: what the placement probe found, its "prefer").  So after 6 calls none of the
+    kind rank 0 measured cheaper, except the last 3 of every 32 (calls 29-31, 61-63), which try
+    the other, and every half second; until both are measured, the segment's latest verdict
+    (on a new segment: what the placement probe found, its "prefer").  The other ranks use
+    rank 0's kind, up to a call late.  So after 6 calls none of the
     other kind, after 32 the 3 of the first trial; after 64 at least those and at most
     3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not measured.  Every
     result is right meanwhile."""
@@ -101,15 +102,21 @@ def test_measured_choice_follows_its_schedule(stores):
         if seen[0] != {}:
             failures.append(f"4000 B measured: {seen[0]}")
         first, trial, last = (seen[i].get(64 << 10) for i in (1, 2, 3))
+        # the other ranks use rank 0's kind, and may begin a call before rank 0 has chosen
+        # it: theirs lags rank 0's by up to a call at each switch
+        lag = 0 if comm.rank == 0 else 1
         if list(seen[3]) != [64 << 10] or first["calls"] != 6 or others(first) != 0:
             failures.append(f"after 6 calls of 96 KiB, starting {first_kind}: {seen[1]}")
-        elif trial["calls"] != 32 or not 3 <= others(trial) <= 6:   # (6: a half-second
-            # trial too, if these calls took that long)
+        elif trial["calls"] != 32 or not 3 - lag <= others(trial) <= 6 + lag:   # (6: a
+            # half-second trial too, if these calls took that long)
             failures.append(f"after 32 calls of 96 KiB: {trial}")
-        elif last["calls"] != 64 or not 3 <= others(last) <= 35:
+        elif last["calls"] != 64 or not 3 - lag <= others(last) <= 35 + lag:
             failures.append(f"after 64 calls of 96 KiB: {last}")
         elif not all(cost > 0 for cost in last["cost"]):
             failures.append(f"a kind without a measured cost: {last}")
+        kinds = WORLD.allgather(others(last) if last else None)
+        if last and any(k is None or abs(k - kinds[0]) > 2 for k in kinds):
+            failures.append(f"calls of the other kind per rank {kinds}: not rank 0's")
     finally:
         comm.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
