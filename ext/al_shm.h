@@ -742,10 +742,11 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * probe at setup found: al_shm_round_trip below), so that a
  * new class starts as the others run (a class that tried both in its first calls would show
  * AL_AUTO_LEARN, which times those calls, the slower kind's times; one that started cached
- * in the far placement showed it shm 2-3x slower than Rabenseifner at 256-512 KiB).  The choice is this rank's
- * alone (a reader does not care how a line was written; a fence orders streamed stores before
- * the publish); as the calls of a class are counted in call order, the ranks try the other
- * kind in the same calls.  AL_SHM_SLOT_STORES (al_shm_slot_stores) fixes one kind instead.
+ * in the far placement showed it shm 2-3x slower than Rabenseifner at 256-512 KiB).  Rank 0's
+ * choice is every rank's (al_shm_choose_stores: ranks that chose alone settled on different
+ * kinds); a reader does not care how a line was written, and a fence orders streamed stores
+ * before the publish, so a rank a call late with it is harmless.  AL_SHM_SLOT_STORES
+ * (al_shm_slot_stores) fixes one kind instead.
  * Below 16 KiB a message stays in the caches whatever happens: ordinary stores. */
 /* The collectives' codes (al_shm_fp's bits 0-2; 0 is the allreduce), described with each. */
 enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
