@@ -35,6 +35,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from aluminum_py import _core
 from aluminum_py.bench.timing import iterations, parse_bytes, size_sweep, time_interleaved
+from peers_summary import paired_worst  # noqa: E402  (bench/, the script's directory)
 
 
 def contender(run, result):
@@ -290,8 +291,7 @@ def main(argv=None) -> int:
             print(f"# auto over the fastest contender: worst {worst[0]:.2f}x at {worst[1]} B "
                   f"(fastest there: {worst[2]}); within 1.10x at {sum(o[0] <= 1.10 for o in over)}"
                   f" of {len(over)} sizes")
-            paired = [max((v, r["bytes"], k) for k, v in r["auto_paired"].items())
-                      for r in rows if r.get("auto_paired")]
+            paired = paired_worst(rows)
             if paired:
                 worst = max(paired)
                 print(f"# auto over each contender, paired by iteration (median of the ratios): "

@@ -18,6 +18,13 @@ import sys
 NOT_CONTENDERS = {"bytes", "algorithm", "wrong", "learn_calls", "learn_us", "auto_paired"}
 
 
+def paired_worst(rows: list) -> list:
+    """Per row (size) that has ``auto_paired``: (the largest of its paired ratios, bytes, the
+    contender it is against)."""
+    return [max((v, r["bytes"], k) for k, v in r["auto_paired"].items())
+            for r in rows if r.get("auto_paired")]
+
+
 def summary(run: dict) -> str:
     rows = run["rows"]
     keys = [k for k in rows[0] if k not in NOT_CONTENDERS and not k.endswith("_min")]
@@ -29,8 +36,7 @@ def summary(run: dict) -> str:
         parts.append(f"auto/fastest worst {worst[0]:.2f}x at {worst[1]} B ({worst[2]}), "
                      f"<=1.10x at {sum(o[0] <= 1.10 for o in over)}/{len(over)}, "
                      f"<=1.25x at {sum(o[0] <= 1.25 for o in over)}/{len(over)}")
-        paired = [max((v, r["bytes"], k) for k, v in r["auto_paired"].items())
-                  for r in rows if r.get("auto_paired")]
+        paired = paired_worst(rows)
         if paired:
             worst = max(paired)
             parts.append(f"paired worst {worst[0]:.2f}x at {worst[1]} B ({worst[2]}), "
