@@ -6,6 +6,7 @@ variables; ``aluminum_py.torch.init_process_group`` does the same; the entry poi
 ``torch.distributed.backends`` names ``aluminum_py.torch:register``."""
 import configparser
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +55,7 @@ def test_mpi_rendezvous_needs_no_environment():
     ranks and size are MPI's, the store works (a store-based barrier of new_group), and an
     all_reduce equals the sum of every rank's input."""
     code = (INIT.format(args="") +
-            "import torch\n"
+            "import os, torch\n"
             "from mpi4py import MPI\n"
             "assert dist.get_rank() == MPI.COMM_WORLD.rank and dist.get_world_size() == 2\n"
             "assert dist.get_backend() == 'aluminum'\n"
@@ -63,10 +64,12 @@ def test_mpi_rendezvous_needs_no_environment():
             "dist.all_reduce(t, group=g)\n"
             "assert t.item() == 3.0, t\n"
             "dist.destroy_process_group()\n"
-            "print('OK', MPI.COMM_WORLD.rank)\n")
+            "os.write(1, b'OK%d\\n' % MPI.COMM_WORLD.rank)\n")
     proc = run(code, ranks=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(proc.stdout.split()) == ["0", "1", "OK", "OK"], proc.stdout
+    # One token per rank, each in one write; mpiexec may still join two ranks' lines
+    # without a newline between them, so find the tokens rather than split lines.
+    assert sorted(re.findall(r"OK(\d+)", proc.stdout)) == ["0", "1"], proc.stdout
 
 
 def test_helper_init_process_group():
