@@ -178,6 +178,40 @@ def test_size_sweep_and_parse():
     assert size_sweep(1, 16, 8) == [8, 16]
 
 
+class RecordingComm:
+    """A communicator of one rank for crossover.sweep: records which recvbuf each algorithm's
+    calls wrote (the allreduce of one rank is a copy)."""
+    size, rank, stream = 1, 0, None
+
+    class _topology:
+        ranks_per_node = (1,)
+
+    def __init__(self):
+        self.recvbufs = {}
+
+    def Allreduce(self, send, recv, algorithm):
+        self.recvbufs.setdefault(algorithm, set()).add(recv.ctypes.data)
+        recv[...] = send
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_crossover_gives_each_algorithm_its_own_recvbuf(shared):
+    """In a program, auto runs one algorithm per size on the caller's buffers, so the sweep
+    times each algorithm on a recvbuf only it writes (2 ranks in the far placement: shm right
+    after ring on the same recvbuf took 2.5-3.7x its time at 1-2 MiB, and a shared recvbuf made
+    the table choose ring or Rabenseifner there, issue 31).  shared_recv=True: one for all."""
+    from mpi4py import MPI
+    from aluminum_py.bench.crossover import sweep
+    comm = RecordingComm()
+    algorithms = ["ring", "shm", "rabenseifner"]
+    run = sweep(comm, MPI.COMM_SELF, [1 << 16], algorithms, "float32", iters=3,
+                shared_recv=shared)
+    assert run["sizes"] == [1 << 16] and run["fastest"][0] in algorithms
+    assert all(len(bufs) == 1 for bufs in comm.recvbufs.values()), comm.recvbufs
+    distinct = {next(iter(bufs)) for bufs in comm.recvbufs.values()}
+    assert len(distinct) == (1 if shared else len(algorithms))
+
+
 def test_crossover_map_merges_runs():
     r2 = {"ranks": 2, "sizes": [4, 8], "fastest": ["recursive_doubling", "ring"]}
     r4 = {"ranks": 4, "sizes": [4, 16], "fastest": ["mpi", "rabenseifner"]}

@@ -47,7 +47,7 @@ EXTRA_ROUNDS = 2    # more rounds of the two best where their medians are within
 
 
 def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
-          show_progress=False, buffer="host") -> dict:
+          show_progress=False, buffer="host", shared_recv=False) -> dict:
     """Time every algorithm at every size. Returns the run: a dict with ranks, local_size,
     ranks_per_node (the topology: ranks of each node in node order, rank 0's first; from
     ``MPI_Comm_split_type(SHARED)`` or AL_NODE_LAYOUT, as the hierarchical algorithm sees it), dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
@@ -72,14 +72,14 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
         count = nbytes // dt.itemsize
         if buffer == "cuda":
             import cupy
-            send, recv = cupy.ones(count, dtype=dt), cupy.empty(count, dtype=dt)
+            send, empty = cupy.ones(count, dtype=dt), cupy.empty
             sync = cupy.cuda.ExternalStream(comm.stream).synchronize
         else:
-            send = np.ones(count, dtype=dt)
-            recv = np.empty_like(send)
-            sync = None
+            send, empty, sync = np.ones(count, dtype=dt), np.empty, None
+        shared = empty(count, dtype=dt) if shared_recv else None
 
         def contender(alg):
+            recv = shared if shared_recv else empty(count, dtype=dt)
             if nonblocking:
                 call = lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()   # noqa: E731
             else:
