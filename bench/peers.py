@@ -193,6 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", default="auto,shm",
                     help="ours, comma-separated ('all': every host algorithm); default auto,shm")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds per size")
+    ap.add_argument("--min-iters", type=int, default=25,
+                    help="iterations per size at least, whatever the budget (default 25: at "
+                         "64 MiB the budget gave 10-14, and one slow call moved a median)")
     ap.add_argument("--no-torch", action="store_true", help="no torch peers (gloo, DeepSpeed)")
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--no-gloo", action="store_true",
@@ -253,9 +256,11 @@ def main(argv=None) -> int:
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
         learning = learn(world, comm, calls, n, salt=n)
-        samples = time_interleaved(world, calls, iterations(world, calls, args.budget), salt=n)
+        samples = time_interleaved(world, calls, iterations(world, calls, args.budget,
+                                                                lo=args.min_iters), salt=n)
         med = {k: float(np.median(v)) for k, v in samples.items()}
-        row = {"bytes": n, **{k: v * 1e6 for k, v in med.items()},
+        row = {"bytes": n, "iterations": len(next(iter(samples.values()))),
+               **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
                "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning}
         if "auto" in samples:   # paired: auto over each contender, by iteration (see docstring)

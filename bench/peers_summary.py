@@ -15,7 +15,8 @@ import json
 import os
 import sys
 
-NOT_CONTENDERS = {"bytes", "algorithm", "wrong", "learn_calls", "learn_us", "auto_paired"}
+NOT_CONTENDERS = {"bytes", "iterations", "algorithm", "wrong", "learn_calls", "learn_us",
+                  "auto_paired"}
 
 
 def paired_worst(rows: list) -> list:
