@@ -211,7 +211,7 @@ SHM_SLOT_STORES = ("auto", "cached", "streamed")
 
 def shm_slot_stores() -> int:
     """AL_SHM_SLOT_STORES: how an "shm" allreduce writes the slots its peers read: ``auto``
-    (default: each rank measures both kinds per size class from 16 KiB up and uses the cheaper,
+    (default: each rank measures both kinds per size class from 4 KiB up and uses the cheaper,
     trying the other in one call of 8: al_shm.h, docs/performance.md), ``cached`` (ordinary
     stores: peers read them from a cache they share) or ``streamed`` (streaming stores: peers
     read them from memory).  An index into SHM_SLOT_STORES.  Need not be the same on every

@@ -712,7 +712,7 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * rank measures, per collective (the allreduce, and allgather, reduce_scatter, allgatherv,
  * alltoall(v) below, by what they write into the slots: al_shm_written_bytes; a bcast, whose
  * root alone writes and never waits, and a barrier use ordinary stores) and size class (powers
- * of two from 16 KiB up), what each kind of store costs it: the ticks per byte of a call from
+ * of two from 4 KiB up), what each kind of store costs it: the ticks per byte of a call from
  * its first copy-in to its end, less the wait for the peers' first publish (the ranks'
  * arrival skew is not the protocol's).  A measurement counts
  * only where the class's previous call used the same stores (a call after a switch finds the
@@ -747,13 +747,15 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * kinds); a reader does not care how a line was written, and a fence orders streamed stores
  * before the publish, so a rank a call late with it is harmless.  AL_SHM_SLOT_STORES
  * (al_shm_slot_stores) fixes one kind instead.
- * Below 16 KiB a message stays in the caches whatever happens: ordinary stores. */
+ * Below 4 KiB, ordinary stores (from 4 KiB in the far placement streamed slots made a 2-rank
+ * allreduce 1.3x faster at 4 KiB and 1.55x at 8 KiB; at 1-2 KiB the two kinds are within 10%
+ * in either placement: docs/performance.md, "Measured slot stores from 4 KiB"). */
 /* The collectives' codes (al_shm_fp's bits 0-2; 0 is the allreduce), described with each. */
 enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
 enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 
 #define AL_SHM_STORE_CLASSES 16
-#define AL_SHM_STORE_MIN_LOG2 14     /* 16 KiB: the smallest message whose stores are chosen */
+#define AL_SHM_STORE_MIN_LOG2 12     /* 4 KiB: the smallest message whose stores are chosen */
 #define AL_SHM_EXPLORE 32            /* calls of a class per trial of the other kind */
 #define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
 #define AL_SHM_RECENT 4              /* measurements kept per kind */
@@ -851,7 +853,7 @@ done:
   return best;
 }
 
-/* The size class of an allreduce of `bytes` (-1 below 16 KiB). */
+/* The size class of an allreduce of `bytes` (-1 below 4 KiB). */
 static inline int al_shm_stores_class(size_t bytes) {
   int c;
   if (bytes < ((size_t)1 << AL_SHM_STORE_MIN_LOG2)) return -1;

@@ -16,9 +16,10 @@ from test_shm import with_env
 pytestmark = pytest.mark.mpi
 
 AUTO, CACHED, STREAMED = 0, 1, 2           # config.SHM_SLOT_STORES's indices
-# below the 16 KiB of the first measured class; at it; both protocols; above one 1 MiB slot
-# (several rounds, an uneven last one); above AL_SHM_STREAM_BYTES (recvbuf streamed as well)
-COUNTS = [4001, 4096, 16383, 70001, 300007, (9 << 20) // 4 + 3]
+# below the 4 KiB of the first measured class; at it; in a class of the symmetric protocol; both
+# protocols; above one 1 MiB slot (several rounds, an uneven last one); above
+# AL_SHM_STREAM_BYTES (recvbuf streamed as well)
+COUNTS = [1000, 1024, 4001, 16383, 70001, 300007, (9 << 20) // 4 + 3]
 
 
 @pytest.fixture
@@ -69,13 +70,13 @@ def test_every_kind_on_tiny_slots(stores, mode):
 
 
 def test_measured_choice_follows_its_schedule(stores):
-    """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 16 KiB), every call uses the
+    """AL_SHM_SLOT_STORES=auto: per size class (powers of two from 4 KiB), every call uses the
     kind rank 0 measured cheaper, except the last 3 of every 32 (calls 29-31, 61-63), which try
     the other, and every half second; until both are measured, the segment's latest verdict
     (on a new segment: what the placement probe found, its "prefer").  The other ranks use
     rank 0's kind, up to a call late.  So after 6 calls none of the
     other kind, after 32 the 3 of the first trial; after 64 at least those and at most
-    3 + 29 + 3, and both kinds have a cost.  Messages below 16 KiB are not measured.  Every
+    3 + 29 + 3, and both kinds have a cost.  Messages below 4 KiB are not measured.  Every
     result is right meanwhile."""
     stores(AUTO)
     comm = al.Communicator()            # a segment of its own: no calls counted before
@@ -205,7 +206,7 @@ def collectives_of(comm, n):
 @pytest.mark.parametrize("mode", [AUTO, CACHED, STREAMED, "mixed"])
 def test_the_other_collectives(comm, stores, mode):
     """The collectives other than the allreduce, each kind of store and mixed kinds, below and
-    above 16 KiB written and above one 1 MiB slot; with auto, each measured collective's
+    above 4 KiB written and above one 1 MiB slot; with auto, each measured collective's
     calls are counted."""
     stores(mode if mode != "mixed" else (STREAMED if comm.rank % 2 == 0 else CACHED))
     failures = []
