@@ -256,10 +256,10 @@ def main(argv=None) -> int:
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
         learning = learn(world, comm, calls, n, salt=n)
-        samples = time_interleaved(world, calls, iterations(world, calls, args.budget,
-                                                                lo=args.min_iters), salt=n)
+        iters = iterations(world, calls, args.budget, lo=args.min_iters)
+        samples = time_interleaved(world, calls, iters, salt=n)
         med = {k: float(np.median(v)) for k, v in samples.items()}
-        row = {"bytes": n, "iterations": len(next(iter(samples.values()))),
+        row = {"bytes": n, "iterations": iters,
                **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
                "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning}
@@ -321,8 +321,8 @@ def main(argv=None) -> int:
         round_trip = shm and shm["round_trip_ns"]
         if round_trip:
             print(f"# placement probe at setup (al_shm.h): a cache line's round trip between "
-                  f"ranks 0 and 1 {round_trip:.0f} ns (far above 200: new size classes "
-                  f"start with streamed slot stores)")
+                  f"ranks 0 and 1 {round_trip:.0f} ns (above 200 ns, the far placement, new size "
+                  f"classes start with streamed slot stores)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,

@@ -732,11 +732,11 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * that turns 2x dearer is tried against the other kind at once.  A new class starts with the
  * spacing of the class whose verdict it starts from (at most 4x), and in its first
  * AL_SHM_SEEDED calls the surprise rule compares its calls with that class's cost of the
- * kind as well (where that class was of the same collective): a verdict made before the host moved the ranks is tried against the other
- * kind within a few calls, not at call 29 (a class of a sweep gets a few dozen calls; set N's
- * 4-rank crossover timed shm at 16-64 MiB 2.2-2.4x slower than elsewhere, what ordinary stores
- * cost in the far placement: docs/performance.md, "Trials that back off").  Until a class
- * has measured both kinds, "the cheaper" is the
+ * kind as well (where that class was of the same collective): a verdict made before the host
+ * moved the ranks is tried against the other kind within a few calls, not at call 29 (a class
+ * of a sweep gets a few dozen calls; set N's 4-rank crossover timed shm at 16-64 MiB 2.2-2.4x
+ * slower than elsewhere, what ordinary stores cost in the far placement: docs/performance.md,
+ * "Trials that back off").  Until a class has measured both kinds, "the cheaper" is the
  * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
  * least 256 KiB or with one kind at least 1.5x cheaper; on a new segment, what the placement
  * probe at setup found: al_shm_round_trip below), so that a

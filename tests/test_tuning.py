@@ -198,8 +198,9 @@ class RecordingComm:
 def test_crossover_gives_each_algorithm_its_own_recvbuf(shared):
     """In a program, auto runs one algorithm per size on the caller's buffers, so the sweep
     times each algorithm on a recvbuf only it writes (2 ranks in the far placement: shm right
-    after ring on the same recvbuf took 2.5-3.7x its time at 1-2 MiB, and a shared recvbuf made
-    the table choose ring or Rabenseifner there, issue 31).  shared_recv=True: one for all."""
+    after ring on the same recvbuf took 2.9x its time at 1 MiB and 5.1-5.5x at 2 MiB, and a
+    shared recvbuf made the table choose ring, Rabenseifner or hierarchical there, issue 31).
+    shared_recv=True: one for all."""
     from mpi4py import MPI
     from aluminum_py.bench.crossover import sweep
     comm = RecordingComm()

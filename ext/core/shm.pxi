@@ -491,8 +491,8 @@ def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_back
     allreduce of `nbytes` (or costs[k][2] bytes, of collective costs[k][3]: al_shm_fp's code),
     costs costs[k][:2] = (cached, streamed) ticks per byte with each kind; the segment starts
     with `prefer` (1: streamed) and `prefer_backoff`.  Returns, per call, the kind it used (1:
-    streamed) and its class's backoff after it.  The calls take microseconds: the half-second rule never
-    applies."""
+    streamed) and its class's backoff after it.  The calls take microseconds: the half-second
+    rule never applies."""
     global al_shm_slot_stores
     cdef al_shm_seg* s = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
     cdef al_shm_op o
