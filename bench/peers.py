@@ -34,7 +34,8 @@ from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import iterations, parse_bytes, size_sweep, time_interleaved
+from aluminum_py.bench.timing import (interleaved_orders, iterations, parse_bytes, size_sweep,
+                                      time_interleaved)
 from peers_summary import paired_worst  # noqa: E402  (bench/, the script's directory)
 
 
@@ -92,8 +93,9 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
     if auto is None or comm._host.learning is None:
         return {}
     names, spent, n, rounds = list(calls), 0.0, 0, 0
+    orders = interleaved_orders(len(names), 1000, salt=(salt, 7))   # drawn before any call
     while comm.explain(nbytes).source != "learned" and n < 1000:
-        for i in np.random.default_rng([salt, rounds, 7]).permutation(len(names)):
+        for i in orders[rounds]:
             world.Barrier()
             t0 = time.perf_counter()
             calls[names[i]]()

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import parse_bytes
+from aluminum_py.bench.timing import interleaved_orders, parse_bytes
 
 
 def at_offset(nbytes: int, offset: int) -> np.ndarray:
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     recvs = {o: at_offset(n, o) for o in offsets}
     kinds = [(o, 1) for o in offsets] + ([(o, 0) for o in offsets] if args.compare_memcpy else [])
     times = np.zeros((len(kinds), args.iters))
-    for it in range(args.iters):
-        for i in np.random.default_rng([it]).permutation(len(kinds)):
+    for it, order in enumerate(interleaved_orders(len(kinds), args.iters)):
+        for i in order:
             o, lines = kinds[i]
             _core._set_shm_line_copies(lines)
             world.Barrier()

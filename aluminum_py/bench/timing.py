@@ -59,6 +59,14 @@ def _max():
     return MPI.MAX
 
 
+def interleaved_orders(k: int, iters: int, salt: int | tuple = 0) -> list[list[int]]:
+    """Per iteration, the order of `k` contenders: a permutation seeded by `salt` (an int or a
+    tuple of ints) and the iteration (the same on every rank), as plain ints, all drawn before
+    any call is timed (see :func:`time_interleaved`)."""
+    head = list(salt) if isinstance(salt, tuple) else [salt]
+    return [np.random.default_rng(head + [it]).permutation(k).tolist() for it in range(iters)]
+
+
 def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: int,
                      salt: int = 0, after_call: Callable[[int, int], None] | None = None
                      ) -> dict[str, np.ndarray]:
@@ -70,13 +78,21 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
     Give each size its own `salt` (its bytes): with the same orders at every size, a chance
     excess of one contender's calls right after such a peer biased it at every size alike
     (issue 31: auto 1.1-1.4x of shm up to 2 KiB in six runs, the same algorithm).
+    The orders are drawn before the first call (:func:`interleaved_orders`): drawn between
+    iterations, the ~30 us of Python that makes a generator ran between the last call of one
+    iteration and the barrier of the next, and at 4 ranks on 2 cores the rank that ran it held
+    its core while a peer on that core still had to finish the call: the last call of every
+    iteration took 2-3x the others' time (53 against 16 us at 64 B, 80 against 40 us at 64 KiB),
+    the first 1.1-1.3x, and a contender that drew the last place more often than the others
+    looked slower (issue 31: ``auto`` 2-7% above its own algorithm, shm, at 4 B-32 KiB).
     `after_call(i, it)`, if given, runs after each timed call (contender i of `contenders`,
     iteration it), outside its time: bench/peers_trace.py records each call's context there."""
     from mpi4py import MPI
     names = list(contenders)
     samples = np.zeros((len(names), iters))
+    orders = interleaved_orders(len(names), iters, salt)
     for it in range(iters):
-        for i in np.random.default_rng([salt, it]).permutation(len(names)):
+        for i in orders[it]:
             f = contenders[names[i]]
             world.Barrier()
             t0 = time.perf_counter()
