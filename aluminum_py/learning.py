@@ -37,7 +37,14 @@ smallest power of two >= n) and one element size:
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
   every rank decides from the same numbers: the table's choice stays unless a contender's
   median is below it by more than :data:`KEEP` *and* that contender was faster than it in at
-  least :data:`WINS` of the rounds (paired by round; then the fastest such median wins).  A
+  least :data:`WINS` of the rounds (paired by round; then the fastest such median wins), in
+  so many that chance would give as many at most :data:`SURE` of the time (a sign test: 5 of
+  5, 9 of 10, 15 of 20).  Where a challenger passes the first two and not the third, its lead
+  could be chance: the schedule doubles (more rounds, the same on every rank, drawn from their
+  numbers) and the ranks exchange and decide again, up to :data:`MORE_ROUNDS` times the rounds,
+  where WINS alone decides.  With five rounds, faster in 4 of 5 (by chance one time in five)
+  had moved 32 MiB from shm to ring, 4843 against 5350 us, where the timing then had shm at
+  4181 us and ring at 4574 (issue 31, set X).  A
   call's time includes the wait for the last rank to arrive, which between back-to-back calls
   of a program varies by tens of microseconds: five samples of a 2 us allreduce compare those
   waits, not the algorithms, and a median alone chose recursive doubling where shm was 1.5x
@@ -50,6 +57,7 @@ then every rank runs the same contender at every call, and nothing can diverge.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -65,6 +73,8 @@ WINS = 0.75             # ... or where a faster median won fewer than this share
 CHEAP_BYTES = 64 << 10  # size classes up to this learn for CHEAP_ROUNDS x AL_AUTO_LEARN rounds
 CHEAP_ROUNDS = 4
 RUN = 2                 # calls of a contender in a row; the last is timed (see the docstring)
+SURE = 0.05             # a challenger's wins must be this unlikely by chance (a sign test) ...
+MORE_ROUNDS = 4         # ... or the schedule doubles, up to this factor of its rounds
 
 
 def size_class(nbytes: int) -> int:
@@ -75,6 +85,12 @@ def size_class(nbytes: int) -> int:
 def transport(algorithm: str) -> str:
     """What moves an algorithm's data: "shm" (the node's segment) or "mpi" (MPI messages)."""
     return "shm" if REGISTRY[algorithm].one_node else "mpi"
+
+
+def by_chance(wins: int, n: int) -> float:
+    """The chance that a contender no faster than another wins at least `wins` of `n` paired
+    rounds (the sign test's one-sided p-value)."""
+    return sum(math.comb(n, w) for w in range(wins, n + 1)) / 2.0 ** n
 
 
 def contenders(ranked, k: int = CONTENDERS) -> tuple:
@@ -102,33 +118,45 @@ class Learner:
         self.prior = choice.algorithm       # the table's (or the model's) choice
         self.source = choice.source
         self.names = contenders(choice.ranked or (choice.algorithm,))
-        k = len(self.names)
         # call i of the schedule runs names[order[i]]: per round each contender RUN times in a
         # row, in an order drawn from the round's number; cell[i] is where call i's sample goes
         # in the (round - 1, contender) table: the last call of each run, round 0 (a warm-up)
-        # none
-        perms = [np.random.default_rng(r).permutation(k) for r in range(rounds + 1)]
-        self.order = np.repeat(np.concatenate(perms), RUN)
-        self.cell = [(r - 1, int(j)) if r > 0 and t == RUN - 1 else None
-                     for r, perm in enumerate(perms) for j in perm for t in range(RUN)]
-        self.rounds = rounds
-        # per call of the schedule, its start and end on this rank (time.monotonic's clock);
-        # an end of inf: no sample (and none for the call, whatever the other ranks have)
-        self.starts = np.zeros(len(self.order))
-        self.ends = np.full(len(self.order), np.inf)
+        # none.  Per call of the schedule, its start and end on this rank (time.monotonic's
+        # clock); an end of inf: no sample (and none for the call, whatever the other ranks
+        # have)
+        self.order = np.zeros(0, dtype=int)
+        self.cell = []
+        self.starts = np.zeros(0)
+        self.ends = np.zeros(0)
+        self.rounds = 0
+        self.max_rounds = rounds * MORE_ROUNDS
+        self.extend(0, rounds)
         self.pending = {}                   # call index -> the NativeOp of a nonblocking call
         self.calls = 0
-        self.committed = None if k > 1 else self.prior
+        self.committed = None if len(self.names) > 1 else self.prior
         self.result = None                  # what `learned` reports once committed
+
+    def extend(self, first: int, last: int) -> None:
+        """Add rounds `first` to `last` to the schedule (round 0: the warm-up, not timed)."""
+        perms = [np.random.default_rng(r).permutation(len(self.names))
+                 for r in range(first, last + 1)]
+        self.order = np.concatenate([self.order, np.repeat(np.concatenate(perms), RUN)])
+        self.cell += [(r - 1, int(j)) if r > 0 and t == RUN - 1 else None
+                      for r, perm in enumerate(perms, first) for j in perm for t in range(RUN)]
+        more = len(self.order) - len(self.starts)
+        self.starts = np.concatenate([self.starts, np.zeros(more)])
+        self.ends = np.concatenate([self.ends, np.full(more, np.inf)])
+        self.rounds = last
 
     def next(self) -> str:
         """The algorithm of the next call of this class: a contender while the schedule runs,
-        then (after the exchange, at the first call past it) the committed choice."""
+        then (after the exchange, at the first call past it) the committed choice, or, where
+        the exchanged samples leave it in doubt, the next contender of a longer schedule."""
         if self.committed is not None:
             return self.committed
         i = self.calls
-        if i >= len(self.order):
-            return self.commit()
+        if i >= len(self.order) and self.commit() is not None:
+            return self.committed
         self.calls = i + 1
         return self.names[self.order[i]]
 
@@ -153,7 +181,9 @@ class Learner:
         t = ends - starts if self.one_clock else spans
         return np.where(np.isfinite(t), t, np.nan)
 
-    def commit(self) -> str:
+    def commit(self) -> str | None:
+        """Decide from every rank's samples (one exchange): the choice, committed; or None where
+        a challenger's lead could be chance and the schedule may still grow (it has doubled)."""
         for i, op in self.pending.items():
             t = op.times                        # None: not complete yet, no sample
             if t is not None and op.error is None and t[1] > t[0] > 0:
@@ -180,11 +210,14 @@ class Learner:
                 both = (mine >= 0) & (theirs >= 0)      # nan compares False
                 wins[a] = (int(np.sum(theirs[both] < mine[both])), int(np.sum(both)))
                 if wins[a][1] and wins[a][0] >= WINS * wins[a][1]:
+                    if by_chance(*wins[a]) > SURE and self.rounds < self.max_rounds:
+                        self.extend(self.rounds + 1, min(2 * self.rounds, self.max_rounds))
+                        return None
                     best = a
                     break
         self.committed = best
         self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
-                       "prior": self.prior, "source": self.source,
+                       "prior": self.prior, "source": self.source, "rounds": self.rounds,
                        "medians": medians, "samples": {a: len(s) for a, s in per.items()},
                        "wins": wins}
         return best

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from aluminum_py import config, tuning
-from aluminum_py.learning import KEEP, RUN, WINS, Learner, contenders, size_class, transport
+from aluminum_py.learning import (KEEP, MORE_ROUNDS, RUN, SURE, WINS, Learner, by_chance,
+                                  contenders, size_class, transport)
 from aluminum_py.tuning import Choice
 
 
@@ -74,13 +75,13 @@ def test_schedule_rotates_every_contender_in_every_round():
 def test_commits_to_the_fastest_median_and_caches_it():
     cost = {"ring": 3e-3, "rabenseifner": 2e-3, "shm": 1e-3}
     ex = Exchange()
-    lr = Learner(ex, 1 << 20, 4, choice("ring", "rabenseifner", "shm"), rounds=3)
+    lr = Learner(ex, 1 << 20, 4, choice("ring", "rabenseifner", "shm"), rounds=5)
     run(lr, cost.get)
     assert lr.next() == "shm" and lr.committed == "shm" and ex.calls == 1
     assert lr.next() == "shm" and ex.calls == 1          # one exchange only
     r = lr.result
     assert r["bytes"] == 1 << 20 and r["prior"] == "ring" and r["choice"] == "shm"
-    assert r["medians"] == pytest.approx(cost) and set(r["samples"].values()) == {3}
+    assert r["medians"] == pytest.approx(cost) and set(r["samples"].values()) == {5}
 
 
 def test_the_tables_choice_stays_within_keep():
@@ -90,22 +91,60 @@ def test_the_tables_choice_stays_within_keep():
     assert lr.next() == "ring"
 
 
+def drive_rounds(lr, times):
+    """Run `lr`'s schedule as it stands, timed round r of contender a taking times[a][r]; the
+    number of calls made."""
+    calls = 0
+    while lr.calls < len(lr.order):
+        i = lr.calls
+        r = lr.cell[i][0] if lr.cell[i] else -1          # the timed round (-1: none)
+        t = times[lr.next()]
+        lr.record(10.0, 10.0 + (t[r] if r >= 0 else 1.0))
+        calls += 1
+    return calls
+
+
 def test_a_faster_median_must_also_win_most_rounds():
     """A contender whose median beats the table's choice by more than KEEP replaces it only if
-    it was faster in at least WINS of the rounds (paired by round): faster in 3 rounds of 5
-    keeps the prior, in 4 of 5 replaces it."""
-    assert 3 < WINS * 5 <= 4
-    cases = (([1, 1, 9, 9, 9], [2, 2, 8, 8, 8], "shm"),      # medians 9 / 8, ring wins 3 of 5
-             ([9, 9, 9, 9, 1], [8, 8, 8, 8, 2], "ring"))     # medians 9 / 8, ring wins 4 of 5
-    for shm, ring, expected in cases:
-        lr = Learner(Exchange(), 64, 4, choice("shm", "ring"), rounds=5)
-        for i in range(len(lr.order)):
-            r = lr.cell[i][0] if lr.cell[i] else -1          # the timed round (-1: none)
-            times = {"shm": shm, "ring": ring}[lr.next()]
-            lr.record(10.0, 10.0 + (times[r] if r >= 0 else 1.0))
+    it was faster in at least WINS of the rounds (paired by round), and in so many that chance
+    could hardly give as many (by_chance <= SURE): faster in 3 rounds of 5 keeps the prior, in
+    5 of 5 replaces it."""
+    assert 3 < WINS * 5 <= 4 and by_chance(5, 5) <= SURE < by_chance(4, 5)
+    cases = (([1, 1, 9, 9, 9], [2, 2, 8, 8, 8], "shm", 3),      # medians 9 / 8, ring wins 3 of 5
+             ([9, 9, 9, 9, 9], [8, 8, 8, 8, 8], "ring", 5))     # medians 9 / 8, ring wins 5 of 5
+    for shm, ring, expected, won in cases:
+        lr = Learner(Exchange(), 1 << 20, 4, choice("shm", "ring"), rounds=5)
+        drive_rounds(lr, {"shm": shm, "ring": ring})
         assert lr.next() == expected, lr.result
         assert lr.result["medians"] == pytest.approx({"shm": 9.0, "ring": 8.0})
-        assert lr.result["wins"]["ring"] == (3 if expected == "shm" else 4, 5)
+        assert lr.result["wins"]["ring"] == (won, 5) and lr.result["rounds"] == 5
+
+
+def test_a_lead_that_could_be_chance_doubles_the_schedule():
+    """Faster in 4 rounds of 5 (medians 8 against 9) could be chance (a one-in-five sign test):
+    the class learns for 5 more rounds, and decides from all 10; at MORE_ROUNDS times the
+    rounds it decides from WINS alone.  Every rank extends alike: decided from the exchange."""
+    assert by_chance(4, 5) > SURE >= by_chance(9, 10)
+    first = ([9, 9, 9, 9, 1], [8, 8, 8, 8, 2])
+    for more, expected in ((([9] * 5, [8] * 5), "ring"),                   # then 9 of 10
+                           (([1, 1, 9, 9, 1], [2, 2, 8, 8, 2]), "shm")):    # 6 of 10
+        ex = Exchange()
+        lr = Learner(ex, 1 << 20, 4, choice("shm", "ring"), rounds=5)
+        calls = drive_rounds(lr, {"shm": first[0], "ring": first[1]})
+        assert lr.next() in ("shm", "ring") and lr.committed is None and ex.calls == 1
+        assert lr.rounds == 10 and len(lr.order) == 2 * calls - 2 * RUN   # no second warm-up
+        drive_rounds(lr, {"shm": first[0] + more[0], "ring": first[1] + more[1]})
+        assert lr.next() == expected and ex.calls == 2, lr.result
+        assert lr.result["rounds"] == 10
+        assert set(lr.result["samples"].values()) == {10}
+    # at the cap (MORE_ROUNDS x the rounds) 3 of 4 is enough
+    lr = Learner(Exchange(), 1 << 20, 4, choice("shm", "ring"), rounds=1)
+    shm, ring = [9, 9, 9, 1], [8, 8, 8, 2]
+    while lr.committed is None:
+        drive_rounds(lr, {"shm": shm, "ring": ring})
+        lr.next()
+    assert lr.committed == "ring" and lr.result["rounds"] == MORE_ROUNDS == 4
+    assert lr.result["wins"]["ring"] == (3, 4)
 
 
 def peers(learners):
@@ -118,8 +157,8 @@ def peers(learners):
 def test_decision_uses_every_ranks_samples():
     """A call costs what its slowest rank spends in it: the decision is made from the max over
     the ranks, the same on every rank."""
-    mine = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
-    theirs = Learner(None, 64, 4, choice("ring", "shm"), rounds=2)
+    mine = Learner(None, 64, 4, choice("ring", "shm"), rounds=5)
+    theirs = Learner(None, 64, 4, choice("ring", "shm"), rounds=5)
     run(mine, {"ring": 1.0, "shm": 2.0}.get)
     run(theirs, {"ring": 3.0, "shm": 1.5}.get)
     peers([mine, theirs])
@@ -186,7 +225,7 @@ class Op:
 
 
 def test_nonblocking_calls_are_read_at_the_decision():
-    lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=2)
+    lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=6)
     last = len(lr.order) - 1
     for i in range(len(lr.order)):
         name = lr.next()
@@ -194,7 +233,7 @@ def test_nonblocking_calls_are_read_at_the_decision():
         # the last one not complete at the decision: no sample
         lr.record_op(Op(None) if i == last else Op((10.0, 10.0 + t)))
     assert lr.next() == "shm"
-    assert sum(lr.result["samples"].values()) == 3
+    assert sum(lr.result["samples"].values()) == 11
 
 
 def test_ranked_follows_the_table_and_the_model():

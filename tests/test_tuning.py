@@ -561,3 +561,27 @@ def test_time_interleaved_draws_every_order_before_the_first_call(monkeypatch):
     assert ran == ["abcd"[i] for order in orders for i in order]
     assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
     assert orders == [real([11, it]).permutation(4).tolist() for it in range(6)]
+
+
+def test_iterations_are_not_cut_by_one_slow_first_call():
+    """One slow first call (a peer's warm-up) does not set the iteration count: where a round
+    is short against the budget, three are timed and each contender counts its median; a
+    round as long as a tenth of the budget is not repeated."""
+    import time
+    from mpi4py import MPI
+    from aluminum_py.bench.timing import iterations
+    calls = []
+
+    def slow_first():
+        calls.append("a")
+        time.sleep(0.05 if calls.count("a") == 1 else 0.001)
+
+    def steady():
+        calls.append("b")
+        time.sleep(0.001)
+    n = iterations(MPI.COMM_SELF, {"a": slow_first, "b": steady}, budget=0.6)
+    assert calls == ["a", "b"] * 3
+    assert 150 <= n <= 300          # 0.6 s over 2 ms a round (sleeps run over); one round: 11
+    calls.clear()
+    n = iterations(MPI.COMM_SELF, {"a": slow_first, "b": steady}, budget=0.3, lo=3)
+    assert calls == ["a", "b"] and n == 5     # 0.3 s over the one round of 52 ms
