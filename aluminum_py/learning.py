@@ -11,7 +11,7 @@ smallest power of two >= n) and one element size:
 * the contenders: the two best of the table's (or the cost model's) ranking at that size, and
   the best of each transport not among them ("shm", the node's segment; the MPI library's
   point-to-point for every other algorithm), at most :data:`CONTENDERS`;
-* a schedule of ``rounds + 1`` rounds, each running every contender :data:`RUN` (2) times in
+* a schedule of ``rounds + 1`` rounds, each running every contender :data:`RUN` (3) times in
   a row, the contenders in an order drawn from the round's number (the same on every rank);
   only the last call of each run is timed, and round 0 is a warm-up, not timed.  The first
   call of a run finds the user's buffers (and the segment's slots) as the *previous*
@@ -19,7 +19,10 @@ smallest power of two >= n) and one element size:
   timed that way (one call per contender per round), "shm" took 45 us at 256 KiB where it
   takes 18 us after itself, as hierarchical's point-to-point messages had left the buffers'
   lines in the other core's cache, and learning chose Rabenseifner or hierarchical at 128 KiB-
-  4 MiB where shm was 1.5-3x faster in the timing that followed (issue 31, set K);
+  4 MiB where shm was 1.5-3x faster in the timing that followed (issue 31, set K).  Where
+  the two ranks share no cache, the second call still paid: shm after ring into the same
+  recvbuf took 3-4.5x its time at 1-4 MiB, then 1.08-1.13x, then 1.0x, so the third is timed
+  (with two, learning kept ring at 4 MiB where shm was 1.22x faster, issue 31, set B);
 * each call is timed on each rank: a blocking call from its start to its return, a
   nonblocking one from the op's start to its completion (read when the schedule is over; an op
   not complete by then gives no sample, on any rank: then the call has none).  Where every rank
@@ -72,7 +75,7 @@ KEEP = 1.05             # the table's choice stays where within this factor of t
 WINS = 0.75             # ... or where a faster median won fewer than this share of the rounds
 CHEAP_BYTES = 64 << 10  # size classes up to this learn for CHEAP_ROUNDS x AL_AUTO_LEARN rounds
 CHEAP_ROUNDS = 4
-RUN = 2                 # calls of a contender in a row; the last is timed (see the docstring)
+RUN = 3                 # calls of a contender in a row; the last is timed (see the docstring)
 SURE = 0.05             # a challenger's wins must be this unlikely by chance (a sign test) ...
 MORE_ROUNDS = 4         # ... or the schedule doubles, up to this factor of its rounds
 

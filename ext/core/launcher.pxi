@@ -44,6 +44,9 @@ cdef class Launcher:
     cdef readonly CommState state
     cdef object trial             # the Learner of the last LEARN_TIMED call, until it is timed
     cdef dict auto_cache
+    cdef Py_ssize_t last_key      # the key of auto's last decided call (-1: none) ...
+    cdef str last_alg             # ... and its algorithm: a loop of one size skips the dict
+                                  # (set together under the GIL, which no step between drops)
     cdef dict sched_cache
     cdef object chooser           # (nbytes, itemsize) -> algorithm name (tuning.Chooser.choose; cached here)
     cdef object builder           # (alg, count, inplace) -> Schedule
@@ -62,6 +65,7 @@ cdef class Launcher:
     def __cinit__(self, CommState state, chooser, builder, host_algs):
         self.state = state
         self.auto_cache = {}
+        self.last_key = -1
         self.sched_cache = {}
         self.chooser = chooser
         self.builder = builder
@@ -183,6 +187,8 @@ cdef class Launcher:
         cdef Py_ssize_t key
         if algorithm == "auto":
             key = (nbytes << 5) | itemsize
+            if key == self.last_key:
+                return self.last_alg
             alg = self.auto_cache.get(key)
             if alg is None:
                 alg = self.chooser(nbytes, itemsize)
@@ -190,6 +196,7 @@ cdef class Launcher:
                     self.auto_cache.clear()
                 self.auto_cache[key] = alg
             if type(alg) is str:
+                self.last_key, self.last_alg = key, <str>alg
                 return <str>alg
             return self.learning(key, alg, learn)
         if algorithm in self.host_algs:
