@@ -22,7 +22,7 @@ smallest power of two >= n) and one element size:
   4 MiB where shm was 1.5-3x faster in the timing that followed (issue 31, set K).  Where
   the two ranks share no cache, the second call still paid: shm after ring into the same
   recvbuf took 3-4.5x its time at 1-4 MiB, then 1.08-1.13x, then 1.0x, so the third is timed
-  (with two, learning kept ring at 4 MiB where shm was 1.22x faster, issue 31, set B);
+  (with two, learning kept ring at 4 MiB where shm was 1.22x faster, issue 31, set Z);
 * each call is timed on each rank: a blocking call from its start to its return, a
   nonblocking one from the op's start to its completion (read when the schedule is over; an op
   not complete by then gives no sample, on any rank: then the call has none).  Where every rank
@@ -288,7 +288,7 @@ class Learning:
         """What was committed so far: one dict per size class (bytes: the class's power of two,
         itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
         wins: per challenger (rounds faster than the prior, rounds compared),
-        samples: how many timed calls each)."""
+        samples: how many timed calls each, rounds: the timed rounds decided on)."""
         return [dict(lr.result) for key, lr in sorted(self.learners.items())
                 if lr.result is not None]
 
