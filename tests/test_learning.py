@@ -280,3 +280,22 @@ def test_merge_learned_into_the_table(tmp_path):
     # another topology, or no file: nothing changes
     assert tuning.merge_learned(learned, 4, (4,), "MPICH 5", path)[1] == 0
     assert tuning.merge_learned(learned, 2, (2,), "MPICH 5", str(tmp_path / "no.json"))[1] == 0
+
+
+def test_complete_nonblocking_calls_let_their_ops_go():
+    """A nonblocking call's op (which keeps the user's buffers alive) is read and dropped at the
+    class's next call once it is complete, not held to the decision; one still running stays
+    pending, and its sample is read when it completes."""
+    lr = Learner(Exchange(), 1 << 20, 4, choice("ring", "shm"), rounds=5)
+    first, second = Op(None), Op(None)
+    lr.next()
+    lr.record_op(first)
+    first.times = (10.0, 11.0)                  # completes
+    lr.next()
+    lr.record_op(second)                        # still running
+    assert list(lr.pending) == [1] and lr.ends[0] == 11.0
+    lr.next()
+    assert list(lr.pending) == [1]
+    second.times = (12.0, 14.0)
+    lr.next()
+    assert lr.pending == {} and lr.ends[1] == 14.0
