@@ -171,9 +171,8 @@ class Learner:
         self.ends[self.calls - 1] = end
 
     def record_op(self, op) -> None:
-        """The last call was nonblocking: its op, read once complete (at the latest when the
-        schedule is over)."""
-        self.harvest()
+        """The last call was nonblocking: its op, read once complete (by :meth:`harvest` at the
+        class's next call, at the latest when the schedule is over)."""
         self.pending[self.calls - 1] = op
 
     def harvest(self) -> None:

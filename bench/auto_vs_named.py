@@ -66,8 +66,9 @@ def main(argv=None) -> int:
         if world.rank == 0:
             print(f"{n} B: " + "  ".join(f"{k} {v:.1f}" for k, v in med.items())
                   + f"  auto / {args.named} {ratio:.3f}", flush=True)
+    first = parse_bytes(args.sizes.split(",")[0])
     if world.rank == 0:
-        print(f"# {world.size} ranks, auto picks {comm.explain(parse_bytes(args.sizes.split(',')[0])).algorithm}; "
+        print(f"# {world.size} ranks, auto picks {comm.explain(first).algorithm}; "
               f"geometric mean of auto / {args.named}: {np.exp(np.mean(np.log(ratios))):.3f}")
     return 0
 
