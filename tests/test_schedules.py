@@ -226,3 +226,58 @@ def test_canonical_layout_numbering():
     assert canonical_layout([7, 7, 3]) == (0, 0, 1)
     with pytest.raises(ValueError, match="layout"):
         build("hierarchical", 3, 0, 4, False, (0, 1))
+
+
+# The scratch of a schedule op, placed against MPICH's slow copy to a destination 1-63 bytes
+# ahead of its source modulo a page (ext/core/schedule.pxi, sched_scratch; issue 31).
+PAGE = 1 << 20          # fake, page-aligned addresses (sched_scratch never dereferences them)
+
+
+def scratch_of(alg, p, rank, count, send_off, recv_off, esize=4):
+    """(INTO_REDUCE steps land in the scratch, its page offset or None, its bytes) for an op of
+    `alg` on a sendbuf at `send_off` into a page and a recvbuf at `recv_off` (None: in place)."""
+    from mpi4py import MPI  # noqa: F401  (libmpi before _core)
+    from aluminum_py import _core
+    steps, tmp = build(alg, p, rank, count, recv_off is None)
+    sp = PAGE + send_off
+    rp = sp if recv_off is None else 3 * PAGE + recv_off
+    return _core._sched_scratch(_core.Schedule(steps, tmp), sp, rp, esize)
+
+
+@pytest.mark.parametrize("ahead", [4, 16, 28, 32, 63])
+def test_a_recvbuf_just_ahead_of_the_sendbuf_takes_the_messages_into_scratch(ahead):
+    """ring at 2 ranks receives straight into recvbuf from the peer's sendbuf; with recvbuf
+    1-63 bytes ahead of sendbuf (modulo a page) it receives into scratch at sendbuf's page
+    offset, as large as the largest such block (1 MiB of float32: 512 KiB)."""
+    land, off, nbytes = scratch_of("ring", 2, 0, 1 << 18, 16, 16 + ahead)
+    assert (land, off) == (True, 16)
+    assert nbytes >= 1 << 19
+
+
+@pytest.mark.parametrize("recv_off", [16, 16 + 64, 16 + 2048, 0, 8])
+def test_other_placements_receive_into_recvbuf(recv_off):
+    """At sendbuf's offset, 64 bytes or more ahead, or behind it: no scratch for ring at 2
+    ranks (it has no scratch step)."""
+    assert scratch_of("ring", 2, 0, 1 << 18, 16, recv_off) == (False, None, 0)
+
+
+def test_small_blocks_are_not_moved():
+    """Below 16 KiB a block goes through MPICH's cells, not its single copy: unchanged."""
+    land, off, nbytes = scratch_of("ring", 2, 0, 1000, 16, 32)
+    assert (land, off, nbytes) == (False, None, 0)
+
+
+@pytest.mark.parametrize("alg", ["rabenseifner", "recursive_doubling", "ring"])
+@pytest.mark.parametrize("p", [3, 4])
+def test_the_scratch_starts_where_no_sender_is_just_behind_it(alg, p):
+    """The scratch receives from peers' sendbufs and recvbufs: it starts at sendbuf's page
+    offset, or at recvbuf's where sendbuf is just ahead of recvbuf, or in place."""
+    count = 1 << 18
+    for send_off, recv_off, expect in [(16, 16, 16), (16, 2000, 16), (48, 16, 16),
+                                       (16, 40, 16), (48, None, 48)]:
+        land, off, nbytes = scratch_of(alg, p, 1, count, send_off, recv_off)
+        has_into = any(s.recv_mode == RECV_INTO_REDUCE and s.recv_cnt * 4 >= 16384
+                       for s in build(alg, p, 1, count, recv_off is None)[0])
+        assert land == (recv_off == 40 and has_into), (send_off, recv_off)
+        if nbytes:
+            assert off == expect, (send_off, recv_off)

@@ -21,6 +21,7 @@ cdef int hier_start(al_op* op) noexcept nogil:
     h.started = 0
     if op.sched.tmpbytes > 0:
         op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
+        op.sched.tmp_base = op.sched.tmp
         if op.sched.tmp == NULL:
             op.err = -1
             snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",

@@ -63,6 +63,7 @@ cdef void abandon_running(al_op* op) noexcept nogil:
             mpi.MPI_Request_free(&op.reqs[i])
     op.nreqs = 0
     op.sched.tmp = NULL
+    op.sched.tmp_base = NULL
     op.phase = PH_DONE
 
 cdef int ht_abandon(al_op* op) noexcept nogil:

@@ -32,8 +32,9 @@ cdef int op_finish(al_op* op) noexcept nogil:
             # one rank: no reduction ran, but logical results are 0/1 as with more ranks
             al_reduce(op.dtype, AL_LAND, op.result.buf, op.result.buf, op.result.buf,
                       <size_t>op.result.count)
-    if op.sched.tmp != NULL:
-        scratch_put(op.sched.tmp, op.sched.tmpbytes)
+    if op.sched.tmp_base != NULL:
+        scratch_put(op.sched.tmp_base, op.sched.tmpbytes)
+        op.sched.tmp_base = NULL
         op.sched.tmp = NULL
     op.phase = PH_DONE
     return 1
@@ -49,13 +50,11 @@ cdef int op_start(al_op* op) noexcept nogil:
     if op.kind == K_SCHEDULE:
         op.sched.cur = 0
         op.sched.posted = 0
-        if op.sched.tmpbytes > 0:
-            op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
-            if op.sched.tmp == NULL:
-                op.err = -1
-                snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",
-                         op.sched.tmpbytes)
-                return op_finish(op)
+        if not sched_scratch(op):
+            op.err = -1
+            snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",
+                     op.sched.tmpbytes)
+            return op_finish(op)
         return sched_advance(op)
     if is_shm_kind(op.kind):
         return shm_start(op)

@@ -4,6 +4,9 @@
 # class (the link is stored in the buffer); up to g_scratch_cap bytes stay cached.
 
 DEF SCRATCH_MIN_SHIFT = 12          # smallest class: 4 KiB
+DEF SCRATCH_SLACK_FROM = 16384      # classes from this size carry SCRATCH_SLACK bytes beyond
+DEF SCRATCH_SLACK = 4096            # their size: a user may start up to a page into them
+                                    # (sched_scratch places its scratch at a page offset)
 DEF SCRATCH_CLASSES = 52            # up to 2**63 bytes
 cdef void* g_scratch_free[SCRATCH_CLASSES]
 cdef size_t g_scratch_cached = 0    # bytes held in the lists
@@ -23,7 +26,8 @@ cdef inline int scratch_class(size_t nbytes) noexcept nogil:
     return c
 
 cdef char* scratch_get(size_t nbytes, size_t* got) noexcept nogil:
-    """A buffer of at least `nbytes` (its class size goes to *got); NULL if out of memory."""
+    """A buffer of at least `nbytes` (its class size goes to *got; from SCRATCH_SLACK_FROM
+    bytes SCRATCH_SLACK more can be used); NULL if out of memory."""
     global g_scratch_cached, g_scratch_allocs, g_scratch_reuses
     cdef int c = scratch_class(nbytes)
     cdef size_t size = (<size_t>1) << (c + SCRATCH_MIN_SHIFT)
@@ -38,7 +42,7 @@ cdef char* scratch_get(size_t nbytes, size_t* got) noexcept nogil:
         g_scratch_allocs += 1
     pthread_mutex_unlock(&g_pool_lock)
     if p == NULL:
-        p = malloc(size)
+        p = malloc(size + (SCRATCH_SLACK if size >= SCRATCH_SLACK_FROM else 0))
     got[0] = size
     return <char*>p
 

@@ -198,8 +198,10 @@ ctypedef struct al_sched_state:  # K_SCHEDULE: progress through the step array (
     int nsteps
     int cur              # the step in progress
     int posted           # its receive and send are posted
-    char* tmp            # scratch for RECV_TMP_REDUCE (scratch_get; returned by op_finish)
+    char* tmp            # scratch for RECV_TMP_REDUCE, placed in tmp_base (sched_scratch)
+    char* tmp_base       # what scratch_get gave (returned by op_finish)
     size_t tmpbytes
+    int land_tmp         # 1: RECV_INTO_REDUCE steps land in tmp too (sched_scratch)
 
 ctypedef struct al_mpi_args:     # MPI pass-through kinds: the call's arguments (passthrough.pxi)
     MPI_Op mop
