@@ -26,7 +26,8 @@ cdef double g_wait_spin = 5e-6   # seconds a wait spins before it yields (wait_p
 # a busy caller, 0.0 % without; performance.md "Under load").  After milliseconds without
 # progress the peer is descheduled, and yielding lets it have a core.
 DEF ENGINE_WAIT_SPIN = 2e-3
-DEF WAIT_NAP = 1e-5               # an oversubscribed wait's sleep (80-100 us on the reference VM)
+DEF WAIT_NAP = 1e-5               # an oversubscribed wait's first sleep (80-140 us on the reference VM) ...
+DEF WAIT_NAP_MAX = 1.6e-4         # ... doubling at each one without progress up to this
 
 def set_idle_spin(double seconds):
     """How long the idle engine polls for new work before sleeping (AL_ENGINE_SPIN)."""
@@ -77,9 +78,11 @@ cdef inline void wait_poll(long polls, double* since, double spin, int on_flags)
     Where ranks outnumber cores (g_yield_every > 0, AL_ENGINE_YIELD), it yields the core every
     g_yield_every polls: the peer waited for needs it.  If the wait is only for peers' flags
     (`on_flags`: shm ops, whose every publish is progress) and has lasted g_wait_nap seconds
-    (AL_WAIT_NAP; the clock read every 16 polls), it sleeps WAIT_NAP at every poll from then on
-    instead: yielding alone left 4 ranks on 2 cores in a state where shm allreduces took 3-8x
-    longer for seconds at a time (docs/performance.md, "Waits that sleep"), and a sleeping
+    (AL_WAIT_NAP; the clock read every 16 polls), it sleeps at every poll from then on instead,
+    WAIT_NAP at first and twice as long at each poll, up to WAIT_NAP_MAX (a sleep costs CPU too:
+    a loop of 10 us sleeps used a third of a core on the reference VM, one of 200 us a
+    seventh).  Yielding alone left 4 ranks on 2 cores in a state where shm allreduces took
+    3-8x longer for seconds at a time (docs/performance.md, "Waits that sleep"), and a sleeping
     waiter always leaves its core to the peer.  Waits on MPI requests never sleep: MPICH moves
     a large message only while both sides poll.
     Otherwise it spins for `spin` seconds
@@ -93,8 +96,9 @@ cdef inline void wait_poll(long polls, double* since, double spin, int on_flags)
             since[0] = al_now()
         if on_flags and g_wait_nap > 0 and (since[0] < 0 or (
                 (polls & 15) == 0 and al_now() - since[0] >= g_wait_nap)):
-            since[0] = -1.0               # past the budget: sleep at every poll from now on
-            nap(WAIT_NAP)
+            # past the budget: sleep at every poll from now on, since[0] = minus the next sleep
+            since[0] = -WAIT_NAP if since[0] >= 0 else max(2 * since[0], -WAIT_NAP_MAX)
+            nap(-since[0])
         elif polls % g_yield_every == 0:
             sched_yield()
     elif polls == 1:

@@ -175,9 +175,12 @@ def test_an_oversubscribed_wait_for_a_late_rank_sleeps(comm, n):
     """Where ranks outnumber cores (AL_ENGINE_YIELD's rule, forced here), a blocking shm
     allreduce whose last rank arrives 0.3 s late: the others wait on its flags, yielding for
     AL_WAIT_NAP (1 ms here), then sleeping between polls, so they leave the cores to the late
-    rank and whatever else runs: each waiting rank's CPU time in the call is under a third of
-    its wall time (yielding alone, where nothing else wants the core, it spins at 100 %), and
-    the result is right."""
+    rank and whatever else runs: each waiting rank's CPU time in the call is under half its
+    wall time, and the result is right.  Yielding alone, each waiter spins on a core of its own
+    (3 ranks on 2 cores, the late one asleep: 100 %) or on two thirds of one (4 ranks);
+    sleeping, it used 14-20 % in a script and up to 45 % in this test (2026-11-28: the sleeps'
+    own CPU cost on this VM, a third of a core for a loop of 10 us sleeps, is why they
+    lengthen, engine.pxi's wait_poll)."""
     import time
     if comm.size < 2:
         pytest.skip("no peer to wait for")
@@ -194,9 +197,9 @@ def test_an_oversubscribed_wait_for_a_late_rank_sleeps(comm, n):
         comm.Allreduce(x, algorithm="shm")
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         failures += differences(f"n={n}", x, ramp_reference(n, 5, comm.size))
-        if comm.rank != comm.size - 1 and not (wall > 0.2 and cpu < wall / 3):
+        if comm.rank != comm.size - 1 and not (wall > 0.2 and cpu < wall / 2):
             failures.append(f"rank {comm.rank} waited {wall * 1e3:.0f} ms and used "
-                            f"{cpu * 1e3:.0f} ms of CPU (expected under a third)")
+                            f"{cpu * 1e3:.0f} ms of CPU (expected under half)")
     finally:
         _core.set_poll_yield(every)
         _core.set_wait_nap(al.config.wait_nap())
