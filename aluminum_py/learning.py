@@ -38,16 +38,24 @@ smallest power of two >= n) and one element size:
   longest span over the ranks, skew and all;
 * at the first call of the class after the schedule, the ranks exchange their samples (one
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
-  every rank decides from the same numbers: the table's choice stays unless a contender's
-  median is below it by more than :data:`KEEP` *and* that contender was faster than it in at
-  least :data:`WINS` of the rounds (paired by round; then the fastest such median wins), in
-  so many that chance would give as many at most :data:`SURE` of the time (a sign test: 5 of
-  5, 9 of 10, 15 of 20).  Where a challenger passes the first two and not the third, its lead
-  could be chance: the schedule doubles (more rounds, the same on every rank, drawn from their
-  numbers) and the ranks exchange and decide again, up to :data:`MORE_ROUNDS` times the rounds,
-  where WINS alone decides.  With five rounds, faster in 4 of 5 (by chance one time in five)
-  had moved 32 MiB from shm to ring, 4843 against 5350 us, where the timing then had shm at
-  4181 us and ring at 4574 (issue 31, set X).  A
+  every rank decides from the same numbers.  The challengers are the contenders whose median
+  is below the table's choice's by more than :data:`KEEP`, fastest median first; each is
+  compared with the table's choice round by round (paired) and
+  - is chosen where it was faster in at least :data:`WINS` of the rounds, in so many that
+    chance would give as many at most :data:`SURE` of the time (a sign test: 5 of 5, 9 of
+    10, 15 of 20);
+  - is passed over where it was slower in most rounds;
+  - otherwise its lead could be chance: the schedule doubles (more rounds, the same on every
+    rank, drawn from their numbers) and the ranks exchange and decide again, up to
+    :data:`MORE_ROUNDS` times the rounds; there, faster in most rounds is enough.
+  The table's choice stays where no challenger is chosen.  With five rounds, faster in 4 of 5
+  (by chance one time in five) had moved 32 MiB from shm to ring, 4843 against 5350 us, where
+  the timing then had shm at 4181 us and ring at 4574 (issue 31, set X).  Where the machine's
+  memory was slow the calls of 4-64 MiB varied widely from call to call, and a contender 1.24x
+  faster in the timing won only 6 of 10 rounds: stopping there (under WINS) kept ring at 32
+  MiB where shm was 1.24x faster (issue 31, 2 ranks), and kept Rabenseifner at 64 MiB (4
+  ranks) where shm was 1.41x faster; such a lead now learns longer, to a majority of 20
+  rounds.  A
   call's time includes the wait for the last rank to arrive, which between back-to-back calls
   of a program varies by tens of microseconds: five samples of a 2 us allreduce compare those
   waits, not the algorithms, and a median alone chose recursive doubling where shm was 1.5x
@@ -72,12 +80,12 @@ from .errors import Error, TimeoutError
 
 CONTENDERS = 3          # algorithms tried per size class at most
 KEEP = 1.05             # the table's choice stays where within this factor of the fastest
-WINS = 0.75             # ... or where a faster median won fewer than this share of the rounds
+WINS = 0.75             # a challenger faster in this share of the rounds (or more) ...
 CHEAP_BYTES = 64 << 10  # size classes up to this learn for CHEAP_ROUNDS x AL_AUTO_LEARN rounds
 CHEAP_ROUNDS = 4
 RUN = 3                 # calls of a contender in a row; the last is timed (see the docstring)
-SURE = 0.05             # a challenger's wins must be this unlikely by chance (a sign test) ...
-MORE_ROUNDS = 4         # ... or the schedule doubles, up to this factor of its rounds
+SURE = 0.05             # ... and in so many that chance gives as many at most this often: chosen
+MORE_ROUNDS = 4         # else, if faster in half or more, the schedule doubles, up to this factor
 
 
 def size_class(nbytes: int) -> int:
@@ -221,11 +229,16 @@ class Learner:
                     continue
                 theirs = table[:, self.names.index(a)]
                 both = (mine >= 0) & (theirs >= 0)      # nan compares False
-                wins[a] = (int(np.sum(theirs[both] < mine[both])), int(np.sum(both)))
-                if wins[a][1] and wins[a][0] >= WINS * wins[a][1]:
-                    if by_chance(*wins[a]) > SURE and self.rounds < self.max_rounds:
-                        self.extend(self.rounds + 1, min(2 * self.rounds, self.max_rounds))
-                        return None
+                won, n = wins[a] = (int(np.sum(theirs[both] < mine[both])), int(np.sum(both)))
+                if not n or 2 * won < n:        # slower in most rounds: not this one
+                    continue
+                if won >= WINS * n and by_chance(won, n) <= SURE:
+                    best = a                    # sure
+                    break
+                if self.rounds < self.max_rounds:   # could be chance: learn longer
+                    self.extend(self.rounds + 1, min(2 * self.rounds, self.max_rounds))
+                    return None
+                if 2 * won > n:                 # the longest schedule: faster in most rounds
                     best = a
                     break
         self.committed = best

@@ -88,7 +88,8 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
     in the conditions it is timed in.  (Learning from `auto` alone, called back to back, chose
     Rabenseifner at 256 KiB-1 MiB, where in the interleaved timing recursive doubling and shm
     were 1.5-2x faster: issue 31.)  The row records what learning cost: learn_calls (auto's
-    calls) and learn_us (their total time on this rank)."""
+    calls), learn_us (their total time on this rank) and, for a power-of-two size, learned:
+    the learner's prior, choice, rounds, medians (us) and the challengers' rounds won."""
     auto = calls.get("auto")
     if auto is None or comm._host.learning is None:
         return {}
@@ -103,7 +104,13 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
                 spent += time.perf_counter() - t0
                 n += 1
         rounds += 1
-    return {"learn_calls": n, "learn_us": spent * 1e6}
+    out = {"learn_calls": n, "learn_us": spent * 1e6}
+    for r in comm._host.learning.learned():     # what learning saw: for a run that goes wrong
+        if r["bytes"] == nbytes and r["itemsize"] == 4:
+            out["learned"] = {"prior": r["prior"], "choice": r["choice"], "rounds": r["rounds"],
+                              "medians_us": {a: t * 1e6 for a, t in r["medians"].items()},
+                              "wins": r["wins"]}
+    return out
 
 
 def memory_bound(nbytes: int, p: int, copy_bw: float, add_bw: float) -> float:
@@ -198,6 +205,11 @@ def main(argv=None) -> int:
     ap.add_argument("--min-iters", type=int, default=25,
                     help="iterations per size at least, whatever the budget (default 25: at "
                          "64 MiB the budget gave 10-14, and one slow call moved a median)")
+    ap.add_argument("--large-min-iters", type=int, default=64,
+                    help="iterations per size at least from --large-bytes (default 64: with "
+                         "25-40 at 16-64 MiB one algorithm's median under two names, auto and "
+                         "its own, differed by 0.82-1.16x over 90 (run, size) pairs)")
+    ap.add_argument("--large-bytes", default="16MiB")
     ap.add_argument("--no-torch", action="store_true", help="no torch peers (gloo, DeepSpeed)")
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--no-gloo", action="store_true",
@@ -258,7 +270,8 @@ def main(argv=None) -> int:
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
         learning = learn(world, comm, calls, n, salt=n)
-        iters = iterations(world, calls, args.budget, lo=args.min_iters)
+        lo = args.large_min_iters if n >= parse_bytes(args.large_bytes) else args.min_iters
+        iters = iterations(world, calls, args.budget, lo=lo)
         samples = time_interleaved(world, calls, iters, salt=n)
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, "iterations": iters,

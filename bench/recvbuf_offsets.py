@@ -20,13 +20,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from aluminum_py import _core
 from aluminum_py.bench.timing import interleaved_orders, parse_bytes
-
-
-def at_offset(nbytes: int, offset: int) -> np.ndarray:
-    """A float32 array of nbytes that starts `offset` bytes into a page."""
-    raw = np.zeros(nbytes + 8192, np.uint8)
-    start = (-raw.ctypes.data) % 4096 + offset
-    return raw[start:start + nbytes].view(np.float32)
+from aluminum_py.testing import at_page_offset
 
 
 def main(argv=None) -> int:
@@ -44,9 +38,9 @@ def main(argv=None) -> int:
     comm = al.Communicator()
     n = parse_bytes(args.bytes)
     offsets = [int(x) for x in args.offsets.split(",")]
-    send = at_offset(n, args.send_offset)
+    send = at_page_offset(n, args.send_offset)
     send[:] = world.rank + 1
-    recvs = {o: at_offset(n, o) for o in offsets}
+    recvs = {o: at_page_offset(n, o) for o in offsets}
     kinds = [(o, 1) for o in offsets] + ([(o, 0) for o in offsets] if args.compare_memcpy else [])
     times = np.zeros((len(kinds), args.iters))
     for it, order in enumerate(interleaved_orders(len(kinds), args.iters)):

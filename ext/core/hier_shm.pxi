@@ -20,9 +20,7 @@ cdef int hier_start(al_op* op) noexcept nogil:
     h.cur = 0
     h.started = 0
     if op.sched.tmpbytes > 0:
-        op.sched.tmp = scratch_get(op.sched.tmpbytes, &op.sched.tmpbytes)
-        op.sched.tmp_base = op.sched.tmp
-        if op.sched.tmp == NULL:
+        if op_take_scratch(op, op.sched.tmpbytes) == NULL:
             op.err = -1
             snprintf(op.errmsg, 256, "out of memory allocating %zu bytes of scratch",
                      op.sched.tmpbytes)

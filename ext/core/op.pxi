@@ -22,6 +22,17 @@ cdef inline int status_error(al_op* op, int rc) noexcept nogil:
                 return op.stats[i].MPI_ERROR
     return rc
 
+cdef char* op_take_scratch(al_op* op, size_t nbytes) noexcept nogil:
+    """Give `op` scratch of at least `nbytes` (scratch_get): op.sched.tmp and tmp_base at its
+    start, tmpbytes what it holds; op_finish returns it.  NULL (tmp and tmp_base too): out of
+    memory.  The one place an op takes its scratch (the schedules, hierarchical over segments),
+    so that what op_finish returns is always set."""
+    cdef char* base = scratch_get(nbytes, &op.sched.tmpbytes)
+    op.sched.tmp_base = base
+    op.sched.tmp = base
+    return base
+
+
 cdef int op_finish(al_op* op) noexcept nogil:
     # post-processing of this rank's result region (result.buf[:result.count])
     if op.err == 0 and op.result.count > 0:

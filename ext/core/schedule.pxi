@@ -37,7 +37,7 @@ cdef bint sched_scratch(al_op* op) noexcept nogil:
       is just ahead of recvbuf): a message from either is then at distance 0 or behind.
     Scratch under SCRATCH_SLACK_FROM bytes is not placed (CMA starts at larger messages); from
     there it starts up to a page into what scratch_get gave (its SCRATCH_SLACK)."""
-    cdef size_t need = op.sched.tmpbytes, into = 0, got
+    cdef size_t need = op.sched.tmpbytes, into = 0
     cdef int i
     cdef al_step* st
     cdef char* base
@@ -58,13 +58,10 @@ cdef bint sched_scratch(al_op* op) noexcept nogil:
         return 1
     if outplace and not near_ahead(op.sbuf, op.rbuf):
         like = op.sbuf
-    base = scratch_get(need, &got)
-    op.sched.tmpbytes = got
+    base = op_take_scratch(op, need)
     if base == NULL:
         return 0
-    op.sched.tmp_base = base
-    op.sched.tmp = base
-    if got >= SCRATCH_SLACK_FROM:
+    if op.sched.tmpbytes >= SCRATCH_SLACK_FROM:
         op.sched.tmp = base + ((<uintptr_t>like - <uintptr_t>base) & 4095)
     return 1
 

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import aluminum_py as al
 from aluminum_py.learning import size_class
+from aluminum_py.testing import at_page_offset
 from conftest import (DTYPES, all_ranks_ok, differences, every_rank, gather_all, make_input,
                       ops_for, ramp, ramp_reference, reference)
 
@@ -260,26 +261,21 @@ def test_min_max_nan_and_signed_zero(comm, algorithm, op):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-def at_page_offset(nbytes: int, offset: int, dtype) -> np.ndarray:
-    """An array of nbytes // itemsize elements that starts `offset` bytes into a page."""
-    raw = np.zeros(nbytes + 8192, np.uint8)
-    start = (-raw.ctypes.data) % 4096 + offset
-    return raw[start:start + nbytes].view(dtype)
-
-
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner", "ring",
                                        "hierarchical", "hierarchical_p2p"])
 def test_recvbuf_just_ahead_of_sendbuf(comm, algorithm):
     """A recvbuf 4-60 bytes after the sendbuf's page offset (the schedules then receive into
     a placed scratch, ext/core/schedule.pxi) or just behind it: exact results, the input
-    untouched, for blocks above and below the 16 KiB where that starts."""
+    untouched, for blocks above and below the 16 KiB where that starts; and with the ranks'
+    placements different (the even ranks receive into scratch, the odd ranks into recvbuf)."""
+    mixed = (16, 32) if comm.rank % 2 == 0 else (2048, 0)
     failures = []
     for dtype, op in (("float32", al.SUM), ("float64", al.AVG), ("int32", al.MAX)):
         for count in (3, 5000, 65537, 300001):
             x = make_input(dtype, op, count, seed=count, rank=comm.rank)
             expected = reference(op, gather_all(x), comm.size)
             esize = np.dtype(dtype).itemsize
-            for send_off, recv_off in ((16, 32), (0, 8), (16, 64 - esize), (48, 16)):
+            for send_off, recv_off in ((16, 32), (0, 8), (16, 64 - esize), (48, 16), mixed):
                 send = at_page_offset(count * esize, send_off, dtype)
                 send[:] = x
                 out = at_page_offset(count * esize, recv_off, dtype)

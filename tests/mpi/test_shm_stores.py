@@ -8,6 +8,7 @@ import pytest
 
 import aluminum_py as al
 from aluminum_py import _core
+from aluminum_py.testing import at_page_offset
 from conftest import (WORLD, all_ranks_ok, every_rank, gather_all, make_input, reference,
                       differences)
 from test_allreduce import matrix_failures
@@ -215,13 +216,6 @@ def test_the_other_collectives(comm, stores, mode):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-def _at(nbytes, offset, dtype):
-    """An array of nbytes that starts `offset` bytes into a page."""
-    raw = np.zeros(nbytes + 8192, np.uint8)
-    start = (-raw.ctypes.data) % 4096 + offset
-    return raw[start:start + nbytes].view(dtype)
-
-
 @pytest.mark.parametrize("mode", [AUTO, CACHED, STREAMED])
 def test_buffers_anywhere_in_a_cache_line(comm, stores, mode):
     """sendbuf and recvbuf at every 4-byte offset of a cache line (and in place): the copies
@@ -233,13 +227,14 @@ def test_buffers_anywhere_in_a_cache_line(comm, stores, mode):
         x = make_input("float32", al.SUM, n, seed=n, rank=comm.rank)
         expected = reference(al.SUM, gather_all(x), comm.size)
         for s_off, r_off in ((16, 0), (0, 16), (4, 52), (16, 48), (60, 8), (32, 32), (12, 12)):
-            send, recv = _at(4 * n, s_off, np.float32), _at(4 * n, r_off, np.float32)
+            send = at_page_offset(4 * n, s_off, np.float32)
+            recv = at_page_offset(4 * n, r_off, np.float32)
             send[:] = x
             comm.Allreduce(send, recv, algorithm="shm")
             failures += differences(f"n={n} send+{s_off} recv+{r_off}", recv, expected)
             if not np.array_equal(send, x):
                 failures.append(f"n={n} send+{s_off}: sendbuf changed")
-            inplace = _at(4 * n, r_off, np.float32)
+            inplace = at_page_offset(4 * n, r_off, np.float32)
             inplace[:] = x
             comm.Allreduce(inplace, algorithm="shm")
             failures += differences(f"n={n} in place +{r_off}", inplace, expected)
