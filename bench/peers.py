@@ -18,7 +18,10 @@ where ``auto`` runs, ``auto_paired``: per contender the median over iterations o
 time over that contender's in the same iteration (a paired figure: a change of the machine's
 state between iterations slows both calls of a pair, where it moves two medians of independent
 samples apart; ``bench/peers_summary.py`` reports it beside the ratio of medians).  With
-torch, torch is imported in every rank for every contender; with --no-torch in none.  It also
+torch, torch is imported in every rank for every contender; with --no-torch in none.  Each of
+ours and mpi4py reduces into a recvbuf of its own, every one at the sendbuf's page offset
+(``recvbuf_like``: allocated in turn, numpy's arrays gave the first contenders a recvbuf just
+ahead of the sendbuf, where MPICH's single copy is slower, and the others not).  It also
 reports the memory-bandwidth bound for large messages (see `memory_bound`).
 """
 from __future__ import annotations
@@ -34,8 +37,8 @@ from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import (interleaved_orders, iterations, parse_bytes, size_sweep,
-                                      time_interleaved)
+from aluminum_py.bench.timing import (interleaved_orders, iterations, parse_bytes, recvbuf_like,
+                                      size_sweep, time_interleaved)
 from peers_summary import paired_worst  # noqa: E402  (bench/, the script's directory)
 
 
@@ -48,7 +51,7 @@ def contender(run, result):
 def ours(comm, algorithm):
     """A factory of Communicator.Allreduce(send, recv, algorithm=...) calls."""
     def factory(send: np.ndarray):
-        recv = np.empty_like(send)
+        recv = recvbuf_like(send)      # at the sendbuf's page offset, as every contender's
         return contender(lambda: comm.Allreduce(send, recv, algorithm=algorithm), lambda: recv)
     return factory
 
@@ -56,7 +59,7 @@ def ours(comm, algorithm):
 def mpi4py_allreduce(native):
     """A factory of mpi4py comm.Allreduce calls (the MPI library's own)."""
     def factory(send: np.ndarray):
-        recv = np.empty_like(send)
+        recv = recvbuf_like(send)      # at the sendbuf's page offset, as every contender's
         return contender(lambda: native.Allreduce(send, recv, op=MPI.SUM), lambda: recv)
     return factory
 
@@ -277,7 +280,13 @@ def main(argv=None) -> int:
         row = {"bytes": n, "iterations": iters,
                **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
-               "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning}
+               "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning,
+               # where each contender's recvbuf starts in its page, and the sendbuf's (this
+               # rank's): a copy's speed depends on the two (docs/performance.md, "A recvbuf
+               # just ahead of the sendbuf")
+               "page_offsets": {"send": send.ctypes.data % 4096,
+                                **{k: int(np.asarray(c.result()).ctypes.data % 4096)
+                                   for k, c in calls.items()}}}
         if "auto" in samples:   # paired: auto over each contender, by iteration (see docstring)
             row["auto_paired"] = {k: float(np.median(samples["auto"] / v))
                                   for k, v in samples.items() if k != "auto"}

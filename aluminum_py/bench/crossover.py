@@ -10,8 +10,8 @@ import sys
 import numpy as np
 
 from ..algorithms import GPU_CANDIDATES, HOST_CANDIDATES
-from .timing import (Progress, bus_bandwidth, decide, human, iterations, parse_bytes, size_sweep,
-                     time_interleaved)
+from .timing import (Progress, bus_bandwidth, decide, human, iterations, parse_bytes,
+                     recvbuf_like, size_sweep, time_interleaved)
 
 DEFAULT_ALGORITHMS = ",".join(HOST_CANDIDATES)       # what "auto" chooses from: all it can time
 DEFAULT_GPU_ALGORITHMS = ",".join(GPU_CANDIDATES)
@@ -75,10 +75,12 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
             send, empty = cupy.ones(count, dtype=dt), cupy.empty
             sync = cupy.cuda.ExternalStream(comm.stream).synchronize
         else:
-            send, empty, sync = np.ones(count, dtype=dt), np.empty, None
+            send, sync = np.ones(count, dtype=dt), None
+            empty = lambda count, dtype: recvbuf_like(send)        # noqa: E731
         shared = empty(count, dtype=dt) if shared_recv else None
 
         def contender(alg):
+            # a recvbuf per algorithm (docs/tuning.md), each at the sendbuf's page offset
             recv = shared if shared_recv else empty(count, dtype=dt)
             if nonblocking:
                 call = lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()   # noqa: E731

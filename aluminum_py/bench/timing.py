@@ -27,6 +27,20 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
+def recvbuf_like(send: np.ndarray) -> np.ndarray:
+    """A recvbuf for `send` (same shape and dtype, zeroed) that starts at the sendbuf's offset
+    into its page, as two fresh large numpy arrays do.  Contenders timed side by side each get
+    one: numpy's consecutive smaller arrays start 16, 32, 48 ... bytes after the previous one's
+    page offset, and MPICH's single copy into a recvbuf 1-63 bytes after the sendbuf's offset
+    costs the MPI-based algorithms up to 1.2x even with the placed scratch (docs/performance.md,
+    "A recvbuf just ahead of the sendbuf"): each recvbuf allocated in turn gave the first
+    contenders that placement and not the others (issue 31: auto 1.10-1.16x its own algorithm
+    at 32 MiB in five runs of five; recursive doubling, Rabenseifner and ring at 1-16 MiB)."""
+    from ..testing import at_page_offset
+    recv = at_page_offset(send.nbytes, send.ctypes.data % 4096, send.dtype)
+    return recv.reshape(send.shape)
+
+
 def size_sweep(lo: int, hi: int, itemsize: int, odd: bool = False) -> list[int]:
     """Powers of two from lo to hi bytes (multiples of itemsize); with odd, also 3 * 2^k
     sizes in between (sizes that do not split evenly over ranks)."""
