@@ -16,7 +16,7 @@ import os
 import sys
 
 NOT_CONTENDERS = {"bytes", "iterations", "algorithm", "wrong", "learn_calls", "learn_us",
-                  "auto_paired"}
+                  "auto_paired", "learned", "page_offsets"}
 
 
 def paired_worst(rows: list) -> list:

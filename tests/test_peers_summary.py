@@ -9,7 +9,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_summary_of_a_run(tmp_path):
     rows = [{"bytes": 4, "auto": 2.0, "shm": 2.0, "rabenseifner": 5.0, "deepspeed_shm": 20.0,
-             "auto_min": 1.0, "algorithm": "shm", "wrong": [], "learn_calls": 12, "learn_us": 9.0},
+             "auto_min": 1.0, "algorithm": "shm", "wrong": [], "learn_calls": 12, "learn_us": 9.0,
+             # what peers.py records beside the contenders' times (not contenders)
+             "learned": {"prior": "shm", "choice": "shm", "rounds": 20,
+                         "medians_us": {"shm": 2.0}, "wins": {}},
+             "page_offsets": {"send": 16, "auto": 16, "shm": 16, "rabenseifner": 16}},
             {"bytes": 1 << 20, "auto": 150.0, "shm": 100.0, "rabenseifner": 120.0,
              "deepspeed_shm": 80.0, "algorithm": "rabenseifner", "wrong": []}]
     path = tmp_path / "run.json"
