@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import aluminum_py as al
+from aluminum_py import learning
 from conftest import WORLD, all_ranks_ok, gather_all
 
 pytestmark = pytest.mark.mpi
@@ -22,15 +23,29 @@ def inputs(nbytes, rank, dtype=np.float32):
     return (np.arange(nbytes // np.dtype(dtype).itemsize) % 97 + rank).astype(dtype)
 
 
+def longest_schedule(nbytes, rounds=5):
+    """The calls a size class can take to commit with AL_AUTO_LEARN=`rounds`: its rounds (4x
+    up to 64 KiB), doubled up to learning.MORE_ROUNDS times, plus the warm-up round, each of
+    at most CONTENDERS x RUN calls, and the call that commits."""
+    r = rounds * (learning.CHEAP_ROUNDS if learning.size_class(nbytes) <= learning.CHEAP_BYTES
+                  else 1) * learning.MORE_ROUNDS
+    return (r + 1) * learning.CONTENDERS * learning.RUN + 1
+
+
+def committed(c, nbytes, itemsize=4):
+    """Whether the class of `nbytes` (and `itemsize`) has committed (the same on every rank:
+    decided from exchanged numbers at the same call)."""
+    key = (learning.size_class(nbytes), itemsize)
+    return any((r["bytes"], r["itemsize"]) == key for r in c.learned())
+
+
 @pytest.mark.parametrize("nbytes", [4, 4096, 96 << 10, 3 << 20])
 def test_every_call_of_the_schedule_is_right_and_the_ranks_agree(no_table, nbytes):
     c = al.Communicator()
     x = inputs(nbytes, c.rank)
     want = gather_all(x).sum(axis=0)
     ran, problems = [], []
-    # at most 3 contenders x (4 x AL_AUTO_LEARN + 1) rounds x RUN calls (4x as many rounds up
-    # to 64 KiB; elsewhere the schedule may double twice: learning.MORE_ROUNDS)
-    for i in range(200):
+    for i in range(longest_schedule(nbytes)):
         y = np.empty_like(x)
         if i % 4 == 3:                      # nonblocking calls take part in the schedule too
             req = c.Iallreduce(x, y)
@@ -41,6 +56,8 @@ def test_every_call_of_the_schedule_is_right_and_the_ranks_agree(no_table, nbyte
             ran.append(None)
         if not np.array_equal(y, want):
             problems.append(f"call {i}: wrong result")
+        if committed(c, nbytes):
+            break
     learned = c.learned()
     everyone = WORLD.allgather((ran, [(r["bytes"], r["choice"]) for r in learned]))
     assert all(e == everyone[0] for e in everyone), "the ranks differ"
@@ -83,12 +100,12 @@ def test_size_classes_learn_apart_and_dtypes_too(no_table):
     for dtype, n in ((np.float32, 1000), (np.float32, 1 << 16), (np.float64, 1000)):
         x = inputs(n, c.rank, dtype)
         want = gather_all(x).sum(axis=0)
-        for _ in range(200):                # 4 x 5 + 1 rounds of 3 x RUN at most (the classes
-            #                                     up to 64 KiB, and the schedule of 256 KiB
-            #                                     doubled twice: learning.MORE_ROUNDS)
+        for _ in range(longest_schedule(x.nbytes)):
             y = np.empty_like(x)
             c.Allreduce(x, y)
             assert np.array_equal(y, want)
+            if committed(c, x.nbytes, x.itemsize):
+                break
     classes = [(r["bytes"], r["itemsize"]) for r in c.learned()]
     assert classes == sorted([(1024, 4), (1 << 16, 4), (1024, 8)])
     c.Free()
@@ -115,9 +132,10 @@ def test_rank_zeros_setting_is_used(no_table, monkeypatch):
     if c.size == 1:
         pytest.skip("one rank: nothing to learn")
     x = inputs(4096, c.rank)
-    for _ in range(300):                    # 4 x 2 + 1 rounds of at most 3 contenders x RUN,
-        #                                     doubled twice at most (learning.MORE_ROUNDS)
+    for _ in range(longest_schedule(x.nbytes, rounds=2)):
         c.Allreduce(x, np.empty_like(x))
+        if committed(c, x.nbytes):
+            break
     got = WORLD.allgather([r["choice"] for r in c.learned()])
     assert all(g == got[0] for g in got) and len(got[0]) == 1
     c.Free()
