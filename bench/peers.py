@@ -256,6 +256,7 @@ def main(argv=None) -> int:
         skipped["gloo"] = skipped["deepspeed_shm"] = "torch is not installed"
     first, columns = mine[0], list(factories)
     sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), 4)
+    large = parse_bytes(args.large_bytes)
     rows, wrong_any = [], False
     if comm.rank == 0:
         for name, why in skipped.items():
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
         learning = learn(world, comm, calls, n, salt=n)
-        lo = args.large_min_iters if n >= parse_bytes(args.large_bytes) else args.min_iters
+        lo = args.large_min_iters if n >= large else args.min_iters
         iters = iterations(world, calls, args.budget, lo=lo)
         samples = time_interleaved(world, calls, iters, salt=n)
         med = {k: float(np.median(v)) for k, v in samples.items()}

@@ -736,13 +736,22 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * moved the ranks is tried against the other kind within a few calls, not at call 29 (a class
  * of a sweep gets a few dozen calls; set N's 4-rank crossover timed shm at 16-64 MiB 2.2-2.4x
  * slower than elsewhere, what ordinary stores cost in the far placement: docs/performance.md,
- * "Trials that back off").  Until a class has measured both kinds, "the cheaper" is the
- * segment's latest verdict (s->prefer: the choice of the latest class that had both, of at
- * least 256 KiB or with one kind at least 1.5x cheaper; on a new segment, what the placement
- * probe at setup found: al_shm_round_trip below), so that a
- * new class starts as the others run (a class that tried both in its first calls would show
- * AL_AUTO_LEARN, which times those calls, the slower kind's times; one that started cached
- * in the far placement showed it shm 2-3x slower than Rabenseifner at 256-512 KiB).  Rank 0's
+ * "Trials that back off").  A new class measures both kinds at once: its first 3 calls are
+ * a trial of the kind the segment's latest verdict did not choose (s->prefer: the choice of
+ * the latest class that had both, of at least 256 KiB or with one kind at least 1.5x
+ * cheaper; on a new segment, what the placement probe at setup found: al_shm_round_trip
+ * below), the next ones use the verdict's kind, and from call 5 or 6 (a call after a switch
+ * is not measured) the cheaper.  The trial leaves the class's spacing as it started.  Why
+ * at once: AL_AUTO_LEARN times a class's first calls.  Its warm-up round runs a contender's
+ * first 3 calls untimed and times the third of each later run of 3 (calls 5, 8, ...), so
+ * learning sees shm in the kind the class keeps.  A class that used the verdict's kind until
+ * its first trial (call 29, or 61 or 125 backed off) showed learning that kind's times in all
+ * its calls, and where the verdict was stale (made before the host moved the ranks, or the
+ * probe's at setup): shm at 128 KiB 50 us in learning against 28 us once settled, and
+ * learning chose recursive doubling where shm was 1.42x faster (issue 31, set AF); one that
+ * started cached in the far placement showed it shm 2-3x slower than Rabenseifner at
+ * 256-512 KiB.  (The trial comes before the verdict's calls so that learning's untimed
+ * warm-up round takes it.)  Rank 0's
  * choice is every rank's (al_shm_choose_stores: ranks that chose alone settled on different
  * kinds); a reader does not care how a line was written, and a fence orders streamed stores
  * before the publish, so a rank a call late with it is harmless.  AL_SHM_SLOT_STORES
@@ -897,6 +906,11 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
       a->backoff = al_shm_backoff_max;
     a->seed_nt = s->prefer;            /* (another collective's costs per byte are not this one's) */
     a->seed = s->prefer_coll == (coll & 7) ? s->prefer_cost[s->prefer] : 0;
+    a->choice = s->prefer;             /* the first trial: the other kind, at once (calls 0-2) */
+    a->trial_n = 0;
+    a->trial_left = AL_SHM_TRIAL - 1;
+    o->nt = !a->choice;
+    return;
   }
   if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
     a->trial_left--;
@@ -987,7 +1001,9 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, siz
     r[0] = x;
     if (o->nt != a->choice && a->trial_left == 0) {   /* a trial's last call: its verdict */
       double mine = al_shm_stores_cost(a, a->choice);
-      if (mine > 0 && al_shm_stores_cost(a, o->nt) > AL_SHM_DECISIVE * mine)
+      if (mine == 0)
+        ;                            /* a new class's first trial: the spacing stays its seed's */
+      else if (al_shm_stores_cost(a, o->nt) > AL_SHM_DECISIVE * mine)
         a->backoff += a->backoff < al_shm_backoff_max;
       else
         a->backoff = 0;

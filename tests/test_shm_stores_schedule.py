@@ -1,6 +1,7 @@
 """The slot stores' trial schedule (al_shm.h, "the slots' stores"), on a segment of its own
-with made-up costs (_core._stores_schedule): trials of the other kind at calls 29-31 of every
-32; a trial that finds the other kind 1.5x dearer doubles the spacing (up to 8x), one that
+with made-up costs (_core._stores_schedule): a new class tries the kind the segment's verdict
+did not choose at once (calls 0-2), so that both kinds have a cost from its sixth call; trials of
+the other kind at calls 29-31 of every 32; a trial that finds the other kind 1.5x dearer doubles the spacing (up to 8x), one that
 does not resets it; a choice that turns 2x dearer is tried against the other kind at once,
 whatever the spacing; a new class starts with the spacing of the segment's verdict (at most
 4x).  The MPI suites (tests/mpi/test_shm_stores.py) check the schedule's first trial on real
@@ -18,15 +19,15 @@ def trial_starts(run, choice=CACHED):
 
 def test_trials_back_off_while_the_other_kind_stays_dearer():
     run = _stores_schedule_of([(1.0, 2.0)] * 600)
-    assert trial_starts(run) == [29, 61, 125, 253, 509]
+    assert trial_starts(run) == [0, 29, 61, 125, 253, 509]
     assert [len([k for k in range(s, s + 3) if run[k][0] == STREAMED]) for s in
-            trial_starts(run)] == [3] * 5
+            trial_starts(run)] == [3] * 6
     assert [b for _, b in run][-1] == 3            # 8x: at most
 
 
 def test_trials_every_32_calls_where_the_kinds_are_close():
     run = _stores_schedule_of([(1.0, 1.2)] * 200)
-    assert trial_starts(run) == [29, 61, 93, 125, 157, 189]
+    assert trial_starts(run) == [0, 29, 61, 93, 125, 157, 189]
     assert {b for _, b in run} == {0}
 
 
@@ -35,14 +36,14 @@ def test_a_close_trial_resets_the_spacing():
     run = _stores_schedule_of(costs)
     # backed off to 4x by call 125; the streamed cost drops at call 200; the trial at 253
     # finds it close (1.1 against 1.0): every 32 calls again
-    assert trial_starts(run) == [29, 61, 125, 253, 285, 317, 349, 381, 413, 445, 477, 509,
+    assert trial_starts(run) == [0, 29, 61, 125, 253, 285, 317, 349, 381, 413, 445, 477, 509,
                                  541, 573]
 
 
 def test_a_choice_that_turns_dearer_is_tried_at_once():
     costs = [(1.0, 2.0)] * 140 + [(5.0, 2.0)] * 60
     run = _stores_schedule_of(costs)
-    starts = trial_starts(run)
+    starts = trial_starts(run)[1:]              # (0: the new class's first trial)
     assert starts[:3] == [29, 61, 125]
     # cached costs 5.0 from call 140: two measured calls in a row at 2x its least, then a
     # trial at once (not at call 253); once its recent costs are all 5.0, streamed wins and
@@ -54,12 +55,29 @@ def test_a_choice_that_turns_dearer_is_tried_at_once():
 
 
 def test_a_new_class_starts_with_the_verdicts_spacing():
+    """(Its first trial, at once, leaves the spacing alone: the class has no cost of its chosen
+    kind yet to compare with.)"""
     for prefer_backoff, first in ((0, 29), (1, 61), (2, 125), (3, 125)):
         run = _core._stores_schedule([(1.0, 2.0)] * 130, prefer=CACHED,
                                      prefer_backoff=prefer_backoff)
-        assert trial_starts(run)[0] == first, prefer_backoff
+        assert trial_starts(run)[:2] == [0, first], prefer_backoff
     run = _core._stores_schedule([(2.0, 1.0)] * 70, prefer=STREAMED, prefer_backoff=1)
-    assert trial_starts(run, choice=STREAMED) == [61]
+    assert trial_starts(run, choice=STREAMED) == [0, 61]
+
+
+def test_a_new_class_measures_both_kinds_at_once():
+    """A new class starts with 3 calls of the kind the segment's verdict did not choose, then the
+    verdict's kind; from its sixth call (both kinds measured: a call after a switch is not)
+    the cheaper.  AL_AUTO_LEARN's warm-up round runs a contender's first 3 calls untimed, and
+    times its sixth: shm's calls in learning are of the kind it then keeps, where the verdict
+    was stale too.  (Until call 29, a class used the verdict's kind: learning timed shm in the
+    wrong kind at 128 KiB, 50 us against 28 us once settled, and chose recursive doubling
+    where shm was 1.42x faster: issue 31, set AF.)"""
+    stale = _core._stores_schedule([(2.0, 1.0)] * 40, prefer=CACHED)     # streamed cheaper
+    assert [kind for kind, _ in stale[:6]] == [STREAMED] * 3 + [CACHED] * 2 + [STREAMED]
+    assert all(kind == STREAMED for kind, _ in stale[5:29])
+    right = _core._stores_schedule([(1.0, 2.0)] * 40, prefer=CACHED)
+    assert [kind for kind, _ in right[:29]] == [STREAMED] * 3 + [CACHED] * 26
 
 
 def _stores_schedule_of(costs):
@@ -74,8 +92,8 @@ def test_no_backoff_where_benchmarks_turn_it_off():
     finally:
         assert _core._set_shm_trial_backoff(before) == 0
     assert before == 3
-    assert trial_starts(run) == [29, 61, 93, 125, 157, 189]
-    assert trial_starts(first) == [29]
+    assert trial_starts(run) == [0, 29, 61, 93, 125, 157, 189]
+    assert trial_starts(first) == [0, 29]
 
 
 def test_a_new_class_whose_verdict_turned_dearer_tries_the_other_kind_at_once():
@@ -85,14 +103,14 @@ def test_a_new_class_whose_verdict_turned_dearer_tries_the_other_kind_at_once():
     verdict = [(1.0, 2.0, 8 << 20)] * 40             # cached, with a trial of streamed at 29
     moved = [(3.0, 1.0, 16 << 20)] * 40              # the next class: cached now costs 3x
     run = _core._stores_schedule(verdict + moved, prefer=CACHED)[40:]
-    # call 0 is not measured (no call of the class before it), 1 and 2 cost 3x the verdict's
-    # 1.0: a trial at call 3, which finds streamed cheaper
-    assert [kind for kind, _ in run[:8]] == [CACHED] * 3 + [STREAMED] * 5
-    assert all(kind == STREAMED for kind, _ in run[6:29])   # (29-31: the periodic trial)
+    # calls 0-2 try streamed at once; call 3 (after a switch) is not measured, 4 costs 3x the
+    # verdict's 1.0, and by then both kinds have a cost: streamed from call 5
+    assert [kind for kind, _ in run[:8]] == [STREAMED] * 3 + [CACHED] * 2 + [STREAMED] * 3
+    assert all(kind == STREAMED for kind, _ in run[5:40])   # (the verdict's spacing: 61)
     # a verdict of another collective (the allgather, 1) does not seed the allreduce's class
     other = [(1.0, 2.0, 8 << 20, 1)] * 40
     run = _core._stores_schedule(other + moved, prefer=CACHED)[40:]
-    assert all(kind == CACHED for kind, _ in run[:29])   # (its first trial: call 61)
-    # where the new class costs what the verdict's did, no early trial
+    assert [kind for kind, _ in run[:6]] == [STREAMED] * 3 + [CACHED] * 2 + [STREAMED]
+    # where the new class costs what the verdict's did, no trial after its first
     same = _core._stores_schedule(verdict + [(1.0, 2.0, 16 << 20)] * 40, prefer=CACHED)[40:]
-    assert all(kind == CACHED for kind, _ in same)
+    assert [kind for kind, _ in same] == [STREAMED] * 3 + [CACHED] * 37

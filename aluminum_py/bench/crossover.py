@@ -72,16 +72,17 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
         count = nbytes // dt.itemsize
         if buffer == "cuda":
             import cupy
-            send, empty = cupy.ones(count, dtype=dt), cupy.empty
+            send = cupy.ones(count, dtype=dt)
+            make_recv = lambda: cupy.empty(count, dtype=dt)         # noqa: E731
             sync = cupy.cuda.ExternalStream(comm.stream).synchronize
         else:
             send, sync = np.ones(count, dtype=dt), None
-            empty = lambda count, dtype: recvbuf_like(send)        # noqa: E731
-        shared = empty(count, dtype=dt) if shared_recv else None
+            make_recv = lambda: recvbuf_like(send)                  # noqa: E731
+        shared = make_recv() if shared_recv else None
 
         def contender(alg):
             # a recvbuf per algorithm (docs/tuning.md), each at the sendbuf's page offset
-            recv = shared if shared_recv else empty(count, dtype=dt)
+            recv = shared if shared_recv else make_recv()
             if nonblocking:
                 call = lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()   # noqa: E731
             else:

@@ -475,6 +475,19 @@ def _set_shm_trial_backoff(int most):
     return before
 
 
+def _set_shm_prefer(CommState cs, int kind):
+    """Set the segment's latest verdict on the slots' stores (al_shm.h s->prefer: 0 cached, 1
+    streamed; the kind a new size class starts from) on this rank, as one made before the
+    host moved the ranks would leave it.  For benchmarks (bench/learn_stale_verdict.py);
+    returns the value before (None without a segment)."""
+    cdef al_shm_seg* s = cs.c.shm
+    if s == NULL:
+        return None
+    before = s.prefer
+    s.prefer = 1 if kind else 0
+    return before
+
+
 def _set_shm_line_copies(int on):
     """Copies between the slots and a user's buffer placed differently in a cache line use
     16-byte vectors (al_shm.h al_shm_copy_lines; 1 unless set) or memcpy (0).  For benchmarks
