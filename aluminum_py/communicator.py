@@ -205,9 +205,10 @@ class Communicator:
         """What ``algorithm="auto"`` learned in use (AL_AUTO_LEARN; docs/tuning.md): per size
         class whose learning is over, a dict with bytes (the class: messages up to that power
         of two), itemsize, choice, prior (the table's or the model's choice), source, medians
-        (seconds per contender, of the max over ranks), samples (timed calls of each) and wins
+        (seconds per contender, of the max over ranks), samples (timed calls of each), wins
         (per contender with a median lower than the prior's by more than 1.05x: the rounds it
-        was faster in and the rounds compared).  Empty with learning off.  Local: no
+        was faster in and the rounds compared) and times (per contender, its sample in each
+        timed round in seconds, nan where a rank had none).  Empty with learning off.  Local: no
         communication."""
         return [] if self._host.learning is None else self._host.learning.learned()
 

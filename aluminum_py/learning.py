@@ -245,7 +245,9 @@ class Learner:
         self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
                        "prior": self.prior, "source": self.source, "rounds": self.rounds,
                        "medians": medians, "samples": {a: len(s) for a, s in per.items()},
-                       "wins": wins}
+                       "wins": wins,
+                       "times": {a: [float(t) for t in table[:, j]]
+                                 for j, a in enumerate(self.names)}}
         return best
 
 
@@ -311,7 +313,8 @@ class Learning:
         """What was committed so far: one dict per size class (bytes: the class's power of two,
         itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
         wins: per challenger (rounds faster than the prior, rounds compared),
-        samples: how many timed calls each, rounds: the timed rounds decided on)."""
+        samples: how many timed calls each, rounds: the timed rounds decided on, times: per
+        contender its sample in each round, seconds, nan where none)."""
         return [dict(lr.result) for key, lr in sorted(self.learners.items())
                 if lr.result is not None]
 

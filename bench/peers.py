@@ -92,7 +92,9 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
     Rabenseifner at 256 KiB-1 MiB, where in the interleaved timing recursive doubling and shm
     were 1.5-2x faster: issue 31.)  The row records what learning cost: learn_calls (auto's
     calls), learn_us (their total time on this rank) and, for a power-of-two size, learned:
-    the learner's prior, choice, rounds, medians (us) and the challengers' rounds won."""
+    the learner's prior, choice, rounds, medians (us), the challengers' rounds won, times_us
+    (each contender's sample per round) and shm_stores (shm's slot stores in the size's class
+    once learning is over: calls, streamed, cost per kind, backoff; see al_shm.h)."""
     auto = calls.get("auto")
     if auto is None or comm._host.learning is None:
         return {}
@@ -112,7 +114,13 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
         if r["bytes"] == nbytes and r["itemsize"] == 4:
             out["learned"] = {"prior": r["prior"], "choice": r["choice"], "rounds": r["rounds"],
                               "medians_us": {a: t * 1e6 for a, t in r["medians"].items()},
-                              "wins": r["wins"]}
+                              "wins": r["wins"],
+                              "times_us": {a: [round(t * 1e6, 1) if t == t else None for t in ts]
+                                           for a, ts in r["times"].items()}}
+    info = _core.shm_info(comm._state)          # shm's slot stores in this size's class then
+    if info is not None and "learned" in out:
+        key = 1 << (nbytes.bit_length() - 1)
+        out["learned"]["shm_stores"] = info["stores"].get("allreduce", {}).get(key)
     return out
 
 

@@ -740,11 +740,15 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * a trial of the kind the segment's latest verdict did not choose (s->prefer: the choice of
  * the latest class that had both, of at least 256 KiB or with one kind at least 1.5x
  * cheaper; on a new segment, what the placement probe at setup found: al_shm_round_trip
- * below), the next ones use the verdict's kind, and from call 5 or 6 (a call after a switch
- * is not measured) the cheaper.  The trial leaves the class's spacing as it started.  Why
- * at once: AL_AUTO_LEARN times a class's first calls.  Its warm-up round runs a contender's
- * first 3 calls untimed and times the third of each later run of 3 (calls 5, 8, ...), so
- * learning sees shm in the kind the class keeps.  A class that used the verdict's kind until
+ * below), calls 3-5 use the verdict's kind, and from call 6 the cheaper: a class chooses
+ * once it has two measurements of each kind (a call after a switch is not measured), the
+ * least of two, not one (with one, a single slow call with streamed stores at 256 KiB made
+ * the class use cached ones through all of learning at 1.6x shm's settled time, and learning
+ * chose recursive doubling: bench/results/issue31_stale_verdict.txt).  The trial leaves the
+ * class's spacing as it started.  Why at once: AL_AUTO_LEARN times a class's first calls.
+ * Its warm-up round runs a contender's first 3 calls untimed and times the third of each
+ * later run of 3 (calls 5, 8, ...): learning sees shm in the verdict's kind in its first
+ * round and in the kind the class keeps after that.  A class that used the verdict's kind until
  * its first trial (call 29, or 61 or 125 backed off) showed learning that kind's times in all
  * its calls, and where the verdict was stale (made before the host moved the ranks, or the
  * probe's at setup): shm at 128 KiB 50 us in learning against 28 us once settled, and
@@ -870,6 +874,14 @@ static inline int al_shm_stores_class(size_t bytes) {
   return c < AL_SHM_STORE_CLASSES ? c : AL_SHM_STORE_CLASSES - 1;
 }
 
+/* How many of a kind's recent measurements a class has. */
+static inline int al_shm_stores_measured(const struct al_shm_adapt *a, int nt) {
+  int i, k = 0;
+  for (i = 0; i < AL_SHM_RECENT; i++)
+    k += a->recent[nt][i] > 0;
+  return k;
+}
+
 /* A kind's cost in a class: the least of its recent measurements (0: none). */
 static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
   double c = 0;
@@ -930,7 +942,8 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
   }
   c0 = al_shm_stores_cost(a, 0);
   c1 = al_shm_stores_cost(a, 1);
-  if (c0 > 0 && c1 > 0) {
+  if (al_shm_stores_measured(a, 0) >= AL_SHM_TRIAL - 1 &&
+      al_shm_stores_measured(a, 1) >= AL_SHM_TRIAL - 1) {   /* two of each: the least of two */
     a->choice = c1 < c0;
     if (bytes >= AL_SHM_PREFER_BYTES || c0 > AL_SHM_DECISIVE * c1 || c1 > AL_SHM_DECISIVE * c0) {
       s->prefer = a->choice;

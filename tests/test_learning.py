@@ -82,6 +82,7 @@ def test_commits_to_the_fastest_median_and_caches_it():
     r = lr.result
     assert r["bytes"] == 1 << 20 and r["prior"] == "ring" and r["choice"] == "shm"
     assert r["medians"] == pytest.approx(cost) and set(r["samples"].values()) == {5}
+    assert r["times"] == {a: pytest.approx([t] * 5) for a, t in cost.items()}   # per round
 
 
 def test_the_tables_choice_stays_within_keep():
@@ -191,6 +192,7 @@ def test_a_call_without_a_sample_on_one_rank_has_none():
     run(theirs, {"ring": 0.5, "shm": 1.0}.get)
     peers([mine, theirs])
     assert mine.next() == "shm" and mine.result["samples"] == {"ring": 0, "shm": 2}
+    assert np.isnan(mine.result["times"]["ring"]).all() and mine.result["times"]["shm"] == [1, 1]
 
 
 def test_on_one_clock_a_call_costs_from_the_last_start_to_the_last_end():

@@ -67,15 +67,15 @@ def test_a_new_class_starts_with_the_verdicts_spacing():
 
 def test_a_new_class_measures_both_kinds_at_once():
     """A new class starts with 3 calls of the kind the segment's verdict did not choose, then the
-    verdict's kind; from its sixth call (both kinds measured: a call after a switch is not)
-    the cheaper.  AL_AUTO_LEARN's warm-up round runs a contender's first 3 calls untimed, and
+    verdict's kind; from its seventh call (two measurements of each kind: a call after a
+    switch is not measured) the cheaper.  AL_AUTO_LEARN's warm-up round runs a contender's first 3 calls untimed, and
     times its sixth: shm's calls in learning are of the kind it then keeps, where the verdict
     was stale too.  (Until call 29, a class used the verdict's kind: learning timed shm in the
     wrong kind at 128 KiB, 50 us against 28 us once settled, and chose recursive doubling
     where shm was 1.42x faster: issue 31, set AF.)"""
     stale = _core._stores_schedule([(2.0, 1.0)] * 40, prefer=CACHED)     # streamed cheaper
-    assert [kind for kind, _ in stale[:6]] == [STREAMED] * 3 + [CACHED] * 2 + [STREAMED]
-    assert all(kind == STREAMED for kind, _ in stale[5:29])
+    assert [kind for kind, _ in stale[:7]] == [STREAMED] * 3 + [CACHED] * 3 + [STREAMED]
+    assert all(kind == STREAMED for kind, _ in stale[6:29])
     right = _core._stores_schedule([(1.0, 2.0)] * 40, prefer=CACHED)
     assert [kind for kind, _ in right[:29]] == [STREAMED] * 3 + [CACHED] * 26
 
@@ -103,14 +103,15 @@ def test_a_new_class_whose_verdict_turned_dearer_tries_the_other_kind_at_once():
     verdict = [(1.0, 2.0, 8 << 20)] * 40             # cached, with a trial of streamed at 29
     moved = [(3.0, 1.0, 16 << 20)] * 40              # the next class: cached now costs 3x
     run = _core._stores_schedule(verdict + moved, prefer=CACHED)[40:]
-    # calls 0-2 try streamed at once; call 3 (after a switch) is not measured, 4 costs 3x the
-    # verdict's 1.0, and by then both kinds have a cost: streamed from call 5
-    assert [kind for kind, _ in run[:8]] == [STREAMED] * 3 + [CACHED] * 2 + [STREAMED] * 3
-    assert all(kind == STREAMED for kind, _ in run[5:40])   # (the verdict's spacing: 61)
+    # calls 0-2 try streamed at once; call 3 (after a switch) is not measured, 4 and 5 cost 3x
+    # the verdict's 1.0 (a trial at once: streamed at 6-8, not dearer, so the spacing resets
+    # to 32), and by then each kind has two costs: streamed from call 6
+    assert [kind for kind, _ in run[:8]] == [STREAMED] * 3 + [CACHED] * 3 + [STREAMED] * 2
+    assert all(kind == STREAMED for kind, _ in run[6:29])   # (29-31: the periodic trial)
     # a verdict of another collective (the allgather, 1) does not seed the allreduce's class
     other = [(1.0, 2.0, 8 << 20, 1)] * 40
     run = _core._stores_schedule(other + moved, prefer=CACHED)[40:]
-    assert [kind for kind, _ in run[:6]] == [STREAMED] * 3 + [CACHED] * 2 + [STREAMED]
+    assert [kind for kind, _ in run[:7]] == [STREAMED] * 3 + [CACHED] * 3 + [STREAMED]
     # where the new class costs what the verdict's did, no trial after its first
     same = _core._stores_schedule(verdict + [(1.0, 2.0, 16 << 20)] * 40, prefer=CACHED)[40:]
     assert [kind for kind, _ in same] == [STREAMED] * 3 + [CACHED] * 37
