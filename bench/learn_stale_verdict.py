@@ -14,27 +14,19 @@ are both of the max over ranks; a ratio near 1 means learning saw shm as it runs
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import parse_bytes, recvbuf_like
+from aluminum_py.bench.timing import parse_bytes, recvbuf_like, time_interleaved
 
 
 def settled(world, comm, send, recv, algorithm, calls):
     """Median over `calls` calls (a barrier before each) of the max over ranks, in us."""
-    t = []
-    for _ in range(calls):
-        world.Barrier()
-        t0 = time.perf_counter()
-        comm.Allreduce(send, recv, algorithm=algorithm)
-        t.append(time.perf_counter() - t0)
-    t = np.array(t)
-    world.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
-    return float(np.median(t)) * 1e6
+    call = lambda: comm.Allreduce(send, recv, algorithm=algorithm)      # noqa: E731
+    return float(np.median(time_interleaved(world, {algorithm: call}, calls)[algorithm])) * 1e6
 
 
 def main(argv=None) -> int:
