@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
-from aluminum_py.bench.timing import parse_bytes, time_interleaved
+from aluminum_py.bench.timing import parse_bytes, recvbuf_like, time_interleaved
 
 
 def main(argv=None) -> int:
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         for name, alg in (("auto", "auto"), (args.named, args.named), ("auto 2", "auto"),
                           (f"{args.named} 2", args.named),
                           *((o, o) for o in args.others.split(",") if o)):
-            recv = np.empty_like(send)
+            recv = recvbuf_like(send)       # at the sendbuf's page offsets, as peers.py's
             calls[name] = ((lambda recv=recv: world.Allreduce(send, recv)) if alg == "mpi4py"
                            else (lambda recv=recv, alg=alg: comm.Allreduce(send, recv,
                                                                            algorithm=alg)))

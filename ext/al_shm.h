@@ -137,9 +137,11 @@ typedef struct al_shm_seg {
                                         its least (2: a trial next) */
     int backoff;                     /* trials AL_SHM_EXPLORE << backoff calls apart (and
                                         their time rule's calls and seconds as many times
-                                        longer): one more (up to AL_SHM_BACKOFF_MAX) after each
-                                        trial that found the other kind AL_SHM_DECISIVE x
-                                        dearer, 0 after one that did not */
+                                        longer): after each trial, one more (up to
+                                        AL_SHM_BACKOFF_MAX) while short of the spacing at which
+                                        trials cost AL_SHM_TRIAL_SHARE of the class's calls at
+                                        the cost the trial found, else that spacing
+                                        (al_shm_trial_spacing: 0 within 1.1x) */
     uint64_t trial_n;                /* the call the latest trial began at */
     double trial_at;                 /* when the latest trial began (the class's first call
                                         before any; CLOCK_MONOTONIC seconds) */
@@ -723,12 +725,17 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * once AL_SHM_TRIAL_EVERY
  * (0.5 s) has passed since the latest trial began (or the first call), if at least 16 calls
  * have (a 64 MiB call takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow
- * kind, and a trial every half second alone took most of them).  A trial that finds the other
- * kind AL_SHM_DECISIVE (1.5x) dearer than the choice doubles the spacing of both rules (up to
- * 8x: every 256 calls, or 128 calls and 4 s), one that does not resets it: in the far
- * placement a trial of ordinary stores costs 2.2-2.6x a call at 4 ranks and 3.5x at 2, and
- * trials every 16 calls took 3 of the 10 timed calls of a 64 MiB benchmark
- * (docs/performance.md, "Trials that back off").  The surprise rule is not spaced: a choice
+ * kind, and a trial every half second alone took most of them).  Trials back off by what
+ * they cost: a trial that finds the other kind `ratio` times dearer than the choice doubles
+ * the spacing of both rules (up to 8x: every 256 calls, or 128 calls and 4 s) while it is
+ * short of the spacing where 3 trial calls cost AL_SHM_TRIAL_SHARE (1%) of the calls between
+ * trials (al_shm_trial_spacing: every 32 calls up to 1.1x, 64 at 1.2x, 128 at 1.35x, 256
+ * from 1.5x), and sets it to that spacing otherwise (a trial within 1.1x: back to every 32):
+ * in the far placement a trial of ordinary stores costs 2.2-2.6x a call at 4 ranks and 3.5x
+ * at 2, and trials every 16 calls took 3 of the 10 timed calls of a 64 MiB benchmark
+ * (docs/performance.md, "Trials that back off"); where the other kind cost 1.35x (2 ranks,
+ * 8-16 MiB), a trial every 16-32 calls (the rule before: reset below 1.5x) made 12-19% of
+ * shm's calls trials, its median 3.8% above its chosen kind's ("Trials that cost 1%").  The surprise rule is not spaced: a choice
  * that turns 2x dearer is tried against the other kind at once.  A new class starts with the
  * spacing of the class whose verdict it starts from (at most 4x), and in its first
  * AL_SHM_SEEDED calls the surprise rule compares its calls with that class's cost of the
@@ -783,6 +790,8 @@ static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; ben
 #define AL_SHM_SEEDED 8              /* a new class's calls that compare with its verdict's cost */
 #define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
 #define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
+#define AL_SHM_TRIAL_SHARE 0.01      /* trials spaced to cost at most this share of a class's time
+                                        (al_shm_trial_spacing) */
 
 enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
 static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
@@ -991,6 +1000,18 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
   }
 }
 
+/* The backoff whose trials cost at most AL_SHM_TRIAL_SHARE of a class's time where a trial's
+ * kind costs `ratio` times the choice's: AL_SHM_TRIAL calls at (ratio - 1) extra each, every
+ * AL_SHM_EXPLORE << backoff calls (at most al_shm_backoff_max).  1.1x: 0 (every 32 calls);
+ * 1.2x: 1 (64); 1.35x: 2 (128); from 1.5x: 3 (256). */
+static inline int al_shm_trial_spacing(double ratio) {
+  int b = 0;
+  while (b < al_shm_backoff_max &&
+         AL_SHM_TRIAL * (ratio - 1.0) > AL_SHM_TRIAL_SHARE * (double)(AL_SHM_EXPLORE << b))
+    b++;
+  return b;
+}
+
 /* At the op's end: its cost per byte into its class's measurements (if the class's previous
  * call used the same stores). */
 static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
@@ -1014,12 +1035,10 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, siz
     r[0] = x;
     if (o->nt != a->choice && a->trial_left == 0) {   /* a trial's last call: its verdict */
       double mine = al_shm_stores_cost(a, a->choice);
-      if (mine == 0)
-        ;                            /* a new class's first trial: the spacing stays its seed's */
-      else if (al_shm_stores_cost(a, o->nt) > AL_SHM_DECISIVE * mine)
-        a->backoff += a->backoff < al_shm_backoff_max;
-      else
-        a->backoff = 0;
+      if (mine != 0) {               /* (a new class's first trial: the spacing stays its seed's) */
+        int b = al_shm_trial_spacing(al_shm_stores_cost(a, o->nt) / mine);
+        a->backoff = b > a->backoff ? a->backoff + 1 : b;
+      }
     }
   }
   a->last = o->nt + 1;

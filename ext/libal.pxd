@@ -34,6 +34,7 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
     cdef struct al_shm_adapt:
+        double recent[2][4]
         uint64_t ops, streamed
         int backoff
     ctypedef struct al_shm_seg:
@@ -85,7 +86,7 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_backoff_max
     int al_shm_line_copies
     enum:
-        AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2
+        AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2, AL_SHM_RECENT
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
                         char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, uint64_t nonce,

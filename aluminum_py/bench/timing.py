@@ -27,6 +27,10 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
+HUGE_PAGE = 2 << 20     # x86-64's transparent huge page
+HUGE_FROM = 4 << 20     # numpy's allocations from this size ask for them (madvise)
+
+
 def recvbuf_like(send: np.ndarray) -> np.ndarray:
     """A recvbuf for `send` (same shape and dtype, zeroed) that starts at the sendbuf's offset
     into its page, as two fresh large numpy arrays do.  Contenders timed side by side each get
@@ -35,9 +39,15 @@ def recvbuf_like(send: np.ndarray) -> np.ndarray:
     costs the MPI-based algorithms up to 1.2x even with the placed scratch (docs/performance.md,
     "A recvbuf just ahead of the sendbuf"): each recvbuf allocated in turn gave the first
     contenders that placement and not the others (issue 31: auto 1.10-1.16x its own algorithm
-    at 32 MiB in five runs of five; recursive doubling, Rabenseifner and ring at 1-16 MiB)."""
+    at 32 MiB in five runs of five; recursive doubling, Rabenseifner and ring at 1-16 MiB).
+    From HUGE_FROM bytes (where numpy asks the kernel for transparent huge pages) the recvbuf
+    starts at the sendbuf's offset into a 2 MiB huge page, so every contender's recvbuf lies on
+    huge pages alike: a fresh 4 MiB array lies half or wholly on them by the luck of its
+    address, and MPICH's single copy into a recvbuf wholly on them took 0.80-0.86x the time
+    (shm 0.93-1.04x; docs/performance.md, "Huge pages and MPICH's single copy")."""
     from ..testing import at_page_offset
-    recv = at_page_offset(send.nbytes, send.ctypes.data % 4096, send.dtype)
+    page = HUGE_PAGE if send.nbytes >= HUGE_FROM else 4096
+    recv = at_page_offset(send.nbytes, send.ctypes.data % page, send.dtype, page=page)
     return recv.reshape(send.shape)
 
 

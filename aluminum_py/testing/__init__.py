@@ -12,14 +12,30 @@
 
 Importing this package builds nothing.
 """
+import mmap
 
 
-def at_page_offset(nbytes: int, offset: int, dtype="float32"):
+def at_page_offset(nbytes: int, offset: int, dtype="float32", page: int = 4096):
     """An array of ``nbytes // itemsize`` elements of `dtype`, zeroed, that starts `offset`
-    bytes into a 4 KiB page (0 <= offset < 4096)."""
+    bytes into a page of `page` bytes (0 <= offset < page; 4 KiB, or 2 MiB: a huge page).
+    With 2 MiB pages the array has a fresh private mapping of its own (on Linux), on
+    transparent huge pages where a fresh numpy array at its address would lie on them: the 2
+    MiB pages wholly inside it (numpy asks for them from 4 MiB).  (numpy's own allocations of
+    a few MiB may reuse memory of the process's heap, already on small or huge pages.)"""
     import numpy as np
-    raw = np.zeros(nbytes + 8192, np.uint8)
-    start = (-raw.ctypes.data) % 4096 + offset
+    if page > 4096 and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap.mmap, "madvise"):
+        m = mmap.mmap(-1, nbytes + 2 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        raw = np.frombuffer(m, np.uint8)
+        start = (-raw.ctypes.data) % page + offset
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            m.madvise(mmap.MADV_NOHUGEPAGE)
+            inside = -(-(raw.ctypes.data + start) // page) * page - raw.ctypes.data
+            end = (raw.ctypes.data + start + nbytes) // page * page - raw.ctypes.data
+            if end > inside:
+                m.madvise(mmap.MADV_HUGEPAGE, inside, end - inside)
+        return raw[start:start + nbytes].view(dtype)
+    raw = np.zeros(nbytes + 2 * page, np.uint8)
+    start = (-raw.ctypes.data) % page + offset
     return raw[start:start + nbytes].view(dtype)
 
 

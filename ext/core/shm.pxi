@@ -542,7 +542,7 @@ def shm_info(CommState cs):
     in ticks per byte (al_shm.h; 0: none) and the trials' backoff (they come
     AL_SHM_EXPLORE << backoff calls apart)."""
     cdef al_shm_seg* s = cs.c.shm
-    cdef int c, k
+    cdef int c, k, i
     if s == NULL:
         return None
     who = al_shm_broken_by(s)
@@ -554,7 +554,9 @@ def shm_info(CommState cs):
                     "calls": s.adapt[k][c].ops, "streamed": s.adapt[k][c].streamed,
                     "backoff": s.adapt[k][c].backoff,
                     "cost": (al_shm_stores_cost(&s.adapt[k][c], 0),
-                             al_shm_stores_cost(&s.adapt[k][c], 1))}
+                             al_shm_stores_cost(&s.adapt[k][c], 1)),
+                    "recent": ([s.adapt[k][c].recent[0][i] for i in range(AL_SHM_RECENT)],
+                               [s.adapt[k][c].recent[1][i] for i in range(AL_SHM_RECENT)])}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
             "broken_by": who if who >= 0 else None, "stores": stores,
             "round_trip_ns": s.round_trip_ns, "prefer": ("cached", "streamed")[s.prefer],
