@@ -539,8 +539,9 @@ def shm_info(CommState cs):
     rank that made it unusable (None while it is usable: shm_broken), and "stores": per
     collective and size class measured (its smallest size in bytes: what the op writes into
     the slots) the calls, how many wrote the slots with streaming stores, each kind's cost
-    in ticks per byte (al_shm.h; 0: none) and the trials' backoff (they come
-    AL_SHM_EXPLORE << backoff calls apart)."""
+    in ticks per byte (al_shm.h; 0: none), "recent": each kind's last AL_SHM_RECENT
+    measurements (newest first, 0: none; the cost is their least) and the trials' backoff (they
+    come AL_SHM_EXPLORE << backoff calls apart)."""
     cdef al_shm_seg* s = cs.c.shm
     cdef int c, k, i
     if s == NULL:

@@ -118,6 +118,10 @@ def test_measured_choice_follows_its_schedule(stores):
             failures.append(f"after 64 calls of 96 KiB: {last}")
         elif not all(cost > 0 for cost in last["cost"]):
             failures.append(f"a kind without a measured cost: {last}")
+        elif [len(r) for r in last["recent"]] != [4, 4] or any(
+                cost != min(t for t in recent if t > 0)
+                for cost, recent in zip(last["cost"], last["recent"])):
+            failures.append(f"each kind's cost is not the least of its recent ones: {last}")
         kinds = WORLD.allgather(others(last) if last else None)
         if last and any(k is None or abs(k - kinds[0]) > 2 for k in kinds):
             failures.append(f"calls of the other kind per rank {kinds}: not rank 0's")
