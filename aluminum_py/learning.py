@@ -38,12 +38,17 @@ smallest power of two >= n) and one element size:
   longest span over the ranks, skew and all;
 * at the first call of the class after the schedule, the ranks exchange their samples (one
   small MPI_Allreduce of the max, see Learning.exchange, on a communicator of its own) and
-  every rank decides from the same numbers.  Each other contender's lead is the median over
-  the rounds of the table's choice's time over its own (paired by round: the machine's state
-  changes between rounds, and a ratio of the two medians had hierarchical 3% ahead where it
-  was 7% ahead round by round, and 1.11x faster in the timing that followed, issue 31).  The
-  challengers, largest lead first, are those with a lead above :data:`KEEP` that were faster in
-  at least half the rounds; each
+  every rank decides from the same numbers.  Each other contender's lead over the table's
+  choice is the larger of two estimates: the median over the rounds of the table's choice's
+  time over its own (paired by round, as the machine's state changes between rounds), and the
+  ratio of the two medians.  (The ratio of the medians alone had hierarchical 3% ahead of shm
+  at 1 MiB where it was 7% ahead round by round and 1.11x faster in the timing that followed;
+  the paired ratio alone had shm 1% ahead of Rabenseifner at 16 MiB where its median was 7%
+  lower and it was 1.35x faster in the timing.  Over 128 size classes of 1-64 MiB decided at
+  20 rounds, 2 ranks, the choice was 1.10x slower than the fastest in the timing in 9 with the
+  medians' ratio, 7 with the paired one and 5 with the larger of the two: issue 31,
+  bench/results/issue31_learn_longer.txt.)  The challengers, largest lead first, are those with
+  a lead above :data:`KEEP` that were faster in at least half the rounds; each
   - is chosen where it was faster in at least :data:`WINS` of the rounds, in so many that
     chance would give as many at most :data:`SURE` of the time (:func:`sure`, a sign test: 5
     of 5, 9 of 10, 15 of 20);
@@ -89,7 +94,7 @@ from .algorithms import REGISTRY
 from .errors import Error, TimeoutError
 
 CONTENDERS = 3          # algorithms tried per size class at most
-KEEP = 1.05             # a challenger leads (paired, by round) by more than this, or no lead
+KEEP = 1.05             # a challenger leads by more than this, or not at all
 WINS = 0.75             # a challenger faster in this share of the rounds (or more) ...
 CHEAP_BYTES = 64 << 10  # size classes up to this learn for CHEAP_ROUNDS x AL_AUTO_LEARN rounds
 CHEAP_ROUNDS = 4
@@ -257,9 +262,12 @@ class Learner:
                 won = int(np.sum(theirs[both] < mine[both]))
                 lost, n = int(np.sum(theirs[both] > mine[both])), int(np.sum(both))
                 wins[a] = (won, n)
-                # its lead: the median over the rounds of the table's choice's time over its
-                # own (paired by round: the machine's state changes between rounds)
-                rivals.append((float(np.median(mine[both] / theirs[both])), a, won, lost, n))
+                # its lead: the larger of the median over the rounds of the table's choice's
+                # time over its own (paired by round: the machine's state changes between
+                # rounds) and the ratio of the two medians
+                lead = max(float(np.median(mine[both] / theirs[both])),
+                           medians[self.prior] / medians[a])
+                rivals.append((lead, a, won, lost, n))
             doubt = False
             for lead, a, won, lost, n in sorted(rivals, reverse=True):
                 if lead > KEEP and 2 * won >= n:
@@ -348,7 +356,7 @@ class Learning:
     def learned(self) -> list:
         """What was committed so far: one dict per size class (bytes: the class's power of two,
         itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
-        wins: per challenger (rounds faster than the prior, rounds compared),
+        wins: per other contender (rounds faster than the prior, rounds compared),
         samples: how many timed calls each, rounds: the timed rounds decided on, times: per
         contender its sample in each round, seconds, nan where none)."""
         return [dict(lr.result) for key, lr in sorted(self.learners.items())

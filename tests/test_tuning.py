@@ -604,7 +604,7 @@ def test_every_contenders_recvbuf_lies_on_huge_pages_alike(nbytes):
     sendbuf's offset into a 2 MiB page, in a mapping of its own, on huge pages only within the
     2 MiB pages wholly inside it: so every contender's recvbuf alike (fresh 4 MiB arrays lay
     half or wholly on them by the luck of their address, and MPICH's single copy into one wholly
-    on them took 0.80-0.86x the time: issue 31).  Below 4 MiB: the 4 KiB page offset only."""
+    on them took 0.77-0.86x the time: issue 31).  Below 4 MiB: the 4 KiB page offset only."""
     import sys
     from aluminum_py.bench.timing import HUGE_PAGE, recvbuf_like
     send = np.ones(nbytes // 4, np.float32)

@@ -43,8 +43,8 @@ def recvbuf_like(send: np.ndarray) -> np.ndarray:
     From HUGE_FROM bytes (where numpy asks the kernel for transparent huge pages) the recvbuf
     starts at the sendbuf's offset into a 2 MiB huge page, so every contender's recvbuf lies on
     huge pages alike: a fresh 4 MiB array lies half or wholly on them by the luck of its
-    address, and MPICH's single copy into a recvbuf wholly on them took 0.80-0.86x the time
-    (shm 0.93-1.04x; docs/performance.md, "Huge pages and MPICH's single copy")."""
+    address, and MPICH's single copy into a recvbuf wholly on them took 0.77-0.86x the time
+    (shm 0.94-1.04x; docs/performance.md, "Huge pages and MPICH's single copy")."""
     from ..testing import at_page_offset
     page = HUGE_PAGE if send.nbytes >= HUGE_FROM else 4096
     recv = at_page_offset(send.nbytes, send.ctypes.data % page, send.dtype, page=page)
