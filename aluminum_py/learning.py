@@ -255,9 +255,11 @@ class Learner:
             mine = table[:, self.names.index(self.prior)]
             rivals = []
             for a in medians:
+                if a == self.prior:
+                    continue
                 theirs = table[:, self.names.index(a)]
                 both = (mine >= 0) & (theirs >= 0)      # nan compares False
-                if a == self.prior or not both.any():
+                if not both.any():
                     continue
                 won = int(np.sum(theirs[both] < mine[both]))
                 lost, n = int(np.sum(theirs[both] > mine[both])), int(np.sum(both))

@@ -16,46 +16,21 @@ pages is much faster than on small ones, shm's copies much less so; see docs/per
 from __future__ import annotations
 
 import argparse
-import mmap
 
 import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py.bench.timing import HUGE_PAGE, parse_bytes, time_interleaved
-from aluminum_py.testing import at_page_offset
+from aluminum_py.testing import at_page_offset, huge_share
 
 MODES = ("fresh", "huge", "small")
 
 
 def buffer(nbytes: int, mode: str, offset: int) -> np.ndarray:
     """A float32 array of `nbytes` bytes, `offset` bytes into a 2 MiB page, in `mode`."""
-    if mode == "fresh":
-        return at_page_offset(nbytes, offset, np.float32, page=HUGE_PAGE)
-    m = mmap.mmap(-1, nbytes + 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(mmap.MADV_HUGEPAGE if mode == "huge" else mmap.MADV_NOHUGEPAGE)
-    raw = np.frombuffer(m, np.uint8)
-    start = (-raw.ctypes.data) % HUGE_PAGE + offset
-    return raw[start:start + nbytes].view(np.float32)
-
-
-def huge_share(a: np.ndarray) -> float:
-    """The share of `a`'s 4 KiB pages that are part of a transparent huge page (from
-    /proc/self/pagemap and /proc/kpageflags: needs root; nan without)."""
-    lo, hi = a.ctypes.data // 4096, (a.ctypes.data + a.nbytes - 1) // 4096 + 1
-    try:
-        with open("/proc/self/pagemap", "rb") as pm, open("/proc/kpageflags", "rb") as kf:
-            pm.seek(lo * 8)
-            entries = np.frombuffer(pm.read(8 * (hi - lo)), np.uint64)
-            huge = 0
-            for e in entries.tolist():
-                pfn = e & ((1 << 55) - 1)
-                if e >> 63 and pfn:
-                    kf.seek(pfn * 8)
-                    huge += int.from_bytes(kf.read(8), "little") >> 22 & 1   # KPF_THP
-            return huge / (hi - lo)
-    except OSError:
-        return float("nan")
+    huge = {"fresh": None, "huge": True, "small": False}[mode]
+    return at_page_offset(nbytes, offset, np.float32, page=HUGE_PAGE, huge=huge)
 
 
 def main(argv=None) -> int:

@@ -735,8 +735,9 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * at 2, and trials every 16 calls took 3 of the 10 timed calls of a 64 MiB benchmark
  * (docs/performance.md, "Trials that back off"); where the other kind cost 1.35x (2 ranks,
  * 8-16 MiB), a trial every 16-32 calls (the rule before: reset below 1.5x) made 12-19% of
- * shm's calls trials, its median 3.8% above its chosen kind's ("Trials that cost 1%").  The surprise rule is not spaced: a choice
- * that turns 2x dearer is tried against the other kind at once.  A new class starts with the
+ * shm's calls trials, its median 3.8% above its chosen kind's ("Trials that cost 1%").  The
+ * surprise rule is not spaced: a choice that turns 2x dearer is tried against the other kind
+ * at once.  A new class starts with the
  * spacing of the class whose verdict it starts from (at most 4x), and in its first
  * AL_SHM_SEEDED calls the surprise rule compares its calls with that class's cost of the
  * kind as well (where that class was of the same collective): a verdict made before the host

@@ -587,17 +587,6 @@ def test_iterations_are_not_cut_by_one_slow_first_call():
     assert calls == ["a", "b"] and n == 5     # 0.3 s over the one round of 52 ms
 
 
-def _huge_share(a):
-    """bench/huge_pages.py's measure (needs root for /proc/kpageflags: nan without)."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "bench", "huge_pages.py")
-    spec = importlib.util.spec_from_file_location("huge_pages", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.huge_share(a)
-
-
 @pytest.mark.parametrize("nbytes", [(4 << 20) + 4, 8 << 20, 16 << 20])
 def test_every_contenders_recvbuf_lies_on_huge_pages_alike(nbytes):
     """From 4 MiB (where numpy asks for transparent huge pages) each recvbuf starts at the
@@ -607,6 +596,7 @@ def test_every_contenders_recvbuf_lies_on_huge_pages_alike(nbytes):
     on them took 0.77-0.86x the time: issue 31).  Below 4 MiB: the 4 KiB page offset only."""
     import sys
     from aluminum_py.bench.timing import HUGE_PAGE, recvbuf_like
+    from aluminum_py.testing import huge_share
     send = np.ones(nbytes // 4, np.float32)
     recvs = [recvbuf_like(send) for _ in range(3)]
     for r in recvs:
@@ -617,7 +607,7 @@ def test_every_contenders_recvbuf_lies_on_huge_pages_alike(nbytes):
     assert recvbuf_like(little).ctypes.data % 4096 == little.ctypes.data % 4096
     if not sys.platform.startswith("linux"):
         return
-    shares = [_huge_share(r) for r in recvs]
+    shares = [huge_share(r) for r in recvs]
     if np.isnan(shares).any():
         pytest.skip("/proc/kpageflags is not readable (not root)")
     with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
