@@ -166,22 +166,28 @@ class ShmCost(NamedTuple):
     byte: float                 # s per byte of one rank's memory traffic
     small: int                  # symmetric protocol up to this many bytes
     slot: int                   # bytes per rank and round of the split protocol
+    chunk: int = 0              # ... below chunk_upto bytes, bytes per round (0: the slot)
+    chunk_upto: int = 0
 
 
-def shm_terms(p: int, nbytes: int, small: int, slot: int) -> tuple[float, float]:
+def shm_terms(p: int, nbytes: int, small: int, slot: int, chunk: int = 0,
+              chunk_upto: int = 0) -> tuple[float, float]:
     """(synchronisations, bytes of memory traffic per rank) of one "shm" allreduce of `nbytes`
-    on `p` ranks of one node (ext/al_shm.h's protocols; 0 for p = 1 or nothing to reduce)."""
+    on `p` ranks of one node (ext/al_shm.h's protocols, al_shm_chunk's rounds: `chunk` bytes
+    each under `chunk_upto` bytes, else a slot; 0 for p = 1 or nothing to reduce).  The
+    traffic term does not see that rounds in L2 are cheaper (docs/performance.md)."""
     if p <= 1 or nbytes <= 0:
         return 0.0, 0.0
     n = float(nbytes)
     if nbytes <= small:
         return 1.0, (p + 3) * n
-    return 2.0 * math.ceil(nbytes / slot), (5 - 2 / p) * n
+    per_round = chunk if 0 < chunk < slot and nbytes < chunk_upto else slot
+    return 2.0 * math.ceil(nbytes / per_round), (5 - 2 / p) * n
 
 
 def shm_time(p: int, nbytes: int, shm: ShmCost) -> float:
     """Predicted seconds of one "shm" allreduce (the formula in this module's docstring)."""
-    syncs, traffic = shm_terms(p, nbytes, shm.small, shm.slot)
+    syncs, traffic = shm_terms(p, nbytes, shm.small, shm.slot, shm.chunk, shm.chunk_upto)
     return syncs * shm.sync + traffic * shm.byte
 
 

@@ -182,6 +182,12 @@ def shm_stream_bytes() -> int | None:
 def last_level_cache_bytes(cpu: int = 0) -> int:
     """The size of `cpu`'s largest data (or unified) cache from sysfs, 32 MiB where it cannot be
     read."""
+    return cache_bytes(cpu) or 32 << 20
+
+
+def cache_bytes(cpu: int = 0, level: int | None = None) -> int:
+    """The size of `cpu`'s data (or unified) cache of `level` from sysfs (None: its largest);
+    0 where it cannot be read."""
     best = 0
     base = f"/sys/devices/system/cpu/cpu{cpu}/cache"
     try:
@@ -195,6 +201,10 @@ def last_level_cache_bytes(cpu: int = 0) -> int:
             with open(f"{base}/{entry}/type") as f:
                 if f.read().strip() not in ("Data", "Unified"):
                     continue
+            if level is not None:
+                with open(f"{base}/{entry}/level") as f:
+                    if f.read().strip() != str(level):
+                        continue
             with open(f"{base}/{entry}/size") as f:
                 text = f.read().strip()
         except OSError:
@@ -203,7 +213,26 @@ def last_level_cache_bytes(cpu: int = 0) -> int:
         digits = text.rstrip("KkMmGg")
         if digits.isdigit():
             best = max(best, int(digits) * scale)
-    return best or 32 << 20
+    return best
+
+
+def shm_chunk_bytes(slot: int = 1 << 20, yielding: bool = False) -> int:
+    """AL_SHM_CHUNK_BYTES: bytes of an "shm" allreduce's round (reduce-scatter then allgather)
+    in allreduces under the size from which recvbuf is streamed (AL_SHM_STREAM_BYTES); the
+    others, and every one where it is at least the slot, take a slot per round.  Unset: a
+    quarter of the core's L2 cache (128 KiB of the reference VM's 512 KiB; 256 KiB where it
+    cannot be read), so that a round's blocks stay in L2, where every rank has a core of its
+    own (`yielding` False: 1.06-1.17x faster than 1 MiB rounds at 512 KiB-4 MiB, 2 ranks); the slot
+    where ranks outnumber cores, where each round's two waits may each wait for a descheduled
+    peer (1 MiB rounds 1.1-1.3x faster than 128-256 KiB ones at 1-2 MiB, 4 ranks on 2 cores).
+    Rank 0's value is used (docs/performance.md, "Rounds that stay in L2")."""
+    expected = f"a whole number of bytes from 4096 to {MAX_SLOT_BYTES}"
+    n = _number("AL_SHM_CHUNK_BYTES", 0, 4096, MAX_SLOT_BYTES, expected, whole=True)
+    if n:
+        return min(n, slot)
+    if yielding:
+        return slot
+    return min(max((cache_bytes(0, 2) or 1 << 20) // 4, 64 << 10), slot)
 
 
 SHM_SLOT_STORES = ("auto", "cached", "streamed")
@@ -308,6 +337,7 @@ def construction_error() -> str | None:
         node_layout()
         shm_slot_bytes()
         shm_small_bytes()
+        shm_chunk_bytes()
         shm_named()
         shm_test_faults()
         model_params()

@@ -357,15 +357,22 @@ def make_entry(comm_size, ranks_per_node, buffer, dtype_size, mpi, sizes, times,
             **({} if decided is None else {"decided": list(decided)})}
 
 
-def shm_limits() -> tuple[int, int] | None:
-    """(small, slot) of the segments this process makes as rank 0 (AL_SHM_SMALL_BYTES,
-    AL_SHM_SLOT_BYTES rounded as shm_attach rounds them), None when it makes none: the "shm"
-    formula's protocol limits for fitting an entry's shm times."""
+def shm_limits(p: int = 2) -> tuple[int, int, int, int] | None:
+    """(small, slot, chunk, chunk_upto) of the segments this process makes as rank 0 for `p`
+    ranks on its node (AL_SHM_SMALL_BYTES, AL_SHM_SLOT_BYTES rounded as shm_attach rounds them,
+    config.shm_chunk_bytes with the engine's yield rule for p ranks, and the size from which
+    recvbuf is streamed), None when it makes none: the "shm" formula's protocol limits for
+    fitting an entry's shm times."""
     slot = config.shm_slot_bytes()
     if slot == 0:
         return None
     slot = (slot + 4095) // 4096 * 4096
-    return min(config.shm_small_bytes(), slot), slot
+    every = config.engine_yield()
+    yielding = (config.default_engine_yield(p) if every is None else every) > 0
+    stream = config.shm_stream_bytes()
+    upto = stream if stream is not None else config.last_level_cache_bytes() // (2 * max(p, 1))
+    return (min(config.shm_small_bytes(), slot), slot, config.shm_chunk_bytes(slot, yielding),
+            upto)
 
 
 def _nonnegative_lstsq(rows, rhs) -> np.ndarray:
@@ -383,11 +390,11 @@ def _nonnegative_lstsq(rows, rhs) -> np.ndarray:
     return x
 
 
-def fit_models(entry: dict, limits: tuple[int, int] | None = None):
+def fit_models(entry: dict, limits: tuple[int, ...] | None = None):
     """The cost models fitted to an entry's measured times: ``(abg, shm)``, abg the (alpha,
     beta, gamma) of the modelled algorithms (None: fewer than 3 of their times, or 1 rank)
     and shm the (sync, byte) of the "shm" formula (None: no shm times in the entry, no
-    `limits`, the segment's (small, slot), or fewer than 2 of them).
+    `limits`, the segment's (small, slot[, chunk, chunk_upto]), or fewer than 2 of them).
 
     One least-squares fit on relative error of t = c + formula, every unknown >= 0: c is a
     per-call cost every algorithm pays alike (the call path, the benchmark's skew), which the
@@ -465,7 +472,8 @@ class Chooser:
                          else f"{comm_size} ranks")
         self.others = tuple(others)
         # the "shm" formula: (sync, byte) by default (rank 0's AL_SHM_SYNC, AL_SHM_BYTE) and the
-        # segment's (small, slot); shm is modelled only when the communicator has a segment
+        # segment's (small, slot, chunk, chunk_upto); shm is modelled only when the communicator
+        # has a segment
         self.shm_params = tuple(shm_params) if shm_params is not None else None
         self.shm_limits = (tuple(shm_limits) if shm_limits is not None and "shm" in self.usable
                            else None)
@@ -474,7 +482,8 @@ class Chooser:
     def from_data(cls, data: "TuningData", usable, fitted: bool = True,
                   shm_limits=None) -> "Chooser":
         """A Chooser from :func:`shared_data`'s answer (`fitted` False: measured entries only;
-        `shm_limits`: the communicator's segment's (small, slot), None without one)."""
+        `shm_limits`: the communicator's segment's (small, slot[, chunk, chunk_upto]), None
+        without one)."""
         return cls(sum(data.ranks_per_node), data.exact, data.fitted if fitted else {},
                    data.params, usable, data.ranks_per_node, data.others, data.shm_params,
                    shm_limits)
@@ -497,8 +506,10 @@ class Chooser:
         a, b, g = params
         detail = f"{why}cost model with alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B"
         if shm is not None:
+            rounds = (f", rounds of {shm.chunk} B under {shm.chunk_upto} B"
+                      if 0 < shm.chunk < shm.slot else "")
             detail += (f", shm sync={shm.sync:.3g} s, byte={shm.byte:.3g} s/B (one node, "
-                       f"segment: symmetric up to {shm.small} B, slots of {shm.slot} B)")
+                       f"segment: symmetric up to {shm.small} B, slots of {shm.slot} B{rounds})")
         elif self.shm_limits is not None:
             detail += ", shm not modelled (the entry has no shm times: tune again)"
         if runner is not None and self.comm_size > 1:
@@ -639,7 +650,7 @@ def find_data(table: dict, ranks_per_node, buffer: str, mpi: str):
     rpn = tuple(ranks_per_node)
     comm_size = sum(rpn)
     exact, fitted = {}, {}
-    limits = shm_limits() if len(rpn) == 1 else None      # "shm": one node only
+    limits = shm_limits(comm_size) if len(rpn) == 1 else None      # "shm": one node only
     candidates = [e for e in table.get("entries", {}).values()
                   if e.get("buffer") == buffer and e.get("mpi") == mpi]
     usable = [e for e in candidates if e.get("ranks_per_node") is not None]

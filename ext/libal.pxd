@@ -46,6 +46,7 @@ cdef extern from "al_shm.h" nogil:
         al_shm_adapt adapt[8][16]
         int prefer, prefer_backoff
         double round_trip_ns
+        size_t chunk, chunk_upto
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk

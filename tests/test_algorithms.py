@@ -103,6 +103,12 @@ def test_shm_formula():
     assert shm_terms(2, 64 << 20, SMALL, SLOT) == (128.0, 4.0 * (64 << 20))
     assert shm_terms(2, (64 << 20) + 4, SMALL, SLOT)[0] == 130.0
     assert shm_time(2, 64 << 20, shm) == pytest.approx(128 * s + 4 * (64 << 20) * m)
+    # rounds of `chunk` bytes under chunk_upto (al_shm_chunk), of a slot from there
+    assert shm_terms(2, 4 << 20, SMALL, SLOT, 128 << 10, 8 << 20) == (64.0, 4.0 * (4 << 20))
+    assert shm_terms(2, 8 << 20, SMALL, SLOT, 128 << 10, 8 << 20)[0] == 16.0
+    assert shm_terms(2, 4 << 20, SMALL, SLOT, SLOT, 8 << 20)[0] == 8.0
+    chunked = ShmCost(s, m, SMALL, SLOT, 128 << 10, 8 << 20)
+    assert shm_time(2, 1 << 20, chunked) == pytest.approx(16 * s + 4 * (1 << 20) * m)
     # nothing to exchange
     assert shm_terms(1, 1 << 20, SMALL, SLOT) == (0.0, 0.0)
     assert shm_terms(4, 0, SMALL, SLOT) == (0.0, 0.0)

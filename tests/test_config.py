@@ -32,9 +32,10 @@ def test_wait_spin(monkeypatch):
         config.wait_spin()
 
 
-def test_last_level_cache_bytes(tmp_path, monkeypatch):
-    """The largest data or unified cache sysfs lists (K/M suffixes), 32 MiB where none can be
-    read; an instruction cache never counts."""
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    """cpu0's caches in a sysfs of our own: L1d 32K, L1i 64M, L2 1024K, L3 32768K (returned:
+    the directory; its files can be rewritten)."""
     for index, (level, kind, size) in enumerate(((1, "Data", "32K"), (1, "Instruction", "64M"),
                                                  (2, "Unified", "1024K"), (3, "Unified", "32768K"))):
         d = tmp_path / "cpu0" / "cache" / f"index{index}"
@@ -48,10 +49,37 @@ def test_last_level_cache_bytes(tmp_path, monkeypatch):
         return str(path).replace("/sys/devices/system/cpu", str(tmp_path))
     monkeypatch.setattr(config.os, "listdir", lambda path: real_listdir(moved(path)))
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(moved(path), *a, **k))
+    return tmp_path
+
+
+def test_last_level_cache_bytes(caches):
+    """The largest data or unified cache sysfs lists (K/M suffixes), 32 MiB where none can be
+    read; an instruction cache never counts."""
+    tmp_path = caches
     assert config.last_level_cache_bytes() == 32 << 20
     (tmp_path / "cpu0" / "cache" / "index3" / "size").write_text("96M\n")
     assert config.last_level_cache_bytes() == 96 << 20
     assert config.last_level_cache_bytes(cpu=7) == 32 << 20     # no such CPU: the fallback
+
+
+def test_shm_chunk_bytes(caches, monkeypatch):
+    """An "shm" allreduce's round: a quarter of the core's L2 (1 MiB here) where every rank has
+    a core, the slot where ranks outnumber cores, 256 KiB where no L2 is listed; at least
+    64 KiB, at most the slot; a value given is used up to the slot."""
+    monkeypatch.delenv("AL_SHM_CHUNK_BYTES", raising=False)
+    assert config.cache_bytes(0, 2) == 1 << 20
+    assert config.shm_chunk_bytes(1 << 20, False) == 256 << 10
+    assert config.shm_chunk_bytes(128 << 10, False) == 128 << 10
+    assert config.shm_chunk_bytes(1 << 20, True) == 1 << 20
+    (caches / "cpu0" / "cache" / "index2" / "size").write_text("128K\n")
+    assert config.shm_chunk_bytes(1 << 20, False) == 64 << 10
+    (caches / "cpu0" / "cache" / "index2" / "level").write_text("4\n")
+    assert config.cache_bytes(0, 2) == 0
+    assert config.shm_chunk_bytes(1 << 20, False) == 256 << 10
+    monkeypatch.setenv("AL_SHM_CHUNK_BYTES", "8192")
+    assert config.shm_chunk_bytes(1 << 20, True) == 8192
+    monkeypatch.setenv("AL_SHM_CHUNK_BYTES", "4e6")
+    assert config.shm_chunk_bytes(1 << 20, False) == 1 << 20
 
 
 def test_wait_nap(monkeypatch):

@@ -27,6 +27,7 @@ REFUSED = [
     ("AL_SHM_SLOT_BYTES", "shm_slot_bytes", ["4611686018427387904", "100", "-4096",
                                           "nan", "1e30"]),
     ("AL_SHM_SMALL_BYTES", "shm_small_bytes", ["-1", "nan", "1e300"]),
+    ("AL_SHM_CHUNK_BYTES", "shm_chunk_bytes", ["0", "100", "-4096", "nan", "1e30", "4096.5"]),
     ("AL_SHM_STREAM_BYTES", "shm_stream_bytes", ["-1", "nan", "inf"]),
     ("AL_SHM_SLOT_STORES", "shm_slot_stores", ["1", "nan", "yes"]),
     ("AL_SHM_NAMED", "shm_named", ["2", "-1", "nan", "yes"]),

@@ -16,6 +16,16 @@ _LABELS = {"allreduce": "node allreduce/shm", "reduce_scatter": "node reduce_sca
            "allgather": "node allgather/shm", "bcast": "node bcast/shm"}
 
 
+def attach_segment(state, node_comm) -> None:
+    """Set up `state`'s shared-memory segment over `node_comm` (``_core.shm_attach``, collective)
+    with this process's settings, of which rank 0's count: a communicator's, and each node's of
+    a hierarchical one."""
+    slot = config.shm_slot_bytes()
+    _core.shm_attach(state, node_comm, slot, min(config.shm_small_bytes(), slot),
+                     config.hang_timeout_native(), config.shm_named(), config.shm_test_faults(),
+                     config.shm_chunk_bytes(slot, _core.poll_yield() > 0))
+
+
 class NodeSegments:
     """This rank's node segment and the plans of the hierarchical allreduce over it (made by
     :meth:`setup`; :meth:`close` unmaps and frees)."""
@@ -53,11 +63,8 @@ class NodeSegments:
                    f"differ; AL_NODE_LAYOUT names one node for them?)")
         node_state = _core.CommState(sub, sub)
         if err is None and sub.Get_size() > 1:
-            slot = config.shm_slot_bytes()
             try:
-                _core.shm_attach(node_state, sub, slot, min(config.shm_small_bytes(), slot),
-                                 config.hang_timeout_native(), config.shm_named(),
-                                 config.shm_test_faults())
+                attach_segment(node_state, sub)
             except TimeoutError:
                 raise
             except Error as e:

@@ -25,7 +25,7 @@ from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
 from ..request import Request, _check, _status_of
 from ..status import ANY_SOURCE, ANY_TAG, Status
 from ..learning import Learning
-from .hier_shm import NodeSegments
+from .hier_shm import NodeSegments, attach_segment
 
 K = _core.KINDS
 
@@ -278,8 +278,8 @@ class HostBackend:
         self.candidates = tuple(a for a in HOST_CANDIDATES
                                 if self._no_shm is None or a not in ONE_NODE)
         info = _core.shm_info(state) if self._no_shm is None else None
-        self.chooser = tuning.Chooser.from_data(
-            data, self.candidates, shm_limits=info and (info["small"], info["slot"]))
+        limits = info and tuple(info[k] for k in ("small", "slot", "chunk", "chunk_upto"))
+        self.chooser = tuning.Chooser.from_data(data, self.candidates, shm_limits=limits)
         # AL_AUTO_LEARN (rank 0's): auto checks its choices in use, exchanging its samples on
         # a communicator of its own (aluminum_py.learning)
         self._learn_comm = self.learning = None
@@ -338,11 +338,8 @@ class HostBackend:
         the first "shm" op instead, ops issued in different orders on different communicators
         would wait for each other's setup).  A failure (no room for the segment, ...) is the
         same on every rank: "shm" then raises it and "auto" leaves it out."""
-        slot = config.shm_slot_bytes()
         try:
-            _core.shm_attach(self.state, self._node_comm, slot,
-                             min(config.shm_small_bytes(), slot), config.hang_timeout_native(),
-                             config.shm_named(), config.shm_test_faults())
+            attach_segment(self.state, self._node_comm)
         except TimeoutError:
             raise
         except Error as e:

@@ -281,7 +281,7 @@ def _shm_test_nonce(int rank, nonce, faults):
     return nonce ^ 1 if faults[1] == rank else nonce
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
-               bint named=False, tuple faults=(-1, -1)):
+               bint named=False, tuple faults=(-1, -1), size_t chunk=0):
     """Create and map the communicator's segment (at construction: collective over
     `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
     other traffic uses it).  Rank 0 creates an anonymous memory file (memfd_create), every rank
@@ -291,7 +291,9 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     memfd_create on rank 0, or a rank may not open rank 0's fd), or with `named` (rank 0's
     AL_SHM_NAMED), the whole communicator uses a named POSIX object instead, unlinked by rank 0
     once every rank has reported (al_shm.h).  Rank 0's `slot` (bytes per rank per buffer, a
-    multiple of 4096) and `small` (the symmetric protocol's limit) are used by all.  Raises
+    multiple of 4096) and `small` (the symmetric protocol's limit) are used by all, and so is
+    its `chunk`: the bytes of a split allreduce's round below the size from which recvbuf is
+    streamed (al_shm_chunk; 0 or more than the slot: the slot), sent with the probe's result.  Raises
     aluminum_py.Error naming every rank's failure, or TimeoutError after `timeout` seconds
     (< 0: none).  `faults`: testing aids (``aluminum_py.config.shm_test_faults``)."""
     cdef int size = cs.c.size, rank = cs.c.rank
@@ -307,9 +309,9 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     deadline = time.monotonic() + timeout if timeout >= 0 else None
     if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults) == SHM_NAMED:
         _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults)
-    _shm_placement_probe(cs, node_comm, timeout, deadline)
+    _shm_placement_probe(cs, node_comm, timeout, deadline, chunk)
 
-def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline):
+def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size_t chunk=0):
     """Where the host runs the ranks, found once the segment is mapped (al_shm_round_trip):
     ranks 0 and 1 pass a cache line back and forth for at most 5 ms; rank 0's least round trip
     goes to every rank, and above AL_SHM_FAR_NS (the ranks share no cache) the segment's size
@@ -325,20 +327,27 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline):
     the classes start streamed, the better worst case: at 4 ranks, 4-64 MiB, cached stores
     were 1.5-2.7x slower than streamed ones in the far placement, streamed 1.0-1.24x slower
     than cached in the near one (bench/results/issue31_shm_stores_4ranks.txt); each class's
-    trials then find the cheaper."""
+    trials then find the cheaper.
+
+    Rank 0's `chunk` and the size from which it streams recvbuf (al_shm_stream_from) go to
+    every rank with the result (al_shm_chunk: every rank must make the same rounds)."""
     import numpy as np
     cdef al_shm_seg* seg = cs.c.shm
     cdef double rt = 0
     if cs.c.size < 2:
         return
+    if g_yield_every <= 0:
+        with nogil:
+            rt = al_shm_round_trip(seg, 64, 0.005)
+    got = np.array([rt, <double>(chunk if 0 < chunk < seg.slot else seg.slot),
+                    <double>al_shm_stream_from(seg)])
+    _shm_finish(node_comm.Ibcast(got, root=0), deadline, timeout,
+                "the placement probe's round trip")
+    seg.chunk = <size_t>got[1]
+    seg.chunk_upto = <size_t>got[2]
     if g_yield_every > 0:
         seg.prefer = 1
         return
-    with nogil:
-        rt = al_shm_round_trip(seg, 64, 0.005)
-    got = np.array([rt])
-    _shm_finish(node_comm.Ibcast(got, root=0), deadline, timeout,
-                "the placement probe's round trip")
     seg.round_trip_ns = got[0]
     seg.prefer = 1 if got[0] > AL_SHM_FAR_NS else 0
 
@@ -561,4 +570,4 @@ def shm_info(CommState cs):
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
             "broken_by": who if who >= 0 else None, "stores": stores,
             "round_trip_ns": s.round_trip_ns, "prefer": ("cached", "streamed")[s.prefer],
-            "stream_from": al_shm_stream_from(s)}
+            "stream_from": al_shm_stream_from(s), "chunk": s.chunk, "chunk_upto": s.chunk_upto}

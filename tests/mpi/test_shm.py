@@ -70,6 +70,39 @@ def test_matrix_tiny_slots(tiny, dtype):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def test_rounds_of_rank_0s_chunk():
+    """A split allreduce under the size from which recvbuf is streamed runs in rounds of rank
+    0's AL_SHM_CHUNK_BYTES (the others set another), larger ones a slot per round; every rank
+    makes the same rounds and gets the exact result, for every dtype, uneven last rounds and
+    blocks on both sides of the limit."""
+    env = {"AL_SHM_SLOT_BYTES": "16384", "AL_SHM_SMALL_BYTES": "1024",
+           "AL_SHM_CHUNK_BYTES": "4096" if WORLD.rank == 0 else "8192"}
+    _core.set_shm_stream_bytes(32768)          # rank 0's at the setup is the limit
+    try:
+        c = with_env(env, al.Communicator)
+    finally:
+        _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+    try:
+        if c.size < 2:
+            pytest.skip("no segment at one rank")
+        info = _core.shm_info(c._state)
+        failures = [] if (info["chunk"], info["chunk_upto"]) == (4096, 32768) else [
+            f"chunk {info['chunk']}, up to {info['chunk_upto']}"]
+        for count, rounds in ((4000, 4), (8191, 8), (8192, 2), (10001, 3)):   # float32
+            x = np.full(count, c.rank + 1, np.float32)
+            before = _core.shm_info(c._state)["rounds"]
+            c.Allreduce(x, algorithm="shm")
+            got = _core.shm_info(c._state)["rounds"] - before
+            if got != rounds or not np.all(x == c.size * (c.size + 1) // 2):
+                failures.append(f"{count} float32: {got} rounds (expected {rounds}), "
+                                f"result {x[:3]}")
+        failures += matrix_failures(c, "shm", ["int8", "float32", "complex128"],
+                                    [300, 2049, 4095, 9001])
+        assert all_ranks_ok(not failures), every_rank(failures)
+    finally:
+        c.Free()
+
+
 @pytest.fixture
 def streaming():
     """Every split-protocol allreduce of this process writes recvbuf with streaming stores

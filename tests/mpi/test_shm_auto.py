@@ -16,8 +16,11 @@ SIZES = [4, 4096, 64 << 10, (64 << 10) + 64, 3 << 20]       # bytes of float32
 
 
 def rounds(nbytes: int, info: dict) -> int:
-    """Rounds of one shm allreduce (ext/al_shm.h): one up to `small`, else one per slot."""
-    return 1 if nbytes <= info["small"] else math.ceil(nbytes / info["slot"])
+    """Rounds of one shm allreduce (ext/al_shm.h): one up to `small`, else one per `chunk`
+    bytes under `chunk_upto` bytes, one per slot from there."""
+    if nbytes <= info["small"]:
+        return 1
+    return math.ceil(nbytes / (info["chunk"] if nbytes < info["chunk_upto"] else info["slot"]))
 
 
 @pytest.fixture
