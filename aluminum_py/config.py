@@ -422,14 +422,16 @@ def cuda_driver() -> str:
     return cuda_library() or CUDA_DRIVER
 
 
-def shm_test_faults() -> tuple[int, int]:
+def shm_test_faults() -> tuple[int, int, int]:
     """TESTING AIDS ONLY, read at each shared-memory setup (``_core.shm_attach``'s `faults`):
-    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE), the rank that calls ``os._exit`` in the
-    middle of the setup (tests/test_shm_segment.py) and the rank that expects another nonce
-    than rank 0 sent, as if it had opened a file that is not rank 0's segment
-    (tests/mpi/test_hostile.py); -1: none."""
+    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE, AL_SHM_TEST_LATE_PROBE), the rank that
+    calls ``os._exit`` in the middle of the setup (tests/test_shm_segment.py), the rank that
+    expects another nonce than rank 0 sent, as if it had opened a file that is not rank 0's
+    segment (tests/mpi/test_hostile.py), and the rank that comes to the placement probe 20 ms
+    late (tests/mpi/test_shm_stores.py); -1: none."""
     return (_count("AL_SHM_TEST_DIE_IN_SETUP", -1, 0, MAX_INT, "ranks"),
-            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"))
+            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"),
+            _count("AL_SHM_TEST_LATE_PROBE", -1, 0, MAX_INT, "ranks"))
 
 
 def cuda_standin_dir() -> str | None:

@@ -824,13 +824,17 @@ static inline double al_shm_seconds(void) {
 /* The placement probe, at setup (shm.pxi), before any op: ranks 0 and 1 pass a counter back
  * and forth through the first line of each one's slot of buffer 0 (nothing else uses them
  * yet), in batches of AL_SHM_PROBE_BATCH round trips, until `batches` batches or `budget`
- * seconds have passed; rank 0 stops rank 1 with AL_SHM_PROBE_STOP.  Returns rank 0's least
+ * seconds have passed, counted from rank 1's first answer (rank 0 waits for it up to
+ * AL_SHM_PROBE_JOIN seconds: a rank 1 a few ms late to the probe left no batch complete in
+ * the budget, and the probe said nothing, in one run of six); rank 0 stops rank 1 with
+ * AL_SHM_PROBE_STOP.  Returns rank 0's least
  * round trip of a batch in ns (0 on other ranks, or when none completed): a new segment's
  * classes start with streamed slot stores where it is above AL_SHM_FAR_NS, the ranks then
  * sharing no cache (on the reference VM 51-66 ns near, 330-590 ns far: "the slots' stores"
  * above).  The least of a batch, not a mean: a descheduled peer makes some batches slow. */
 #define AL_SHM_PROBE_BATCH 16
 #define AL_SHM_PROBE_STOP UINT64_MAX
+#define AL_SHM_PROBE_JOIN 1.0
 #define AL_SHM_FAR_NS 200.0
 static double al_shm_round_trip(al_shm_seg *s, int batches, double budget) {
   volatile uint64_t *ping, *pong;
@@ -842,8 +846,9 @@ static double al_shm_round_trip(al_shm_seg *s, int batches, double budget) {
     return 0;
   ping = (volatile uint64_t *)al_shm_slot(s, 0, 0);
   pong = (volatile uint64_t *)al_shm_slot(s, 0, 1);
-  if (s->rank == 1) {                /* answer every ping until the stop (or the budget + 1 s) */
-    end += 1.0;
+  if (s->rank == 1) {                /* answer every ping until the stop (or the budget +
+                                        the join wait + 1 s) */
+    end += AL_SHM_PROBE_JOIN + 1.0;
     while (1) {
       uint64_t x = __atomic_load_n(ping, __ATOMIC_ACQUIRE);
       if (x == AL_SHM_PROBE_STOP)
@@ -859,6 +864,16 @@ static double al_shm_round_trip(al_shm_seg *s, int batches, double budget) {
       }
     }
   }
+  __atomic_store_n(ping, ++v, __ATOMIC_RELEASE);    /* rank 1's first answer starts the clock */
+  end += AL_SHM_PROBE_JOIN;
+  while (__atomic_load_n(pong, __ATOMIC_ACQUIRE) != v) {
+    if (++spins % 4096 == 0) {
+      if (al_shm_seconds() > end)
+        goto done;
+      sched_yield();
+    }
+  }
+  end = al_shm_seconds() + budget;
   for (b = 0; b < batches && al_shm_seconds() < end; b++) {
     t0 = al_shm_seconds();
     for (j = 0; j < AL_SHM_PROBE_BATCH; j++) {

@@ -281,7 +281,7 @@ def _shm_test_nonce(int rank, nonce, faults):
     return nonce ^ 1 if faults[1] == rank else nonce
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
-               bint named=False, tuple faults=(-1, -1), size_t chunk=0):
+               bint named=False, tuple faults=(-1, -1, -1), size_t chunk=0):
     """Create and map the communicator's segment (at construction: collective over
     `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
     other traffic uses it).  Rank 0 creates an anonymous memory file (memfd_create), every rank
@@ -309,9 +309,10 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     deadline = time.monotonic() + timeout if timeout >= 0 else None
     if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults) == SHM_NAMED:
         _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults)
-    _shm_placement_probe(cs, node_comm, timeout, deadline, chunk)
+    _shm_placement_probe(cs, node_comm, timeout, deadline, chunk, faults)
 
-def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size_t chunk=0):
+def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size_t chunk=0,
+                         tuple faults=(-1, -1, -1)):
     """Where the host runs the ranks, found once the segment is mapped (al_shm_round_trip):
     ranks 0 and 1 pass a cache line back and forth for at most 5 ms; rank 0's least round trip
     goes to every rank, and above AL_SHM_FAR_NS (the ranks share no cache) the segment's size
@@ -329,6 +330,9 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size
     than cached in the near one (bench/results/issue31_shm_stores_4ranks.txt); each class's
     trials then find the cheaper.
 
+    A probe that got no answer (rank 1 not at it within AL_SHM_PROBE_JOIN, 1 s; rank 0 waits
+    for its first answer before the 5 ms start) says nothing either: streamed, round_trip_ns 0.
+
     Rank 0's `chunk` and the size from which it streams recvbuf (al_shm_stream_from) go to
     every rank with the result (al_shm_chunk: every rank must make the same rounds)."""
     import numpy as np
@@ -337,6 +341,9 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size
     if cs.c.size < 2:
         return
     if g_yield_every <= 0:
+        if len(faults) > 2 and faults[2] == cs.c.rank:     # TESTING AID (AL_SHM_TEST_LATE_PROBE)
+            import time
+            time.sleep(0.02)
         with nogil:
             rt = al_shm_round_trip(seg, 64, 0.005)
     got = np.array([rt, <double>(chunk if 0 < chunk < seg.slot else seg.slot),
@@ -349,7 +356,7 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size
         seg.prefer = 1
         return
     seg.round_trip_ns = got[0]
-    seg.prefer = 1 if got[0] > AL_SHM_FAR_NS else 0
+    seg.prefer = 1 if got[0] > AL_SHM_FAR_NS or got[0] == 0 else 0
 
 cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
                   int mode, tuple faults) except -1:

@@ -130,27 +130,47 @@ def test_measured_choice_follows_its_schedule(stores):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def probe_results(env=None):
+    """Every rank's (round_trip_ns, prefer) of a new communicator's segment (made with the
+    environment variables `env`), None without a segment."""
+    comm = with_env(env or {}, al.Communicator)
+    try:
+        info = _core.shm_info(comm._state)
+    finally:
+        comm.Free()
+    return None if info is None else WORLD.allgather((info["round_trip_ns"], info["prefer"]))
+
+
+def oversubscribed() -> bool:
+    import os
+    return WORLD.size > len(os.sched_getaffinity(0))
+
+
 def test_the_placement_probe_chooses_the_first_kind():
     """At setup ranks 0 and 1 time a cache line's round trip (al_shm_round_trip): every rank
     gets rank 0's figure, and a new segment's classes start streamed above 200 ns (no cache
     shared), cached below; where ranks outnumber cores no probe (a waiting rank yields to the
     others: the round trip says nothing about the caches), and streamed (the better worst
     case)."""
-    import os
-    comm = al.Communicator()
-    try:
-        info = _core.shm_info(comm._state)
-    finally:
-        comm.Free()
-    if info is None:
+    every = probe_results()
+    if every is None:
         return
-    rt, first = info["round_trip_ns"], info["prefer"]
-    every = WORLD.allgather((rt, first))
-    cores = len(os.sched_getaffinity(0))
-    oversubscribed = WORLD.size > cores
-    ok = (len(set(every)) == 1 and (rt > 0) != oversubscribed
-          and first == ("streamed" if rt > 200 or oversubscribed else "cached"))
+    rt, first = every[0]
+    ok = (len(set(every)) == 1 and (rt > 0) != oversubscribed()
+          and first == ("streamed" if rt > 200 or oversubscribed() else "cached"))
     assert all_ranks_ok(ok), every
+
+
+def test_the_probe_waits_for_a_late_rank_1():
+    """Rank 1 20 ms late to the probe (AL_SHM_TEST_LATE_PROBE), four times the probe's 5 ms:
+    rank 0 waits for its first answer and times the round trip from there, so every rank still
+    gets a figure (before, no batch completed and the probe said nothing)."""
+    if oversubscribed():
+        pytest.skip("no probe where ranks outnumber cores")
+    every = probe_results({"AL_SHM_TEST_LATE_PROBE": "1"})
+    if every is None:
+        return
+    assert all_ranks_ok(len(set(every)) == 1 and every[0][0] > 0), every
 
 
 def test_fixed_kinds_are_not_measured(stores):
