@@ -353,9 +353,11 @@ def main(argv=None) -> int:
         shm = _core.shm_info(comm._state)
         round_trip = shm and shm["round_trip_ns"]
         if round_trip:
+            where = ("above 200 ns: the far placement, new size classes start with streamed slot"
+                     " stores" if round_trip > 200 else "up to 200 ns: the near placement, new "
+                     "size classes start with cached slot stores")
             print(f"# placement probe at setup (al_shm.h): a cache line's round trip between "
-                  f"ranks 0 and 1 {round_trip:.0f} ns (above 200 ns, the far placement, new size "
-                  f"classes start with streamed slot stores)")
+                  f"ranks 0 and 1 {round_trip:.0f} ns ({where})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,
