@@ -225,14 +225,13 @@ def shm_chunk_bytes(slot: int = 1 << 20, yielding: bool = False) -> int:
     own (`yielding` False: 1.06-1.17x faster than 1 MiB rounds at 512 KiB-4 MiB, 2 ranks); the slot
     where ranks outnumber cores, where each round's two waits may each wait for a descheduled
     peer (1 MiB rounds 1.1-1.3x faster than 128-256 KiB ones at 1-2 MiB, 4 ranks on 2 cores).
-    Rank 0's value is used (docs/performance.md, "Rounds that stay in L2")."""
+    Rank 0's value is used (docs/performance.md, "Rounds that stay in L2"); rounded down to
+    4 KiB, as rounds start on whole pages of the slot."""
     expected = f"a whole number of bytes from 4096 to {MAX_SLOT_BYTES}"
     n = _number("AL_SHM_CHUNK_BYTES", 0, 4096, MAX_SLOT_BYTES, expected, whole=True)
-    if n:
-        return min(n, slot)
-    if yielding:
-        return slot
-    return min(max((cache_bytes(0, 2) or 1 << 20) // 4, 64 << 10), slot)
+    if not n:
+        n = slot if yielding else max((cache_bytes(0, 2) or 1 << 20) // 4, 64 << 10)
+    return min(n - n % 4096, slot)
 
 
 SHM_SLOT_STORES = ("auto", "cached", "streamed")

@@ -80,6 +80,12 @@ def test_shm_chunk_bytes(caches, monkeypatch):
     assert config.shm_chunk_bytes(1 << 20, True) == 8192
     monkeypatch.setenv("AL_SHM_CHUNK_BYTES", "4e6")
     assert config.shm_chunk_bytes(1 << 20, False) == 1 << 20
+    monkeypatch.setenv("AL_SHM_CHUNK_BYTES", "10000")             # whole pages: down to 8 KiB
+    assert config.shm_chunk_bytes(1 << 20, False) == 8192
+    (caches / "cpu0" / "cache" / "index2" / "level").write_text("2\n")
+    (caches / "cpu0" / "cache" / "index2" / "size").write_text("1280K\n")
+    monkeypatch.delenv("AL_SHM_CHUNK_BYTES")
+    assert config.shm_chunk_bytes(1 << 20, False) == 320 << 10
 
 
 def test_wait_nap(monkeypatch):
