@@ -341,7 +341,7 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size
     if cs.c.size < 2:
         return
     if g_yield_every <= 0:
-        if len(faults) > 2 and faults[2] == cs.c.rank:     # TESTING AID (AL_SHM_TEST_LATE_PROBE)
+        if faults[2] == cs.c.rank:     # TESTING AID (AL_SHM_TEST_LATE_PROBE)
             import time
             time.sleep(0.02)
         with nogil:
@@ -352,10 +352,7 @@ def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size
                 "the placement probe's round trip")
     seg.chunk = <size_t>got[1]
     seg.chunk_upto = <size_t>got[2]
-    if g_yield_every > 0:
-        seg.prefer = 1
-        return
-    seg.round_trip_ns = got[0]
+    seg.round_trip_ns = got[0]             # 0: no probe (ranks outnumber cores) or no answer
     seg.prefer = 1 if got[0] > AL_SHM_FAR_NS or got[0] == 0 else 0
 
 cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
