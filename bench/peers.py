@@ -5,14 +5,15 @@ op builds, DeepSpeed's CPU shared-memory ``deepspeed.comm.inference_all_reduce``
 (``bench/deepspeed_peer.py``).
 
     mpiexec -n 2 python bench/peers.py [--min-bytes 4] [--max-bytes 64MiB] [--algorithms auto,shm]
-        [--no-torch] [--no-deepspeed] [--no-gloo] [--omp-threads 1] [--json FILE]
+        [--no-torch] [--no-deepspeed] [--no-gloo] [--omp-threads 1] [--run-length 1]
+        [--json FILE]
 
 ``--algorithms`` names ours (``all``: every host name of ``al.algorithms()``); a name this build
 lacks, or one that raises on this communicator (``shm`` across nodes), is skipped with its
 reason.  Every contender's first call at each size is checked against numpy (rank-dependent
 integer inputs, so every summation order gives the same float32 result); a wrong result is
 reported and makes the exit status 1.  Each sample is the max over ranks of one call (barrier
-before each); the table shows medians in microseconds and the first algorithm's speedup over
+before each; with --run-length K, the last of K calls of one contender in a row); the table shows medians in microseconds and the first algorithm's speedup over
 each peer (peer time / its time; higher is better); --json also keeps each one's minimum and,
 where ``auto`` runs, ``auto_paired``: per contender the median over iterations of ``auto``'s
 time over that contender's in the same iteration (a paired figure: a change of the machine's
@@ -229,8 +230,13 @@ def main(argv=None) -> int:
     ap.add_argument("--omp-threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", 1)),
                     help="OMP_NUM_THREADS for torch and DeepSpeed's op (default: the "
                          "environment's, else 1)")
+    ap.add_argument("--run-length", type=int, default=1,
+                    help="calls of a contender in a row per turn, the last one timed (1: single "
+                         "calls, each after another contender's; 3: as learning times them)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.run_length < 1:
+        ap.error("--run-length must be 1 or more")
     os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)   # before torch or DeepSpeed load
     world = MPI.COMM_WORLD
     comm = al.Communicator()
@@ -283,8 +289,8 @@ def main(argv=None) -> int:
         wrong_any = wrong_any or bool(wrong)
         learning = learn(world, comm, calls, n, salt=n)
         lo = args.large_min_iters if n >= large else args.min_iters
-        iters = iterations(world, calls, args.budget, lo=lo)
-        samples = time_interleaved(world, calls, iters, salt=n)
+        iters = iterations(world, calls, args.budget / args.run_length, lo=lo)
+        samples = time_interleaved(world, calls, iters, salt=n, run=args.run_length)
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {"bytes": n, "iterations": iters,
                **{k: v * 1e6 for k, v in med.items()},
@@ -362,7 +368,7 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,
                            "bound_us": bound, "omp_threads": args.omp_threads,
-                           "round_trip_ns": round_trip, "skipped": skipped, **versions}, f,
+                           "run_length": args.run_length, "round_trip_ns": round_trip, "skipped": skipped, **versions}, f,
                           indent=1)
     native.Free()
     return 1 if wrong_any else 0

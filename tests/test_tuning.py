@@ -563,6 +563,30 @@ def test_time_interleaved_draws_every_order_before_the_first_call(monkeypatch):
     assert orders == [real([11, it]).permutation(4).tolist() for it in range(6)]
 
 
+def test_time_interleaved_runs_of_calls_time_the_last():
+    """With run=3 each contender's turn is three calls in a row, in the iteration's order, and
+    only the third is timed: a contender whose first two calls of a turn are slow has the
+    third call's time as its sample."""
+    import time
+    from mpi4py import MPI
+    from aluminum_py.bench.timing import interleaved_orders, time_interleaved
+    ran = []
+    turn = {"a": 0, "b": 0}
+
+    def call(name):
+        def f():
+            ran.append(name)
+            turn[name] += 1
+            if turn[name] % 3 != 0:          # the untimed calls of a turn: slow
+                time.sleep(0.02)
+        return f
+    samples = time_interleaved(MPI.COMM_SELF, {"a": call("a"), "b": call("b")}, 4, salt=3,
+                               run=3)
+    orders = interleaved_orders(2, 4, salt=3)
+    assert ran == ["ab"[i] for order in orders for i in order for _ in range(3)]
+    assert all(v.shape == (4,) and v.max() < 0.015 for v in samples.values()), samples
+
+
 def test_iterations_are_not_cut_by_one_slow_first_call():
     """One slow first call (a peer's warm-up) does not set the iteration count: where a round
     is short against the budget, three are timed and each contender counts its median; a

@@ -101,8 +101,8 @@ def interleaved_orders(k: int, iters: int, salt: int | tuple = 0) -> list[list[i
 
 
 def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: int,
-                     salt: int = 0, after_call: Callable[[int, int], None] | None = None
-                     ) -> dict[str, np.ndarray]:
+                     salt: int = 0, after_call: Callable[[int, int], None] | None = None,
+                     run: int = 1) -> dict[str, np.ndarray]:
     """Per contender, `iters` samples (seconds) of the max over ranks of one call. Every
     iteration runs the contenders in a fresh random order (seeded by `salt` and the iteration,
     so the same on every rank), each call preceded by a barrier: no contender always follows
@@ -119,7 +119,11 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
     the first 1.1-1.3x, and a contender that drew the last place more often than the others
     looked slower (issue 31: ``auto`` 2-7% above its own algorithm, shm, at 4 B-32 KiB).
     `after_call(i, it)`, if given, runs after each timed call (contender i of `contenders`,
-    iteration it), outside its time: bench/peers_trace.py records each call's context there."""
+    iteration it), outside its time: bench/peers_trace.py records each call's context there.
+    `run` > 1: each contender's turn is `run` calls in a row, only the last one timed (after
+    its barrier), as learning in use times them and as a committed ``auto`` runs in a loop: a
+    call then finds the caches as its own algorithm left them, not as the previous contender
+    did (docs/performance.md, "After itself or after another contender")."""
     from mpi4py import MPI
     names = list(contenders)
     samples = np.zeros((len(names), iters))
@@ -127,6 +131,8 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
     for it in range(iters):
         for i in orders[it]:
             f = contenders[names[i]]
+            for _ in range(run - 1):
+                f()
             world.Barrier()
             t0 = time.perf_counter()
             f()
