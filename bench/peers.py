@@ -13,8 +13,9 @@ lacks, or one that raises on this communicator (``shm`` across nodes), is skippe
 reason.  Every contender's first call at each size is checked against numpy (rank-dependent
 integer inputs, so every summation order gives the same float32 result); a wrong result is
 reported and makes the exit status 1.  Each sample is the max over ranks of one call (barrier
-before each; with --run-length K, the last of K calls of one contender in a row); the table shows medians in microseconds and the first algorithm's speedup over
-each peer (peer time / its time; higher is better); --json also keeps each one's minimum and,
+before each; with --run-length K, the last of K calls of one contender in a row); the table
+shows medians in microseconds and the first algorithm's speedup over each peer (peer time /
+its time; higher is better); --json also keeps each one's minimum and,
 where ``auto`` runs, ``auto_paired``: per contender the median over iterations of ``auto``'s
 time over that contender's in the same iteration (a paired figure: a change of the machine's
 state between iterations slows both calls of a pair, where it moves two medians of independent
