@@ -360,17 +360,18 @@ def main(argv=None) -> int:
         shm = _core.shm_info(comm._state)
         round_trip = shm and shm["round_trip_ns"]
         if round_trip:
-            where = ("above 200 ns: the far placement, new size classes start with streamed slot"
-                     " stores" if round_trip > 200 else "up to 200 ns: the near placement, new "
-                     "size classes start with cached slot stores")
+            far = shm["far_ns"]
+            where = (f"above {far:.0f} ns: the far placement, new size classes start with "
+                     "streamed slot stores" if round_trip > far else f"up to {far:.0f} ns: the "
+                     "near placement, new size classes start with cached slot stores")
             print(f"# placement probe at setup (al_shm.h): a cache line's round trip between "
                   f"ranks 0 and 1 {round_trip:.0f} ns ({where})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,
                            "bound_us": bound, "omp_threads": args.omp_threads,
-                           "run_length": args.run_length, "round_trip_ns": round_trip, "skipped": skipped, **versions}, f,
-                          indent=1)
+                           "run_length": args.run_length, "round_trip_ns": round_trip,
+                           "skipped": skipped, **versions}, f, indent=1)
     native.Free()
     return 1 if wrong_any else 0
 

@@ -554,7 +554,8 @@ def shm_info(CommState cs):
     the slots) the calls, how many wrote the slots with streaming stores, each kind's cost
     in ticks per byte (al_shm.h; 0: none), "recent": each kind's last AL_SHM_RECENT
     measurements (newest first, 0: none; the cost is their least) and the trials' backoff (they
-    come AL_SHM_EXPLORE << backoff calls apart)."""
+    come AL_SHM_EXPLORE << backoff calls apart), "round_trip_ns": the placement probe's figure
+    (0: none) and "far_ns" the figure above which new size classes started streamed."""
     cdef al_shm_seg* s = cs.c.shm
     cdef int c, k, i
     if s == NULL:
@@ -573,5 +574,6 @@ def shm_info(CommState cs):
                                [s.adapt[k][c].recent[1][i] for i in range(AL_SHM_RECENT)])}
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
             "broken_by": who if who >= 0 else None, "stores": stores,
-            "round_trip_ns": s.round_trip_ns, "prefer": ("cached", "streamed")[s.prefer],
+            "round_trip_ns": s.round_trip_ns, "far_ns": AL_SHM_FAR_NS,
+            "prefer": ("cached", "streamed")[s.prefer],
             "stream_from": al_shm_stream_from(s), "chunk": s.chunk, "chunk_upto": s.chunk_upto}
