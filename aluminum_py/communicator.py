@@ -207,9 +207,11 @@ class Communicator:
         of two), itemsize, choice, prior (the table's or the model's choice), source, medians
         (seconds per contender, of the max over ranks), samples (timed calls of each), wins
         (per contender with a median lower than the prior's by more than 1.05x: the rounds it
-        was faster in and the rounds compared) and times (per contender, its sample in each
-        timed round in seconds, nan where a rank had none).  Empty with learning off.  Local: no
-        communication."""
+        was faster in and the rounds compared), times (per contender, its sample in each
+        timed round in seconds, nan where a rank had none), rechecks (how many times the class
+        had learned before this decision: AL_AUTO_RECHECK) and recheck_after (the class's calls
+        from this decision to its next re-check).  A class that is re-checking reports its last
+        decision.  Empty with learning off.  Local: no communication."""
         return [] if self._host.learning is None else self._host.learning.learned()
 
     def save_learned(self, path: str | None = None) -> int:

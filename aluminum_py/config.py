@@ -284,6 +284,14 @@ def auto_learn() -> int:
     return _count("AL_AUTO_LEARN", 5, 0, 1000, "rounds", " (0: off)")
 
 
+def auto_recheck() -> int:
+    """AL_AUTO_RECHECK: calls of a size class, after learning in use committed it, before the
+    class learns again from its committed choice (default 4096; doubled after each re-check
+    that keeps the choice, up to 32x; 0: never; aluminum_py.learning).  Rank 0's value is
+    used."""
+    return _count("AL_AUTO_RECHECK", 4096, 0, 1 << 40, "calls", " (0: never)")
+
+
 def tuning_file() -> str | None:
     """AL_TUNING_FILE: the tuning table's path (None: the per-user cache file)."""
     return _raw("AL_TUNING_FILE")
@@ -342,6 +350,7 @@ def construction_error() -> str | None:
         model_params()
         shm_model_params()
         auto_learn()
+        auto_recheck()
         check()
     except ValueError as e:
         return str(e)

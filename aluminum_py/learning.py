@@ -78,6 +78,15 @@ smallest power of two >= n) and one element size:
   therefore learn for :data:`CHEAP_ROUNDS` times as many rounds.  From then on the class costs
   what any "auto" call costs: the launcher caches the committed name.
 
+A committed class learns again later (AL_AUTO_RECHECK, :func:`config.auto_recheck`): after that
+many calls of the class (CHEAP_ROUNDS times as many up to CHEAP_BYTES) (counted by the launcher, one counter per class: the count is the same
+on every rank), a new Learner starts with the committed choice as its prior and the same
+contenders, and decides by the same rules.  The machine changes state after a class has committed
+(in one run shm's time at 64 MiB fell by a quarter in the last rounds of learning, which then
+kept hierarchical where shm was 1.25x faster: issue 31, bench/results/issue31_run_length.txt).
+A re-check that keeps the choice doubles the calls to the next one, up to :data:`RECHECK_LONGEST`
+times AL_AUTO_RECHECK; one that changes it starts over at AL_AUTO_RECHECK.
+
 The calls of one class must be the same sequence on every rank (MPI's rule for collectives):
 then every rank runs the same contender at every call, and nothing can diverge.
 """
@@ -102,6 +111,8 @@ RUN = 3                 # calls of a contender in a row; the last is timed (see 
 SURE = 0.05             # ... and in so many that chance gives as many at most this often: chosen
 MORE_ROUNDS = 4         # else, if faster in half or more, the schedule doubles, up to this factor
 CLOSE = 1.25            # the table's choice holds early against a contender this much slower
+RECHECK_LONGEST = 32    # calls between re-checks of a class grow to this x AL_AUTO_RECHECK
+NEVER = 2 ** 62         # calls before a re-check that never comes
 
 
 def size_class(nbytes: int) -> int:
@@ -144,14 +155,25 @@ class Learner:
     """The schedule and the samples of one size class (see the module's docstring)."""
 
     def __init__(self, exchange, nbytes: int, itemsize: int, choice, rounds: int,
-                 one_clock: bool = False):
+                 one_clock: bool = False, recheck: int = 0, previous: Learner | None = None):
         self.exchange = exchange            # an array -> its max over ranks (collective)
         self.one_clock = one_clock          # every rank on one machine: starts/ends comparable
         self.size_class = size_class(nbytes)
         self.itemsize = itemsize
-        self.prior = choice.algorithm       # the table's (or the model's) choice
-        self.source = choice.source
-        self.names = contenders(choice.ranked or (choice.algorithm,))
+        self.first_rounds = rounds
+        # AL_AUTO_RECHECK; and where this Learner re-checks a committed class, what that one
+        # decided and the calls it waited before this re-check
+        self.recheck = recheck
+        self.rechecks = 0 if previous is None else previous.rechecks + 1
+        self.previous_result = None if previous is None else previous.result
+        self.previous_wait = 0 if previous is None else previous.recheck_after
+        if previous is None:
+            self.prior = choice.algorithm   # the table's (or the model's) choice
+            self.source = choice.source
+            self.names = contenders(choice.ranked or (choice.algorithm,))
+        else:                               # the committed choice first, the same contenders
+            self.prior, self.source = previous.committed, "learned"
+            self.names = (self.prior,) + tuple(a for a in previous.names if a != self.prior)
         # call i of the schedule runs names[order[i]]: per round each contender RUN times in a
         # row, in an order drawn from the round's number; cell[i] is where call i's sample goes
         # in the (round - 1, contender) table: the last call of each run, round 0 (a warm-up)
@@ -169,6 +191,8 @@ class Learner:
         self.calls = 0
         self.committed = None if len(self.names) > 1 else self.prior
         self.result = None                  # what `learned` reports once committed
+        self.recheck_after = NEVER          # once committed: its calls before the re-check
+        self.decided = None                 # the launcher's cache entry once committed
 
     def extend(self, first: int, last: int) -> None:
         """Add rounds `first` to `last` to the schedule (round 0: the warm-up, not timed)."""
@@ -288,13 +312,25 @@ class Learner:
                 if doubt and self.rounds < self.max_rounds:
                     return self.learn_longer()
         self.committed = best
+        self.recheck_after = self.calls_to_recheck()
         self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
                        "prior": self.prior, "source": self.source, "rounds": self.rounds,
+                       "rechecks": self.rechecks, "recheck_after": self.recheck_after,
                        "medians": medians, "samples": {a: len(s) for a, s in per.items()},
                        "wins": wins,
                        "times": {a: [float(t) for t in table[:, j]]
                                  for j, a in enumerate(self.names)}}
         return best
+
+
+    def calls_to_recheck(self) -> int:
+        """Once committed: the class's calls before it learns again (AL_AUTO_RECHECK; doubled
+        after a re-check that kept the choice, up to RECHECK_LONGEST times; NEVER: off)."""
+        if self.recheck <= 0:
+            return NEVER
+        if self.rechecks == 0 or self.committed != self.prior:
+            return self.recheck
+        return min(2 * self.previous_wait, RECHECK_LONGEST * self.recheck)
 
 
 class Learning:
@@ -304,12 +340,14 @@ class Learning:
     `one_clock`: every rank runs on one machine (the samples' clock is the same on every
     rank)."""
 
-    def __init__(self, explain, comm, state, rounds: int, one_clock: bool = False):
+    def __init__(self, explain, comm, state, rounds: int, one_clock: bool = False,
+                 recheck: int = 0):
         self.explain = explain
         self.one_clock = one_clock
         self.comm = comm
         self.state = state
         self.rounds = rounds
+        self.recheck = recheck              # AL_AUTO_RECHECK (rank 0's)
         self.learners = {}                  # (size class, itemsize) -> Learner
 
     def __call__(self, nbytes: int, itemsize: int):
@@ -318,11 +356,20 @@ class Learning:
         key = (size_class(nbytes), itemsize)
         learner = self.learners.get(key)
         if learner is None:
-            rounds = self.rounds * (CHEAP_ROUNDS if key[0] <= CHEAP_BYTES else 1)
+            # a cheap class learns CHEAP_ROUNDS times longer, and re-checks as much later
+            scale = CHEAP_ROUNDS if key[0] <= CHEAP_BYTES else 1
             learner = Learner(self.exchange, nbytes, itemsize, self.explain(key[0], itemsize),
-                              rounds, self.one_clock)
+                              self.rounds * scale, self.one_clock, self.recheck * scale)
             self.learners[key] = learner
         return learner
+
+    def recheck_class(self, old: Learner) -> Learner:
+        """The committed class of `old` learns again (the launcher asks, at the same call of
+        the class on every rank): a new Learner with `old`'s choice as its prior."""
+        new = Learner(self.exchange, old.size_class, old.itemsize, None, old.first_rounds,
+                      self.one_clock, old.recheck, old)
+        self.learners[(old.size_class, old.itemsize)] = new
+        return new
 
     def explain_learned(self, choice, nbytes: int, itemsize: int):
         """`choice` (the Chooser's, for explain) with what learning in use did for the class of
@@ -332,6 +379,11 @@ class Learning:
             return choice
         r = learner.result
         if r is None:
+            if learner.previous_result is not None:
+                return replace(choice, algorithm=learner.prior, source="learned",
+                               detail=f"re-checking in use among {', '.join(learner.names)} "
+                                      f"({learner.calls} calls so far; re-check "
+                                      f"{learner.rechecks}); before: {choice}")
             return replace(choice, detail=choice.detail + f"; learning in use among "
                            f"{', '.join(learner.names)} ({learner.calls} calls so far)")
         medians = ", ".join(f"{a} {t * 1e6:.1f} us" for a, t in
@@ -360,9 +412,16 @@ class Learning:
         itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
         wins: per other contender (rounds faster than the prior, rounds compared),
         samples: how many timed calls each, rounds: the timed rounds decided on, times: per
-        contender its sample in each round, seconds, nan where none)."""
-        return [dict(lr.result) for key, lr in sorted(self.learners.items())
-                if lr.result is not None]
+        contender its sample in each round, seconds, nan where none, rechecks: how many times
+        the class had learned before this decision (0: the first), recheck_after: the class's
+        calls from this decision to the next re-check).  A class that is re-checking reports
+        its last decision."""
+        out = []
+        for key, lr in sorted(self.learners.items()):
+            r = lr.result if lr.result is not None else lr.previous_result
+            if r is not None:
+                out.append(dict(r))
+        return out
 
 
 def wait_exchange(req, state, name: str, what: str) -> None:

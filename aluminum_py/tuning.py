@@ -608,6 +608,7 @@ class TuningData:
     others: tuple           # topologies of the entries not used (explain's message)
     shm_params: tuple | None = None     # the "shm" formula's default (sync, byte)
     learn_rounds: int = 0   # AL_AUTO_LEARN (aluminum_py.learning), rank 0's
+    recheck_calls: int = 0  # AL_AUTO_RECHECK (aluminum_py.learning), rank 0's
 
 
 def shared_data(mpi_comm, buffer: str, layout) -> TuningData:
@@ -622,7 +623,8 @@ def shared_data(mpi_comm, buffer: str, layout) -> TuningData:
         try:
             exact, fitted, others = find_data(load(), rpn, buffer, mpi_version())
             data = TuningData(exact, fitted, config.model_params(), rpn, others,
-                              config.shm_model_params(), config.auto_learn())
+                              config.shm_model_params(), config.auto_learn(),
+                              config.auto_recheck())
         except Exception as e:
             data = e
     data = mpi_comm.bcast(data, root=0)

@@ -22,6 +22,7 @@ from libc.string cimport memcpy, memset, strncpy
 from libc.stdint cimport int64_t, intptr_t, uint32_t, uint64_t, uintptr_t
 from posix.time cimport timespec, clock_gettime, nanosleep, CLOCK_REALTIME
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
+from cpython.pyport cimport PY_SSIZE_T_MAX
 cimport mpi4py.libmpi as mpi
 cimport numpy as cnp
 from mpi4py.libmpi cimport MPI_Comm, MPI_Request, MPI_Datatype, MPI_Op

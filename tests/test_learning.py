@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from aluminum_py import config, tuning
-from aluminum_py.learning import (CLOSE, KEEP, MORE_ROUNDS, RUN, SURE, WINS, Learner, by_chance,
-                                  contenders, size_class, transport)
+from aluminum_py.learning import (CLOSE, KEEP, MORE_ROUNDS, NEVER, RECHECK_LONGEST, RUN, SURE,
+                                  WINS, Learner, Learning, by_chance, contenders, size_class,
+                                  transport)
 from aluminum_py.tuning import Choice
 
 
@@ -313,6 +314,62 @@ def test_nonblocking_calls_are_read_at_the_decision():
     assert sum(lr.result["samples"].values()) == 11
 
 
+def learn_to_commit(lr, cost):
+    """Drive `lr` until it commits, every call costing `cost[name]`; the choice."""
+    start = 100.0
+    while lr.committed is None:
+        name = lr.next()
+        if lr.committed is None:
+            lr.record(start, start + cost[name])
+            start += cost[name]
+    return lr.committed
+
+
+def test_a_recheck_starts_from_the_committed_choice_and_backs_off_while_it_holds():
+    """AL_AUTO_RECHECK: a committed class learns again with its choice as the prior and the
+    same contenders; the calls to the next re-check double while the choice holds (up to
+    RECHECK_LONGEST times), start over where it changes, and never come where it is 0."""
+    fast_shm = {"ring": 3e-3, "rabenseifner": 2e-3, "shm": 1e-3}
+    lr = Learner(Exchange(), 1 << 20, 4, choice("ring", "rabenseifner", "shm"), rounds=5,
+                 recheck=100)
+    assert learn_to_commit(lr, fast_shm) == "shm"
+    assert lr.recheck_after == 100 and lr.result["rechecks"] == 0
+    waits = []
+    for _ in range(8):
+        lr = Learner(Exchange(), 1 << 20, 4, None, rounds=5, recheck=100, previous=lr)
+        assert lr.prior == "shm" and lr.names == ("shm", "ring", "rabenseifner")
+        assert learn_to_commit(lr, fast_shm) == "shm"
+        waits.append(lr.recheck_after)
+    assert waits == [200, 400, 800, 1600, 3200, 3200, 3200, 3200]
+    assert RECHECK_LONGEST * 100 == 3200 and lr.result["rechecks"] == 8
+    # the machine changed: ring is now the fastest; the re-check moves to it and starts over
+    fast_ring = {"ring": 1e-3, "rabenseifner": 2e-3, "shm": 3e-3}
+    lr = Learner(Exchange(), 1 << 20, 4, None, rounds=5, recheck=100, previous=lr)
+    assert learn_to_commit(lr, fast_ring) == "ring" and lr.recheck_after == 100
+    assert lr.result["prior"] == "shm" and lr.result["source"] == "learned"
+    off = Learner(Exchange(), 1 << 20, 4, choice("ring", "shm"), rounds=5, recheck=0)
+    assert learn_to_commit(off, fast_shm) == "shm" and off.recheck_after == NEVER
+    one = Learner(Exchange(), 1 << 20, 4, choice("ring"), rounds=5, recheck=100)
+    assert one.committed == "ring" and one.recheck_after == NEVER   # nothing to learn
+
+
+def test_learning_reports_the_last_decision_while_a_class_rechecks():
+    explain = lambda nbytes, itemsize: choice("ring", "shm")      # noqa: E731
+    learning = Learning(explain, None, None, rounds=2, recheck=50)
+    learning.exchange = Exchange()
+    lr = learning(1000, 4)
+    assert learn_to_commit(lr, {"ring": 2e-3, "shm": 1e-3}) == "shm"
+    first = learning.learned()
+    assert [(r["bytes"], r["choice"], r["rechecks"]) for r in first] == [(1024, "shm", 0)]
+    again = learning.recheck_class(lr)
+    assert learning(1000, 4) is again and again.committed is None
+    assert learning.learned() == first                  # the last decision, until the next
+    ex = learning.explain_learned(explain(1024, 4), 1000, 4)
+    assert ex.algorithm == "shm" and ex.source == "learned" and "re-checking" in ex.detail
+    assert learn_to_commit(again, {"ring": 2e-3, "shm": 1e-3}) == "shm"
+    assert [r["rechecks"] for r in learning.learned()] == [1]
+
+
 def test_ranked_follows_the_table_and_the_model():
     entry = tuning.make_entry(2, [2], "host", 4, "mpi", [64, 128],
                               {"ring": [3e-6, 4e-6], "rabenseifner": [2e-6, 5e-6],
@@ -326,15 +383,18 @@ def test_ranked_follows_the_table_and_the_model():
     assert r[0] == model.explain(1 << 20, 4).algorithm and set(r) >= {"ring", "rabenseifner"}
 
 
-def test_al_auto_learn_setting(monkeypatch):
-    monkeypatch.delenv("AL_AUTO_LEARN", raising=False)
-    assert config.auto_learn() == 5
-    monkeypatch.setenv("AL_AUTO_LEARN", "0")
-    assert config.auto_learn() == 0
-    monkeypatch.setenv("AL_AUTO_LEARN", "-1")
-    with pytest.raises(ValueError, match="AL_AUTO_LEARN"):
-        config.auto_learn()
-    assert "AL_AUTO_LEARN" in config.construction_error()
+@pytest.mark.parametrize("name, read, default, bad", [
+    ("AL_AUTO_LEARN", config.auto_learn, 5, "-1"),
+    ("AL_AUTO_RECHECK", config.auto_recheck, 4096, "1.5")])
+def test_al_auto_settings(monkeypatch, name, read, default, bad):
+    monkeypatch.delenv(name, raising=False)
+    assert read() == default
+    monkeypatch.setenv(name, "0")
+    assert read() == 0
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=name):
+        read()
+    assert name in config.construction_error()
 
 
 def test_merge_learned_into_the_table(tmp_path):

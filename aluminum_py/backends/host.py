@@ -286,7 +286,8 @@ class HostBackend:
         if data.learn_rounds > 0 and self.size > 1:
             self._learn_comm = tuning_comm.Dup()
             self.learning = Learning(self.chooser.explain, self._learn_comm, state,
-                                     data.learn_rounds, len(set(topo.machines)) == 1)
+                                     data.learn_rounds, len(set(topo.machines)) == 1,
+                                     data.recheck_calls)
         self.launcher = _core.Launcher(state, self.learning or self.chooser.choose,
                                        self._build_schedule, HOST_ALLREDUCE)
         self.launcher.shm_unavailable = self._shm_unavailable

@@ -139,3 +139,50 @@ def test_rank_zeros_setting_is_used(no_table, monkeypatch):
     got = WORLD.allgather([r["choice"] for r in c.learned()])
     assert all(g == got[0] for g in got) and len(got[0]) == 1
     c.Free()
+
+
+def test_a_committed_class_learns_again_after_its_calls(no_table, monkeypatch):
+    """AL_AUTO_RECHECK: the class's calls are counted over all its sizes (here two), and the
+    re-check starts at the same call on every rank: the call AL_AUTO_RECHECK after the one
+    that committed.  Every call of the re-check gives numpy's result, and the ranks commit to
+    the same choice again; the launcher's choose() (no call) does not count."""
+    monkeypatch.setenv("AL_AUTO_LEARN", "1")
+    monkeypatch.setenv("AL_AUTO_RECHECK", "40")
+    c = al.Communicator()
+    if c.size == 1:
+        pytest.skip("one rank: nothing to learn")
+    key = (1 << 20, 4)
+    xs = [inputs(n, c.rank) for n in (1 << 20, (1 << 20) - 4096)]     # one size class
+    wants = [gather_all(x).sum(axis=0) for x in xs]
+    learners = c._host.learning.learners
+    seen, problems = [], []
+    for i in range(400):
+        x, want = xs[i % 2], wants[i % 2]
+        y = np.empty_like(x)
+        if i % 5 == 4:
+            req = c.Iallreduce(x, y)
+            req.Wait(timeout=60)
+        else:
+            c.Allreduce(x, y)
+        if not np.array_equal(y, want):
+            problems.append(f"call {i}: wrong result")
+        lr = learners[key]
+        seen.append((lr.rechecks, lr.committed))
+        for _ in range(3):
+            c._host.launcher.choose(x.nbytes, 4)       # peeks: not calls of the class
+        if lr.rechecks == 2:
+            break
+    assert all_ranks_ok(not problems), problems
+    everyone = WORLD.allgather(seen)
+    assert all(e == everyone[0] for e in everyone), "the ranks differ"
+    # the call that committed (re-check k, k = 0 the first learning) and the first of re-check
+    # k + 1: AL_AUTO_RECHECK calls apart the first time
+    committed_at = [next(i for i, (k, ch) in enumerate(seen) if k == n and ch is not None)
+                    for n in (0, 1)]
+    started_at = [next(i for i, (k, ch) in enumerate(seen) if k == n) for n in (1, 2)]
+    assert started_at[0] - committed_at[0] == 40, (committed_at, started_at)
+    first, again = seen[committed_at[0]][1], seen[committed_at[1]][1]
+    assert started_at[1] - committed_at[1] == (80 if again == first else 40)
+    (r,) = c.learned()
+    assert r["rechecks"] == 1 and r["prior"] == first and r["source"] == "learned"
+    c.Free()

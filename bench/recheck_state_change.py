@@ -1,0 +1,89 @@
+"""auto's re-check (AL_AUTO_RECHECK) after the machine changes state: a loop of ``"auto"``
+allreduces of one size; after ``--before`` calls a busy process (a neighbour's job) starts on
+the node, and ``--after`` calls follow.  Per phase: the median time per call, and what auto ran.
+Run it with re-checks on and off, in one run of this script each, and compare:
+
+    AL_AUTO_RECHECK=200 mpiexec -n 2 python bench/recheck_state_change.py --bytes 8388608
+    AL_AUTO_RECHECK=0   mpiexec -n 2 python bench/recheck_state_change.py --bytes 8388608
+
+Each call is timed on every rank from a barrier to its return, the max over ranks (one
+small allreduce per call, outside the timing).  What auto "ran" is its standing choice at the
+call (``explain``): while a class learns, the calls rotate among the contenders.  ``--json FILE`` keeps every call's time and
+algorithm, and learned() at the end.  Needs no tuning table (set AL_TUNING_FILE to a missing
+file for the formula's choice; with a table, its choice is the prior).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import aluminum_py as al
+from aluminum_py.learning import NEVER
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bytes", type=int, default=8 << 20, help="message size (float32)")
+    ap.add_argument("--before", type=int, default=400, help="calls before the busy process")
+    ap.add_argument("--after", type=int, default=1600, help="calls while it runs")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    comm = al.Communicator()
+    world = MPI.COMM_WORLD
+    x = np.ones(args.bytes // 4, np.float32)
+    y = np.empty_like(x)
+    times, algs = [], []
+    hog = None
+    try:
+        for i in range(args.before + args.after):
+            if i == args.before:
+                if world.rank == 0:
+                    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                world.Barrier()
+                time.sleep(0.5)
+            algs.append(comm.explain(args.bytes).algorithm)     # what this call will run
+            world.Barrier()
+            t = time.perf_counter()
+            comm.Allreduce(x, y)
+            times.append(world.allreduce(time.perf_counter() - t, op=MPI.MAX))
+    finally:
+        if hog is not None:
+            hog.kill()
+    if world.rank != 0:
+        comm.Free()
+        return
+    t = np.array(times)
+    recheck = os.environ.get("AL_AUTO_RECHECK", "default")
+    print(f"# {comm.size} ranks, {args.bytes} B, AL_AUTO_RECHECK={recheck}: median us per call "
+          f"and auto's standing choice at the calls, per phase")
+    spans = [("quiet", 0, args.before), ("busy, first half", args.before,
+                                         args.before + args.after // 2),
+             ("busy, second half", args.before + args.after // 2, args.before + args.after)]
+    for name, a, b in spans:
+        ran = {}
+        for alg in algs[a:b]:
+            ran[alg] = ran.get(alg, 0) + 1
+        print(f"{name:>18}: {np.median(t[a:b]) * 1e6:9.1f} us  "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(ran.items(), key=lambda kv: -kv[1])))
+    learned = comm.learned()
+    for r in learned:
+        print(f"learned: {r['bytes']} B -> {r['choice']} (prior {r['prior']}, "
+              f"re-check {r['rechecks']}, next after "
+              f"{r['recheck_after'] if r['recheck_after'] < NEVER else 'no'} calls)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bytes": args.bytes, "ranks": comm.size, "recheck": recheck,
+                       "before": args.before, "times": times, "algorithms": algs,
+                       "learned": learned}, f, default=str)
+    comm.Free()
+
+
+if __name__ == "__main__":
+    main()
