@@ -1,16 +1,19 @@
 """auto's re-check (AL_AUTO_RECHECK) after the machine changes state: a loop of ``"auto"``
 allreduces of one size; after ``--before`` calls a busy process (a neighbour's job) starts on
-the node, and ``--after`` calls follow.  Per phase: the median time per call, and what auto ran.
-Run it with re-checks on and off, in one run of this script each, and compare:
+the node, and ``--after`` calls follow.  Per phase: the median time per call, and auto's
+standing choice at the calls (``explain``: while a class learns, its calls rotate among the
+contenders).  Then, still busy, every algorithm named, interleaved (the third of three calls
+in a row timed, as learning times them): the fastest in that state, which auto's second busy
+half, and the named time of its choice at the end, are compared with.  Run it with re-checks on and off, in one run of this script each:
 
     AL_AUTO_RECHECK=200 mpiexec -n 2 python bench/recheck_state_change.py --bytes 8388608
     AL_AUTO_RECHECK=0   mpiexec -n 2 python bench/recheck_state_change.py --bytes 8388608
 
-Each call is timed on every rank from a barrier to its return, the max over ranks (one
-small allreduce per call, outside the timing).  What auto "ran" is its standing choice at the
-call (``explain``): while a class learns, the calls rotate among the contenders.  ``--json FILE`` keeps every call's time and
-algorithm, and learned() at the end.  Needs no tuning table (set AL_TUNING_FILE to a missing
-file for the formula's choice; with a table, its choice is the prior).
+Each call is timed on every rank from a barrier to its return, the max over ranks (one small
+allreduce per call, outside the timing).  ``--json FILE`` keeps every call's time and auto's
+choice, the named algorithms' times, and learned() at the end.  Needs no tuning table (set
+AL_TUNING_FILE to a missing file for the formula's choice; with a table, its choice is the
+prior).
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ def main() -> None:
     ap.add_argument("--bytes", type=int, default=8 << 20, help="message size (float32)")
     ap.add_argument("--before", type=int, default=400, help="calls before the busy process")
     ap.add_argument("--after", type=int, default=1600, help="calls while it runs")
+    ap.add_argument("--rounds", type=int, default=60,
+                    help="then, still busy: rounds of every contender (3 calls, the last timed)")
     ap.add_argument("--json")
     args = ap.parse_args()
     comm = al.Communicator()
@@ -53,6 +58,17 @@ def main() -> None:
             t = time.perf_counter()
             comm.Allreduce(x, y)
             times.append(world.allreduce(time.perf_counter() - t, op=MPI.MAX))
+        # the same state, every contender named: what auto's last phase compares with
+        names = ("shm", "ring", "rabenseifner", "recursive_doubling", "hierarchical")
+        named = {a: [] for a in names}
+        for _ in range(args.rounds):
+            for a in names:
+                for k in range(3):
+                    world.Barrier()
+                    t = time.perf_counter()
+                    comm.Allreduce(x, y, algorithm=a)
+                    dt = world.allreduce(time.perf_counter() - t, op=MPI.MAX)
+                named[a].append(dt)
     finally:
         if hog is not None:
             hog.kill()
@@ -72,6 +88,16 @@ def main() -> None:
             ran[alg] = ran.get(alg, 0) + 1
         print(f"{name:>18}: {np.median(t[a:b]) * 1e6:9.1f} us  "
               + ", ".join(f"{k} x{v}" for k, v in sorted(ran.items(), key=lambda kv: -kv[1])))
+    last = np.median(t[args.before + args.after // 2:])
+    medians = {a: float(np.median(v)) for a, v in named.items()}
+    best = min(medians, key=medians.get)
+    print("   then, named (median us, 3rd of 3 calls): "
+          + ", ".join(f"{a} {m * 1e6:.1f}" for a, m in sorted(medians.items(),
+                                                             key=lambda kv: kv[1])))
+    final = comm.explain(args.bytes).algorithm
+    print(f"   auto's second busy half over the fastest named ({best}): "
+          f"{last / medians[best]:.2f}x; its choice at the end, {final}, named: "
+          f"{medians[final] / medians[best]:.2f}x the fastest")
     learned = comm.learned()
     for r in learned:
         print(f"learned: {r['bytes']} B -> {r['choice']} (prior {r['prior']}, "
@@ -80,7 +106,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bytes": args.bytes, "ranks": comm.size, "recheck": recheck,
-                       "before": args.before, "times": times, "algorithms": algs,
+                       "before": args.before, "times": times, "algorithms": algs, "named": named,
                        "learned": learned}, f, default=str)
     comm.Free()
 
