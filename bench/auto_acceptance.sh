@@ -4,6 +4,8 @@
 # mpi4py and DeepSpeed's op (not gloo: not among the contenders, and its threads stay
 # busy after each call, slowing the next one), --json into OUT; then bench/peers_summary.py.
 #     bash bench/auto_acceptance.sh OUT [RANKS...]        (default ranks: 2 4; RUNS=3)
+# RUN_LENGTH=K: bench/peers.py --run-length K (each contender's turn K calls in a row, the last
+# timed, as learning times them; default 1: single calls).
 # TRACE=1: bench/peers_trace.py instead of bench/peers.py (the same timing, every sample kept in
 # OUT/trace_*.jsonl with its slot stores and each rank's CPU: for a run that goes wrong).
 # Needs the bench and bench-deepspeed extras.  Each line of OUT/log.txt says when it ran.
@@ -31,7 +33,7 @@ for n in "${ranks[@]}"; do
         prog=("$here/peers.py")
       fi
       AL_TUNING_FILE="$tf" mpiexec -n "$n" python "${prog[@]}" --algorithms all --no-gloo \
-        --json "$out/peers_${t}_${n}_$r.json" >> "$log" 2>&1
+        --run-length "${RUN_LENGTH:-1}" --json "$out/peers_${t}_${n}_$r.json" >> "$log" 2>&1
     done
   done
 done

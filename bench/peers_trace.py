@@ -60,7 +60,7 @@ def streamed_calls(nbytes: int) -> tuple[int, float, float]:
 def traced(path: str):
     """A time_interleaved (aluminum_py.bench.timing's, through its after_call) that also appends
     every sample to `path`."""
-    def time_interleaved(world, contenders, iters, salt=0):
+    def time_interleaved(world, contenders, iters, salt=0, run=1):
         names = list(contenders)
         cpus = np.zeros((len(names), iters), dtype=int)
         streamed = np.zeros((len(names), iters), dtype=int)
@@ -73,7 +73,7 @@ def traced(path: str):
             now, costs[0, i, it], costs[1, i, it] = streamed_calls(salt)
             streamed[i, it], count[0] = now - count[0], now
             before[i, it], last[it] = last.get(it), names[i]
-        samples = timing.time_interleaved(world, contenders, iters, salt, after_call)
+        samples = timing.time_interleaved(world, contenders, iters, salt, after_call, run)
         every = world.gather((cpus, streamed, costs), root=0)
         if world.rank == 0:
             with open(path, "a") as f:
