@@ -122,8 +122,11 @@ def test_measured_choice_follows_its_schedule(stores):
                 cost != min(t for t in recent if t > 0)
                 for cost, recent in zip(last["cost"], last["recent"])):
             failures.append(f"each kind's cost is not the least of its recent ones: {last}")
+        # a rank a call behind rank 0 at a trial's start or end gains or loses one call of
+        # the other kind: up to one per trial of rank 0's (AL_SHM_TRIAL calls each; a slow
+        # run has more of them, from the half-second rule), and 2 besides
         kinds = WORLD.allgather(others(last) if last else None)
-        if last and any(k is None or abs(k - kinds[0]) > 2 for k in kinds):
+        if last and any(k is None or abs(k - kinds[0]) > 2 + kinds[0] // 3 for k in kinds):
             failures.append(f"calls of the other kind per rank {kinds}: not rank 0's")
     finally:
         comm.Free()
