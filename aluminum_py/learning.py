@@ -79,13 +79,14 @@ smallest power of two >= n) and one element size:
   what any "auto" call costs: the launcher caches the committed name.
 
 A committed class learns again later (AL_AUTO_RECHECK, :func:`config.auto_recheck`): after that
-many calls of the class (CHEAP_ROUNDS times as many up to CHEAP_BYTES) (counted by the launcher, one counter per class: the count is the same
-on every rank), a new Learner starts with the committed choice as its prior and the same
-contenders, and decides by the same rules.  The machine changes state after a class has committed
-(in one run shm's time at 64 MiB fell by a quarter in the last rounds of learning, which then
-kept hierarchical where shm was 1.25x faster: issue 31, bench/results/issue31_run_length.txt).
-A re-check that keeps the choice doubles the calls to the next one, up to :data:`RECHECK_LONGEST`
-times AL_AUTO_RECHECK; one that changes it starts over at AL_AUTO_RECHECK.
+many calls of the class (CHEAP_ROUNDS times as many up to CHEAP_BYTES; counted by the launcher,
+one counter per class, so the count is the same on every rank), a new Learner starts with the
+committed choice as its prior and the same contenders, and decides by the same rules.  The
+machine changes state after a class has committed (in one run shm's time at 64 MiB fell by a
+quarter in the last rounds of learning, which then kept hierarchical where shm was 1.25x
+faster: issue 31, bench/results/issue31_run_length.txt).  A re-check that keeps the choice
+doubles the calls to the next one, up to :data:`RECHECK_LONGEST` times AL_AUTO_RECHECK; one
+that changes it starts over at AL_AUTO_RECHECK.
 
 The calls of one class must be the same sequence on every rank (MPI's rule for collectives):
 then every rank runs the same contender at every call, and nothing can diverge.
@@ -321,7 +322,6 @@ class Learner:
                        "times": {a: [float(t) for t in table[:, j]]
                                  for j, a in enumerate(self.names)}}
         return best
-
 
     def calls_to_recheck(self) -> int:
         """Once committed: the class's calls before it learns again (AL_AUTO_RECHECK; doubled

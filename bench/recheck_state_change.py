@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 from mpi4py import MPI
@@ -63,7 +64,7 @@ def main() -> None:
         named = {a: [] for a in names}
         for _ in range(args.rounds):
             for a in names:
-                for k in range(3):
+                for _ in range(3):
                     world.Barrier()
                     t = time.perf_counter()
                     comm.Allreduce(x, y, algorithm=a)
@@ -83,11 +84,9 @@ def main() -> None:
                                          args.before + args.after // 2),
              ("busy, second half", args.before + args.after // 2, args.before + args.after)]
     for name, a, b in spans:
-        ran = {}
-        for alg in algs[a:b]:
-            ran[alg] = ran.get(alg, 0) + 1
+        ran = Counter(algs[a:b]).most_common()
         print(f"{name:>18}: {np.median(t[a:b]) * 1e6:9.1f} us  "
-              + ", ".join(f"{k} x{v}" for k, v in sorted(ran.items(), key=lambda kv: -kv[1])))
+              + ", ".join(f"{k} x{v}" for k, v in ran))
     last = np.median(t[args.before + args.after // 2:])
     medians = {a: float(np.median(v)) for a, v in named.items()}
     best = min(medians, key=medians.get)

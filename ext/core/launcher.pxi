@@ -219,15 +219,20 @@ cdef class Launcher:
                     return self.learning(key, entry, learn)
                 d = <Decided>entry
                 self.last_key, self.last = key, d
-            if learn == LEARN_PEEK:
-                return d.alg
-            d.left -= 1
-            if d.left >= 0:
-                return d.alg
-            return self.recheck(key, d, learn)
+            return self.decided(key, d, learn)
         if algorithm in self.host_algs:
             return algorithm
         return _hooks.bad_algorithm(algorithm)     # raises
+
+    cdef inline str decided(self, Py_ssize_t key, Decided d, int learn):
+        """choose_for for a decided size: its algorithm, the call counted (not a peek); past
+        the class's count, the start of its re-check."""
+        if learn == LEARN_PEEK:
+            return d.alg
+        d.left -= 1
+        if d.left >= 0:
+            return d.alg
+        return self.recheck(key, d, learn)
 
     cdef str recheck(self, Py_ssize_t key, Decided d, int learn):
         """choose_for at the call of a committed class that starts its re-check (the same call
@@ -262,10 +267,7 @@ cdef class Launcher:
                 d = Decided(learner.committed, learner.recheck_after, learner)
                 learner.decided = d
             self.auto_cache[key] = d
-            if learn != LEARN_PEEK:
-                d.left -= 1
-                if d.left < 0:
-                    return self.recheck(key, d, learn)
+            return self.decided(key, d, learn)
         elif learn == LEARN_TIMED:
             self.trial = learner
         return name

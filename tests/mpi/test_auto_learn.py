@@ -186,3 +186,17 @@ def test_a_committed_class_learns_again_after_its_calls(no_table, monkeypatch):
     (r,) = c.learned()
     assert r["rechecks"] == 1 and r["prior"] == first and r["source"] == "learned"
     c.Free()
+
+
+def test_rank_zeros_recheck_setting_is_used(no_table, monkeypatch):
+    """AL_AUTO_RECHECK differs between the ranks: rank 0's applies on every rank (a count that
+    differed would start the re-check at different calls, and the ranks would run different
+    contenders)."""
+    monkeypatch.setenv("AL_AUTO_RECHECK", "40" if WORLD.rank == 0 else "0")
+    c = al.Communicator()
+    if c.size == 1:
+        pytest.skip("one rank: nothing to learn")
+    x = inputs(1 << 20, c.rank)
+    lr = c._host.learning(x.nbytes, 4)
+    assert WORLD.allgather((c._host.learning.recheck, lr.recheck)) == [(40, 40)] * WORLD.size
+    c.Free()
