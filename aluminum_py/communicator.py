@@ -208,7 +208,9 @@ class Communicator:
         (seconds per contender, of the max over ranks), samples (timed calls of each), wins
         (per contender with a median lower than the prior's by more than 1.05x: the rounds it
         was faster in and the rounds compared), times (per contender, its sample in each
-        timed round in seconds, nan where a rank had none), rechecks (how many times the class
+        timed round in seconds, nan where a rank had none), rounds (the timed rounds decided
+        on), state_change (where the machine changed state during learning, the round the
+        rounds decided on begin from; None: no change), rechecks (how many times the class
         had learned before this decision: AL_AUTO_RECHECK) and recheck_after (the class's calls
         from this decision to its next re-check).  A class that is re-checking reports its last
         decision.  Empty with learning off.  Local: no communication."""

@@ -78,6 +78,15 @@ smallest power of two >= n) and one element size:
   therefore learn for :data:`CHEAP_ROUNDS` times as many rounds.  From then on the class costs
   what any "auto" call costs: the launcher caches the committed name.
 
+Before each decision the class looks for a change of the machine's state during learning
+(:func:`state_change`): pairing by round cancels a change that slows every contender alike,
+not one that moves them apart (in one run shm took 13.5-20 ms at 64 MiB in rounds 1-15 and
+11.7-14.0 ms in rounds 16-20; the 20 rounds together kept Rabenseifner, and shm was 1.11x
+faster in the timing that followed: issue 31, set AO3).  Where some contender's last rounds
+are shifted against those before them, the class decides from the rounds after the shift and
+first learns as many rounds again as its first schedule had; the doubling then counts from
+the change.  Once per Learner: a later change is left to the re-checks.
+
 A committed class learns again later (AL_AUTO_RECHECK, :func:`config.auto_recheck`): after that
 many calls of the class (CHEAP_ROUNDS times as many up to CHEAP_BYTES; counted by the launcher,
 one counter per class, so the count is the same on every rank), a new Learner starts with the
@@ -93,6 +102,7 @@ then every rank runs the same contender at every call, and nothing can diverge.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import replace
@@ -114,6 +124,8 @@ MORE_ROUNDS = 4         # else, if faster in half or more, the schedule doubles,
 CLOSE = 1.25            # the table's choice holds early against a contender this much slower
 RECHECK_LONGEST = 32    # calls between re-checks of a class grow to this x AL_AUTO_RECHECK
 NEVER = 2 ** 62         # calls before a re-check that never comes
+CHANGE_LEAST = 4        # a change of state: the last k >= this rounds of a contender against
+CHANGE_P = 1e-3         # the 2k or more before them, shifted as chance would do this rarely
 
 
 def size_class(nbytes: int) -> int:
@@ -137,6 +149,56 @@ def by_chance(wins: int, n: int) -> float:
     """The chance that a contender no faster than another wins at least `wins` of `n` paired
     rounds (the sign test's one-sided p-value)."""
     return sum(math.comb(n, w) for w in range(wins, n + 1)) / 2.0 ** n
+
+
+@functools.lru_cache(maxsize=None)
+def rank_sum_counts(k: int, m: int) -> np.ndarray:
+    """The null distribution of the rank-sum (Mann-Whitney) statistic U of k samples against m
+    others (U: the pairs where one of the k is the larger): counts[u], u = 0 .. k m, of the
+    C(k + m, k) orders with that U.  They are the coefficients of the Gaussian binomial
+    [k + m choose k](q) = prod over i = 1 .. k of (1 - q^(m + i)) / (1 - q^i), built one factor
+    at a time (each partial product is a polynomial).  In floats (the counts reach 1e25 at k 26,
+    m 54) the low half is exact to rounding (its coefficients are sums of smaller ones); the
+    high end is not, and :func:`shifted` reads the low half only (U is symmetric)."""
+    c = np.zeros(k * m + 1)
+    c[0] = 1.0
+    for i in range(1, k + 1):
+        c[m + i:] -= c[:len(c) - m - i].copy()     # times (1 - q^(m + i))
+        for r in range(i):                          # over (1 - q^i): a running sum, stride i
+            c[r::i] = np.cumsum(c[r::i])
+    return c
+
+
+def shifted(later, earlier) -> float:
+    """The chance that `later` lies at least as far above or below `earlier` as it does if both
+    came from one distribution (the rank-sum test's two-sided p-value; ties count half)."""
+    later, earlier = np.asarray(later)[:, None], np.asarray(earlier)[None, :]
+    k, m = later.shape[0], earlier.shape[1]
+    u = float(np.sum(later > earlier) + 0.5 * np.sum(later == earlier))
+    tail = min(math.floor(u), math.floor(k * m - u))   # U's distribution is symmetric
+    low = rank_sum_counts(k, m)[:tail + 1].sum() / math.comb(k + m, k)
+    return min(1.0, 2 * low)
+
+
+def state_change(table: np.ndarray) -> int | None:
+    """Where the machine changed state during learning, from the rounds' samples (rows: rounds,
+    columns: contenders, nan: none): the row from which some contender's last k >= CHANGE_LEAST
+    samples are shifted against the 2k or more before them (rank-sum p <= CHANGE_P; per
+    contender, the k of the smallest p), the latest such row over the contenders; None where
+    no contender shifted.  A state change that moves the contenders unequally (shm's slot
+    placement, a neighbour's job) makes the rounds before it a contest of another machine."""
+    rows = []
+    for column in table.T:
+        at = np.flatnonzero(np.isfinite(column))
+        v = column[at]
+        best = None
+        for k in range(CHANGE_LEAST, len(v) // 3 + 1):
+            p = shifted(v[len(v) - k:], v[:len(v) - k])
+            if p <= CHANGE_P and (best is None or p < best[0]):
+                best = (p, int(at[len(v) - k]))
+        if best is not None:
+            rows.append(best[1])
+    return max(rows) if rows else None
 
 
 def contenders(ranked, k: int = CONTENDERS) -> tuple:
@@ -186,7 +248,12 @@ class Learner:
         self.starts = np.zeros(0)
         self.ends = np.zeros(0)
         self.rounds = 0
-        self.max_rounds = rounds * MORE_ROUNDS
+        self.max_rounds = rounds * MORE_ROUNDS     # counted from `since`
+        # the first round decided on (0-based; 0 until a change of state is seen, then the
+        # round from which the machine was in its new state, and the rounds before are not
+        # counted: at most one change per Learner, see state_change)
+        self.since = 0
+        self.change = None
         self.extend(0, rounds)
         self.pending = {}                   # call index -> the NativeOp of a nonblocking call
         self.calls = 0
@@ -254,10 +321,15 @@ class Learner:
         return np.where(np.isfinite(t), t, np.nan)
 
     def learn_longer(self) -> None:
-        """Double the schedule (up to max_rounds): the same on every rank, decided from the
-        exchanged samples.  None: not committed."""
-        self.extend(self.rounds + 1, min(2 * self.rounds, self.max_rounds))
+        """Double the rounds decided on (up to max_rounds): the same on every rank, decided from
+        the exchanged samples.  None: not committed."""
+        n = self.rounds - self.since
+        self.extend(self.rounds + 1, self.since + min(2 * n, self.max_rounds))
         return None
+
+    def longer(self) -> bool:
+        """Whether the rounds decided on may still double."""
+        return self.rounds - self.since < self.max_rounds
 
     def commit(self) -> str | None:
         """Decide from every rank's samples (one exchange): the choice, committed; or None where
@@ -270,6 +342,13 @@ class Learner:
         for i, cell in enumerate(self.cell):
             if cell is not None:
                 table[cell] = every[i]
+        if self.change is None:
+            row = state_change(table)
+            if row is not None:             # the rounds before it were another machine's:
+                self.change = self.since = row      # decide on those after it, and as many
+                self.extend(self.rounds + 1, self.rounds + self.first_rounds)  # again
+                return None
+        everything, table = table, table[self.since:]
         per = {a: table[:, j][table[:, j] >= 0] for j, a in enumerate(self.names)}
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
         wins = {}
@@ -301,7 +380,7 @@ class Learner:
                     if sure(won, n):
                         best = a
                         break
-                    if self.rounds < self.max_rounds:   # could be chance: learn longer
+                    if self.longer():           # could be chance: learn longer
                         return self.learn_longer()
                     if 2 * won > n:             # the longest schedule: faster in most rounds
                         best = a
@@ -310,16 +389,18 @@ class Learner:
                 # `a` was CLOSE times slower; otherwise the contest is in doubt
                 doubt |= not (sure(lost, n) or lead * CLOSE <= 1)
             else:
-                if doubt and self.rounds < self.max_rounds:
+                if doubt and self.longer():
                     return self.learn_longer()
         self.committed = best
         self.recheck_after = self.calls_to_recheck()
         self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
-                       "prior": self.prior, "source": self.source, "rounds": self.rounds,
+                       "prior": self.prior, "source": self.source,
+                       "rounds": self.rounds - self.since,
+                       "state_change": None if self.change is None else self.change + 1,
                        "rechecks": self.rechecks, "recheck_after": self.recheck_after,
                        "medians": medians, "samples": {a: len(s) for a, s in per.items()},
                        "wins": wins,
-                       "times": {a: [float(t) for t in table[:, j]]
+                       "times": {a: [float(t) for t in everything[:, j]]
                                  for j, a in enumerate(self.names)}}
         return best
 
@@ -411,8 +492,10 @@ class Learning:
         """What was committed so far: one dict per size class (bytes: the class's power of two,
         itemsize, choice, prior: the table's choice, source, medians: seconds per contender,
         wins: per other contender (rounds faster than the prior, rounds compared),
-        samples: how many timed calls each, rounds: the timed rounds decided on, times: per
-        contender its sample in each round, seconds, nan where none, rechecks: how many times
+        samples: how many timed calls each, rounds: the timed rounds decided on, state_change:
+        the round they begin from where the machine changed state during learning (None: no
+        change), times: per contender its sample in each round (every round, before a change
+        too), seconds, nan where none, rechecks: how many times
         the class had learned before this decision (0: the first), recheck_after: the class's
         calls from this decision to the next re-check).  A class that is re-checking reports
         its last decision."""

@@ -94,15 +94,16 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
     Rabenseifner at 256 KiB-1 MiB, where in the interleaved timing recursive doubling and shm
     were 1.5-2x faster: issue 31.)  The row records what learning cost: learn_calls (auto's
     calls), learn_us (their total time on this rank) and, for a power-of-two size, learned:
-    the learner's prior, choice, rounds, medians (us), the challengers' rounds won, times_us
-    (each contender's sample per round) and shm_stores (shm's slot stores in the size's class
+    the learner's prior, choice, rounds (decided on), state_change (the round from which they
+    were taken, where the machine changed state during learning; None), medians (us), the
+    challengers' rounds won, times_us (each contender's sample per round) and shm_stores (shm's slot stores in the size's class
     once learning is over: calls, streamed, cost per kind, backoff; see al_shm.h)."""
     auto = calls.get("auto")
     if auto is None or comm._host.learning is None:
         return {}
     names, spent, n, rounds = list(calls), 0.0, 0, 0
-    orders = interleaved_orders(len(names), 1000, salt=(salt, 7))   # drawn before any call
-    while comm.explain(nbytes).source != "learned" and n < 1000:
+    orders = interleaved_orders(len(names), 2000, salt=(salt, 7))   # drawn before any call
+    while comm.explain(nbytes).source != "learned" and n < 2000:
         for i in orders[rounds]:
             world.Barrier()
             t0 = time.perf_counter()
@@ -115,6 +116,7 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
     for r in comm._host.learning.learned():     # what learning saw: for a run that goes wrong
         if r["bytes"] == nbytes and r["itemsize"] == 4:
             out["learned"] = {"prior": r["prior"], "choice": r["choice"], "rounds": r["rounds"],
+                              "state_change": r["state_change"],
                               "medians_us": {a: t * 1e6 for a, t in r["medians"].items()},
                               "wins": r["wins"],
                               "times_us": {a: [round(t * 1e6, 1) if t == t else None for t in ts]

@@ -5,7 +5,8 @@ the median over iterations of ``auto``'s time over the contender's in the same i
 ``auto`` against the algorithm it ran at each size (timed as a contender of its
 own in the same run: the benchmark's own noise for two identical calls; its worst and at how
 many sizes it is over 1.10x), ``shm`` against DeepSpeed's op and against Rabenseifner (1-64 MiB) where the run has
-them, and ``shm`` at the largest size against the run's memory bound.
+them, and ``shm`` at the largest size against the run's memory bound; and the sizes where
+learning saw the machine change state (``learned``'s ``state_change``).
 
     python bench/peers_summary.py RUN.json [RUN.json ...]
 """
@@ -59,6 +60,10 @@ def summary(run: dict) -> str:
         big = rows[-1]
         parts.append(f"{big['bytes']} B shm {big['shm']:.0f} us, bound {run['bound_us']:.0f} us "
                      f"({big['shm'] / run['bound_us']:.2f}x)")
+    changed = [f"{r['bytes']} B from round {r['learned']['state_change']}" for r in rows
+               if (r.get("learned") or {}).get("state_change")]
+    if changed:
+        parts.append("learning saw a change of state at " + ", ".join(changed))
     return "; ".join(parts)
 
 

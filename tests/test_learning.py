@@ -1,11 +1,15 @@
 """auto's learning in use (aluminum_py.learning), without MPI: the size classes, the contenders
 it picks from a ranking, the schedule, and the decision from exchanged samples."""
+import itertools
+import math
+
 import numpy as np
 import pytest
 
-from aluminum_py import config, tuning
-from aluminum_py.learning import (CLOSE, KEEP, MORE_ROUNDS, NEVER, RECHECK_LONGEST, RUN, SURE,
-                                  WINS, Learner, Learning, by_chance, contenders, size_class,
+from aluminum_py import config, learning, tuning
+from aluminum_py.learning import (CHANGE_LEAST, CHANGE_P, CLOSE, KEEP, MORE_ROUNDS, NEVER,
+                                  RECHECK_LONGEST, RUN, SURE, WINS, Learner, Learning, by_chance,
+                                  contenders, rank_sum_counts, shifted, size_class, state_change,
                                   transport)
 from aluminum_py.tuning import Choice
 
@@ -312,6 +316,98 @@ def test_nonblocking_calls_are_read_at_the_decision():
         lr.record_op(Op(None) if i == last else Op((10.0, 10.0 + t)))
     assert lr.next() == "shm"
     assert sum(lr.result["samples"].values()) == 11
+
+
+def test_rank_sum_counts_are_those_of_every_order():
+    """The rank-sum statistic's null distribution, against every order of k + m samples (U:
+    the pairs where one of the k is the larger), and its low half against whole numbers."""
+    for k, m in ((1, 1), (2, 3), (4, 8), (5, 7), (3, 9)):
+        every = np.zeros(k * m + 1)
+        for at in itertools.combinations(range(k + m), k):
+            every[sum(p - i for i, p in enumerate(at))] += 1
+        assert np.array_equal(rank_sum_counts(k, m), every), (k, m)
+    k, m = 26, 54                       # 80 rounds, the last third: the largest case
+    exact = [1] + [0] * (k * m)
+    for i in range(1, k + 1):
+        old = exact[:]
+        for d in range(m + i, k * m + 1):
+            exact[d] -= old[d - m - i]
+        for d in range(i, k * m + 1):
+            exact[d] += exact[d - i]
+    low = rank_sum_counts(k, m)[:k * m // 2 + 1]
+    assert np.allclose(low, exact[:k * m // 2 + 1], rtol=1e-12, atol=0)
+    # the last 4 of 12 below all 8 before (or above them): 2 of the C(12, 4) orders
+    assert shifted([1, 1, 1, 1], [2] * 8) == pytest.approx(2 / math.comb(12, 4))
+    assert shifted([3] * 4, [2] * 8) == pytest.approx(2 / math.comb(12, 4))
+    assert shifted([1, 3, 1, 3], [2] * 8) == 1.0
+
+
+def test_a_state_change_is_the_latest_shift_of_a_contenders_last_rounds():
+    """state_change: the round from which a contender's last k >= CHANGE_LEAST samples are
+    shifted against the 2k or more before them (rank-sum p <= CHANGE_P), the latest over the
+    contenders; None where none shifted (or too few rounds follow or precede)."""
+    rng = np.random.default_rng(7)
+    base = lambda n: 10 + rng.random((n, 3))           # noqa: E731
+    table = base(20)
+    assert state_change(table) is None
+    table[15:, 2] -= 3                  # the third contender 3 faster in rounds 16-20
+    assert state_change(table) == 15
+    table[13:, 0] += 3                  # the first slower from round 14: the later change wins
+    assert state_change(table) == 15
+    table = base(17)
+    table[14:, 1] -= 3                  # only 3 rounds after: too few to tell
+    assert state_change(table) is None
+    table[13:, 1] -= 3                  # 4 after 13: by chance 2 in C(17, 4) = 2380
+    assert state_change(table) == 13
+    table = base(16)
+    table[12:, 1] -= 3                  # 4 after 12: 2 in 1820, more than CHANGE_P
+    assert state_change(table) is None
+    table = base(20)
+    table[15:, 0] -= 3
+    table[[3, 17], 0] = np.nan          # rounds without a sample are left out: 4 after 14
+    assert state_change(table) == 15
+    table[15, 0] = np.nan               # 3 after 14
+    assert state_change(table) is None
+    # unchanged machines: random rounds rarely look shifted
+    fired = sum(state_change(base(n)) is not None for n in (20, 40, 80) for _ in range(100))
+    assert CHANGE_LEAST == 4 and CHANGE_P <= 1e-3 and fired <= 3, fired
+
+
+def test_after_a_state_change_learning_decides_from_the_rounds_that_follow_it(monkeypatch):
+    """shm slower than Rabenseifner in rounds 1-15, then faster from round 16 (the placement
+    changed: issue 31, set AO3's 64 MiB): over all 20 rounds the table's Rabenseifner would
+    hold; learning sees the change, learns as many rounds again, and decides from rounds 16 on.
+    At most one change per Learner: a change back later is decided on as it stands."""
+    def times(n, shm_fast_from):        # jitter without a trend
+        return {"rabenseifner": [15 + 0.01 * (r * 7 % 11) for r in range(n)],
+                "shm": [(13 if r >= shm_fast_from else 17) + 0.01 * (r * 5 % 13)
+                        for r in range(n)]}
+    ex = Exchange()
+    lr = Learner(ex, 64 << 20, 4, choice("rabenseifner", "shm"), rounds=20)
+    drive_rounds(lr, times(20, 15))
+    assert lr.next() in lr.names and lr.committed is None and ex.calls == 1
+    assert lr.rounds == 40 and lr.since == 15
+    drive_rounds(lr, times(40, 15))
+    assert lr.next() == "shm" and ex.calls == 2, lr.result
+    r = lr.result
+    assert r["state_change"] == 16 and r["rounds"] == 25 and r["wins"]["shm"] == (25, 25)
+    assert r["samples"] == {"rabenseifner": 25, "shm": 25} and len(r["times"]["shm"]) == 40
+    # without the rule, all 20 rounds would keep the table's choice (shm faster in 5 only)
+    monkeypatch.setattr(learning, "CHANGE_P", 0.0)
+    lr = Learner(Exchange(), 64 << 20, 4, choice("rabenseifner", "shm"), rounds=20)
+    drive_rounds(lr, times(20, 15))
+    assert lr.next() == "rabenseifner" and lr.result["state_change"] is None
+    assert lr.result["rounds"] == 20 and lr.result["wins"]["shm"] == (5, 20)
+    monkeypatch.undo()
+    # one change only: shm fast from round 16, slow again from round 36 (the last 5 of 40)
+    lr = Learner(Exchange(), 64 << 20, 4, choice("rabenseifner", "shm"), rounds=20)
+    drive_rounds(lr, times(20, 15))
+    lr.next()
+    back = times(40, 15)
+    back["shm"][35:] = [17.5] * 5
+    drive_rounds(lr, back)
+    assert lr.next() == "shm" and lr.result["state_change"] == 16, lr.result
+    assert lr.result["wins"]["shm"] == (20, 25)
 
 
 def learn_to_commit(lr, cost):

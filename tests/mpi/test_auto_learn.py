@@ -25,10 +25,12 @@ def inputs(nbytes, rank, dtype=np.float32):
 
 def longest_schedule(nbytes, rounds=5):
     """The calls a size class can take to commit with AL_AUTO_LEARN=`rounds`: its rounds (4x
-    up to 64 KiB), doubled up to learning.MORE_ROUNDS times, plus the warm-up round, each of
-    at most CONTENDERS x RUN calls, and the call that commits."""
+    up to 64 KiB), doubled up to learning.MORE_ROUNDS times, twice over where the machine
+    changed state on the way (learning.state_change: once per class, the rounds after it
+    learn as long again), plus the warm-up round, each of at most CONTENDERS x RUN calls, and
+    the call that commits."""
     r = rounds * (learning.CHEAP_ROUNDS if learning.size_class(nbytes) <= learning.CHEAP_BYTES
-                  else 1) * learning.MORE_ROUNDS
+                  else 1) * learning.MORE_ROUNDS * 2
     return (r + 1) * learning.CONTENDERS * learning.RUN + 1
 
 
