@@ -83,9 +83,12 @@ Before each decision the class looks for a change of the machine's state during 
 not one that moves them apart (in one run shm took 13.5-20 ms at 64 MiB in rounds 1-15 and
 11.7-14.0 ms in rounds 16-20; the 20 rounds together kept Rabenseifner, and shm was 1.11x
 faster in the timing that followed: issue 31, set AO3).  Where some contender's last rounds
-are shifted against those before them, the class decides from the rounds after the shift and
-first learns as many rounds again as its first schedule had; the doubling then counts from
-the change.  Once per Learner: a later change is left to the re-checks.
+are shifted against those before them, and the rounds after the shift lasted
+:data:`CHANGE_SECONDS` or more (a shift over a tenth of a second of 32 KiB calls was a blip:
+shm slow for 30 rounds, then 1.7x faster than what those rounds chose, set AP), the class
+decides from the rounds after the shift and first learns as many rounds again as its first
+schedule had; the doubling then counts from the change.  Once per Learner: a later change is
+left to the re-checks.
 
 A committed class learns again later (AL_AUTO_RECHECK, :func:`config.auto_recheck`): after that
 many calls of the class (CHEAP_ROUNDS times as many up to CHEAP_BYTES; counted by the launcher,
@@ -125,7 +128,8 @@ CLOSE = 1.25            # the table's choice holds early against a contender thi
 RECHECK_LONGEST = 32    # calls between re-checks of a class grow to this x AL_AUTO_RECHECK
 NEVER = 2 ** 62         # calls before a re-check that never comes
 CHANGE_LEAST = 4        # a change of state: the last k >= this rounds of a contender against
-CHANGE_P = 1e-3         # the 2k or more before them, shifted as chance would do this rarely
+CHANGE_P = 1e-3         # the 2k or more before them, shifted as chance would do this rarely,
+CHANGE_SECONDS = 0.5    # and the rounds after the shift lasting this long (not a blip)
 
 
 def size_class(nbytes: int) -> int:
@@ -331,12 +335,23 @@ class Learner:
         """Whether the rounds decided on may still double."""
         return self.rounds - self.since < self.max_rounds
 
+    def lasted(self, exchanged: np.ndarray, row: int) -> float:
+        """Seconds from the first call of the table's round `row` (0-based: the schedule's round
+        row + 1) to the last call's end, from the exchanged maxima (see payload)."""
+        _, starts, ends = np.split(exchanged, 3)
+        first = (row + 1) * len(self.names) * RUN
+        timed = np.isfinite(ends[first:]) & (ends[first:] > 0)
+        if not timed.any():
+            return 0.0
+        return float(ends[first:][timed].max() - starts[first:][timed].min())
+
     def commit(self) -> str | None:
         """Decide from every rank's samples (one exchange): the choice, committed; or None where
         a challenger's lead could be chance and the schedule may still grow (it has doubled)."""
         self.harvest()
         self.pending.clear()                    # not complete yet: no sample
-        every = self.samples(self.exchange(self.payload()))    # the same on every rank
+        exchanged = self.exchange(self.payload())
+        every = self.samples(exchanged)         # the same on every rank
         # by round (rows) and contender (columns); nan: no sample
         table = np.full((self.rounds, len(self.names)), np.nan)
         for i, cell in enumerate(self.cell):
@@ -344,7 +359,8 @@ class Learner:
                 table[cell] = every[i]
         if self.change is None:
             row = state_change(table)
-            if row is not None:             # the rounds before it were another machine's:
+            if row is not None and self.lasted(exchanged, row) >= CHANGE_SECONDS:
+                # the rounds before it were another machine's:
                 self.change = self.since = row      # decide on those after it, and as many
                 self.extend(self.rounds + 1, self.rounds + self.first_rounds)  # again
                 return None

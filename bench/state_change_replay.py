@@ -7,7 +7,9 @@ the timing that followed in the same run (each contender's median there over the
     python bench/state_change_replay.py --extract OUT.json.gz RUN.json ...   # keep what it reads
 
 A replay cannot run the rounds that learning adds after a change; where the rounds after it
-leave the contest in doubt (learning would have learned longer) it says so.  ``--extract``
+leave the contest in doubt (learning would have learned longer) it says so.  Nor can it tell
+how long the rounds lasted (the records keep no call times): it applies the shift test alone,
+not learning's CHANGE_SECONDS.  ``--extract``
 keeps the learned rounds and the timing's medians of each run (about 1% of the runs' size),
 and the replay reads such a file as it reads runs.
 """

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from aluminum_py import config, learning, tuning
-from aluminum_py.learning import (CHANGE_LEAST, CHANGE_P, CLOSE, KEEP, MORE_ROUNDS, NEVER,
+from aluminum_py.learning import (CHANGE_LEAST, CHANGE_P, CHANGE_SECONDS, CLOSE, KEEP, MORE_ROUNDS, NEVER,
                                   RECHECK_LONGEST, RUN, SURE, WINS, Learner, Learning, by_chance,
                                   contenders, rank_sum_counts, shifted, size_class, state_change,
                                   transport)
@@ -377,7 +377,8 @@ def test_after_a_state_change_learning_decides_from_the_rounds_that_follow_it(mo
     """shm slower than Rabenseifner in rounds 1-15, then faster from round 16 (the placement
     changed: issue 31, set AO3's 64 MiB): over all 20 rounds the table's Rabenseifner would
     hold; learning sees the change, learns as many rounds again, and decides from rounds 16 on.
-    At most one change per Learner: a change back later is decided on as it stands."""
+    At most one change per Learner: a change back later is decided on as it stands.  A shift
+    whose rounds last less than CHANGE_SECONDS is not a change."""
     def times(n, shm_fast_from):        # jitter without a trend
         return {"rabenseifner": [15 + 0.01 * (r * 7 % 11) for r in range(n)],
                 "shm": [(13 if r >= shm_fast_from else 17) + 0.01 * (r * 5 % 13)
@@ -408,6 +409,20 @@ def test_after_a_state_change_learning_decides_from_the_rounds_that_follow_it(mo
     drive_rounds(lr, back)
     assert lr.next() == "shm" and lr.result["state_change"] == 16, lr.result
     assert lr.result["wins"]["shm"] == (20, 25)
+    # the same shift in calls of microseconds, back to back: rounds 16-20 last well under
+    # CHANGE_SECONDS, a blip rather than a new state (set AP: shm at 32 KiB slow for 30 rounds
+    # of learning, some 0.1 s, then 1.7x faster than what the rounds after the shift chose)
+    lr = Learner(Exchange(), 32 << 10, 4, choice("rabenseifner", "shm"), rounds=20)
+    clock, micro = 100.0, times(20, 15)
+    while lr.calls < len(lr.order):
+        cell = lr.cell[lr.calls]
+        name = lr.next()
+        t = micro[name][cell[0]] * 1e-6 if cell else 1e-5
+        lr.record(clock, clock + t)
+        clock += t
+    assert clock - 100.0 < CHANGE_SECONDS
+    assert lr.next() == "rabenseifner" and lr.result["state_change"] is None, lr.result
+    assert lr.result["rounds"] == 20 and lr.result["wins"]["shm"] == (5, 20)
 
 
 def learn_to_commit(lr, cost):
