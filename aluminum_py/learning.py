@@ -84,8 +84,10 @@ not one that moves them apart (in one run shm took 13.5-20 ms at 64 MiB in round
 11.7-14.0 ms in rounds 16-20; the 20 rounds together kept Rabenseifner, and shm was 1.11x
 faster in the timing that followed: issue 31, set AO3).  Where some contender's last rounds
 are shifted against those before them, and the rounds after the shift lasted
-:data:`CHANGE_SECONDS` or more (a shift over a tenth of a second of 32 KiB calls was a blip:
-shm slow for 30 rounds, then 1.7x faster than what those rounds chose, set AP), the class
+:data:`CHANGE_SECONDS` or more (a shift in 6 rounds of 32 KiB calls, about 10 ms, was a blip:
+shm stayed slow for 30 rounds, then ran 1.7x faster than what those rounds chose, set AP; one
+in 5 rounds of 4 MiB calls, about 0.34 s, was not: shm 1.2x faster in the timing that
+followed where learning, without the rule, kept Rabenseifner, set AQ), the class
 decides from the rounds after the shift and first learns as many rounds again as its first
 schedule had; the doubling then counts from the change.  Once per Learner: a later change is
 left to the re-checks.
@@ -129,7 +131,7 @@ RECHECK_LONGEST = 32    # calls between re-checks of a class grow to this x AL_A
 NEVER = 2 ** 62         # calls before a re-check that never comes
 CHANGE_LEAST = 4        # a change of state: the last k >= this rounds of a contender against
 CHANGE_P = 1e-3         # the 2k or more before them, shifted as chance would do this rarely,
-CHANGE_SECONDS = 0.5    # and the rounds after the shift lasting this long (not a blip)
+CHANGE_SECONDS = 0.1    # and the rounds after the shift lasting this long (not a blip)
 
 
 def size_class(nbytes: int) -> int:
