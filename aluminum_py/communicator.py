@@ -210,7 +210,9 @@ class Communicator:
         was faster in and the rounds compared), times (per contender, its sample in each
         timed round in seconds, nan where a rank had none), rounds (the timed rounds decided
         on), state_change (where the machine changed state during learning, the round the
-        rounds decided on begin from; None: no change), rechecks (how many times the class
+        rounds decided on begin from; None: no change), shifts (every shift of a contender's
+        times the state-change test saw at a decision: round, the seconds the rounds after it
+        lasted, and taken, False for a blip let go), rechecks (how many times the class
         had learned before this decision: AL_AUTO_RECHECK) and recheck_after (the class's calls
         from this decision to its next re-check).  A class that is re-checking reports its last
         decision.  Empty with learning off.  Local: no communication."""

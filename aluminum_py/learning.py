@@ -251,15 +251,17 @@ class Learner:
         # have)
         self.order = np.zeros(0, dtype=int)
         self.cell = []
+        self.round_first = []               # per round of the schedule: its first call's index
         self.starts = np.zeros(0)
         self.ends = np.zeros(0)
         self.rounds = 0
         self.max_rounds = rounds * MORE_ROUNDS     # counted from `since`
-        # the first round decided on (0-based; 0 until a change of state is seen, then the
-        # round from which the machine was in its new state, and the rounds before are not
-        # counted: at most one change per Learner, see state_change)
-        self.since = 0
+        # the table's row from which the machine was in a new state (see state_change), and
+        # the rounds before it are not decided on: at most one change per Learner; None: none
         self.change = None
+        # every shift state_change saw at a decision: its round (1-based), how long the rounds
+        # after it lasted (s), and whether it was taken as a change (else a blip, let go)
+        self.shifts = []
         self.extend(0, rounds)
         self.pending = {}                   # call index -> the NativeOp of a nonblocking call
         self.calls = 0
@@ -272,6 +274,8 @@ class Learner:
         """Add rounds `first` to `last` to the schedule (round 0: the warm-up, not timed)."""
         perms = [np.random.default_rng(r).permutation(len(self.names))
                  for r in range(first, last + 1)]
+        self.round_first += [len(self.order) + i * len(self.names) * RUN
+                             for i in range(len(perms))]
         self.order = np.concatenate([self.order, np.repeat(np.concatenate(perms), RUN)])
         self.cell += [(r - 1, int(j)) if r > 0 and t == RUN - 1 else None
                       for r, perm in enumerate(perms, first) for j in perm for t in range(RUN)]
@@ -333,6 +337,11 @@ class Learner:
         self.extend(self.rounds + 1, self.since + min(2 * n, self.max_rounds))
         return None
 
+    @property
+    def since(self) -> int:
+        """The first row of the table decided on: 0, or the change of state's."""
+        return 0 if self.change is None else self.change
+
     def longer(self) -> bool:
         """Whether the rounds decided on may still double."""
         return self.rounds - self.since < self.max_rounds
@@ -341,7 +350,7 @@ class Learner:
         """Seconds from the first call of the table's round `row` (0-based: the schedule's round
         row + 1) to the last call's end, from the exchanged maxima (see payload)."""
         _, starts, ends = np.split(exchanged, 3)
-        first = (row + 1) * len(self.names) * RUN
+        first = self.round_first[row + 1]
         timed = np.isfinite(ends[first:]) & (ends[first:] > 0)
         if not timed.any():
             return 0.0
@@ -361,11 +370,14 @@ class Learner:
                 table[cell] = every[i]
         if self.change is None:
             row = state_change(table)
-            if row is not None and self.lasted(exchanged, row) >= CHANGE_SECONDS:
-                # the rounds before it were another machine's:
-                self.change = self.since = row      # decide on those after it, and as many
-                self.extend(self.rounds + 1, self.rounds + self.first_rounds)  # again
-                return None
+            if row is not None:
+                seconds = self.lasted(exchanged, row)
+                taken = seconds >= CHANGE_SECONDS
+                self.shifts.append({"round": row + 1, "seconds": seconds, "taken": taken})
+                if taken:                       # the rounds before it were another machine's:
+                    self.change = row           # decide on those after it, and as many
+                    self.extend(self.rounds + 1, self.rounds + self.first_rounds)  # again
+                    return None
         everything, table = table, table[self.since:]
         per = {a: table[:, j][table[:, j] >= 0] for j, a in enumerate(self.names)}
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
@@ -415,6 +427,7 @@ class Learner:
                        "prior": self.prior, "source": self.source,
                        "rounds": self.rounds - self.since,
                        "state_change": None if self.change is None else self.change + 1,
+                       "shifts": [dict(x) for x in self.shifts],
                        "rechecks": self.rechecks, "recheck_after": self.recheck_after,
                        "medians": medians, "samples": {a: len(s) for a, s in per.items()},
                        "wins": wins,
@@ -512,8 +525,11 @@ class Learning:
         wins: per other contender (rounds faster than the prior, rounds compared),
         samples: how many timed calls each, rounds: the timed rounds decided on, state_change:
         the round they begin from where the machine changed state during learning (None: no
-        change), times: per contender its sample in each round (every round, before a change
-        too), seconds, nan where none, rechecks: how many times
+        change), shifts: every shift of state_change's seen at a decision (round: where it
+        began, 1-based; seconds: how long the rounds after it lasted; taken: whether it was
+        the change, else a blip of under CHANGE_SECONDS let go), times: per contender its
+        sample in each round (every round, before a change too), seconds, nan where none,
+        rechecks: how many times
         the class had learned before this decision (0: the first), recheck_after: the class's
         calls from this decision to the next re-check).  A class that is re-checking reports
         its last decision."""

@@ -6,7 +6,8 @@ the median over iterations of ``auto``'s time over the contender's in the same i
 own in the same run: the benchmark's own noise for two identical calls; its worst and at how
 many sizes it is over 1.10x), ``shm`` against DeepSpeed's op and against Rabenseifner (1-64 MiB) where the run has
 them, and ``shm`` at the largest size against the run's memory bound; and the sizes where
-learning saw the machine change state (``learned``'s ``state_change``).
+learning saw the machine change state (``learned``'s ``state_change``), and the shifts it
+let go as blips (``learned``'s ``shifts`` not taken: their round and how long they lasted).
 
     python bench/peers_summary.py RUN.json [RUN.json ...]
 """
@@ -64,6 +65,10 @@ def summary(run: dict) -> str:
                if (r.get("learned") or {}).get("state_change")]
     if changed:
         parts.append("learning saw a change of state at " + ", ".join(changed))
+    blips = [f"{r['bytes']} B round {x['round']} ({x['seconds'] * 1e3:.0f} ms)" for r in rows
+             for x in (r.get("learned") or {}).get("shifts", []) if not x["taken"]]
+    if blips:
+        parts.append("shifts let go (under CHANGE_SECONDS) at " + ", ".join(blips))
     return "; ".join(parts)
 
 

@@ -393,12 +393,15 @@ def test_after_a_state_change_learning_decides_from_the_rounds_that_follow_it(mo
     r = lr.result
     assert r["state_change"] == 16 and r["rounds"] == 25 and r["wins"]["shm"] == (25, 25)
     assert r["samples"] == {"rabenseifner": 25, "shm": 25} and len(r["times"]["shm"]) == 40
+    [shift] = r["shifts"]           # seen once, taken: no test after the change
+    assert shift["round"] == 16 and shift["taken"] and shift["seconds"] >= CHANGE_SECONDS
     # without the rule, all 20 rounds would keep the table's choice (shm faster in 5 only)
     monkeypatch.setattr(learning, "CHANGE_P", 0.0)
     lr = Learner(Exchange(), 64 << 20, 4, choice("rabenseifner", "shm"), rounds=20)
     drive_rounds(lr, times(20, 15))
     assert lr.next() == "rabenseifner" and lr.result["state_change"] is None
     assert lr.result["rounds"] == 20 and lr.result["wins"]["shm"] == (5, 20)
+    assert lr.result["shifts"] == []
     monkeypatch.undo()
     # one change only: shm fast from round 16, slow again from round 36 (the last 5 of 40)
     lr = Learner(Exchange(), 64 << 20, 4, choice("rabenseifner", "shm"), rounds=20)
@@ -423,6 +426,10 @@ def test_after_a_state_change_learning_decides_from_the_rounds_that_follow_it(mo
     assert clock - 100.0 < CHANGE_SECONDS
     assert lr.next() == "rabenseifner" and lr.result["state_change"] is None, lr.result
     assert lr.result["rounds"] == 20 and lr.result["wins"]["shm"] == (5, 20)
+    [shift] = lr.result["shifts"]   # seen, and let go: how long its rounds lasted
+    assert shift["round"] == 16 and not shift["taken"]
+    rounds_16_20 = sum(micro[a][r] for a in micro for r in range(15, 20)) * 1e-6
+    assert rounds_16_20 <= shift["seconds"] < CHANGE_SECONDS
 
 
 def learn_to_commit(lr, cost):
