@@ -212,7 +212,9 @@ class Communicator:
         on), state_change (where the machine changed state during learning, the round the
         rounds decided on begin from; None: no change), shifts (every shift of a contender's
         times the state-change test saw at a decision: round, the seconds the rounds after it
-        lasted, and taken, False for a blip let go), rechecks (how many times the class
+        lasted, and taken, False for a blip let go), in_doubt (the contenders whose contest
+        with the prior was still in doubt at the longest schedule, where the prior stayed:
+        a tie), rechecks (how many times the class
         had learned before this decision: AL_AUTO_RECHECK) and recheck_after (the class's calls
         from this decision to its next re-check).  A class that is re-checking reports its last
         decision.  Empty with learning off.  Local: no communication."""

@@ -383,6 +383,7 @@ class Learner:
         medians = {a: float(np.median(s)) for a, s in per.items() if len(s)}
         wins = {}
         best = self.prior
+        doubt = []                              # contenders the prior kept its place against
         if self.prior not in medians:
             best = min(medians, key=medians.get) if medians else self.prior
         else:
@@ -404,7 +405,6 @@ class Learner:
                 lead = max(float(np.median(mine[both] / theirs[both])),
                            medians[self.prior] / medians[a])
                 rivals.append((lead, a, won, lost, n))
-            doubt = False
             for lead, a, won, lost, n in sorted(rivals, reverse=True):
                 if lead > KEEP and 2 * won >= n:
                     if sure(won, n):
@@ -417,10 +417,13 @@ class Learner:
                         break
                 # the table's choice holds against `a` where it was surely faster, or where
                 # `a` was CLOSE times slower; otherwise the contest is in doubt
-                doubt |= not (sure(lost, n) or lead * CLOSE <= 1)
+                if not (sure(lost, n) or lead * CLOSE <= 1):
+                    doubt.append(a)
             else:
                 if doubt and self.longer():
                     return self.learn_longer()
+            if best != self.prior:
+                doubt = []
         self.committed = best
         self.recheck_after = self.calls_to_recheck()
         self.result = {"bytes": self.size_class, "itemsize": self.itemsize, "choice": best,
@@ -430,7 +433,7 @@ class Learner:
                        "shifts": [dict(x) for x in self.shifts],
                        "rechecks": self.rechecks, "recheck_after": self.recheck_after,
                        "medians": medians, "samples": {a: len(s) for a, s in per.items()},
-                       "wins": wins,
+                       "wins": wins, "in_doubt": doubt,
                        "times": {a: [float(t) for t in everything[:, j]]
                                  for j, a in enumerate(self.names)}}
         return best
@@ -525,7 +528,8 @@ class Learning:
         wins: per other contender (rounds faster than the prior, rounds compared),
         samples: how many timed calls each, rounds: the timed rounds decided on, state_change:
         the round they begin from where the machine changed state during learning (None: no
-        change), shifts: every shift of state_change's seen at a decision (round: where it
+        change), in_doubt: the contenders whose contest with the prior was still in doubt at
+        the longest schedule, where the prior stayed (a tie; empty otherwise), shifts: every shift of state_change's seen at a decision (round: where it
         began, 1-based; seconds: how long the rounds after it lasted; taken: whether it was
         the change, else a blip of under CHANGE_SECONDS let go), times: per contender its
         sample in each round (every round, before a change too), seconds, nan where none,

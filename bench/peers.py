@@ -96,7 +96,8 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
     calls), learn_us (their total time on this rank) and, for a power-of-two size, learned:
     the learner's prior, choice, rounds (decided on), state_change (the round from which they
     were taken, where the machine changed state during learning; None), shifts (every shift
-    the state-change test saw: round, seconds after it, taken or let go), medians (us), the
+    the state-change test saw: round, seconds after it, taken or let go), in_doubt (the
+    contenders still tied with the prior at the longest schedule), medians (us), the
     challengers' rounds won, times_us (each contender's sample per round) and shm_stores (shm's slot stores in the size's class
     once learning is over: calls, streamed, cost per kind, backoff; see al_shm.h)."""
     auto = calls.get("auto")
@@ -118,6 +119,7 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
         if r["bytes"] == nbytes and r["itemsize"] == 4:
             out["learned"] = {"prior": r["prior"], "choice": r["choice"], "rounds": r["rounds"],
                               "state_change": r["state_change"], "shifts": r["shifts"],
+                              "in_doubt": r["in_doubt"],
                               "medians_us": {a: t * 1e6 for a, t in r["medians"].items()},
                               "wins": r["wins"],
                               "times_us": {a: [round(t * 1e6, 1) if t == t else None for t in ts]

@@ -50,6 +50,11 @@ def decide(prior: str, times: dict, rows: list) -> str | None:
     """What learning decides from rounds `rows` alone of `times` (contender -> per round, us);
     None where it would learn longer (as it does after a change: the rounds after it are
     followed by as many as the class's first schedule had)."""
+    return replay(prior, times, rows).committed
+
+
+def replay(prior: str, times: dict, rows: list) -> Learner:
+    """A Learner over rounds `rows` of `times`, past its first decision (see decide)."""
     names = (prior,) + tuple(a for a in times if a != prior)
     lr = Learner(lambda payload: payload, 1 << 20, 4, Choice(prior, "table", "", names),
                  rounds=len(rows))
@@ -59,7 +64,7 @@ def decide(prior: str, times: dict, rows: list) -> str | None:
         t = times[name][rows[cell[0]]] if cell else 1.0
         lr.record(10.0, 10.0 + (np.nan if t is None else t))
     lr.next()
-    return lr.committed
+    return lr
 
 
 def main() -> int:

@@ -108,12 +108,15 @@ def test_a_close_contest_learns_longer_and_the_tables_choice_stays_within_keep()
         # 3 of 3 could be chance (1 in 8); 6 of 6 is sure; 12 rounds: the longest schedule
         assert lr.committed == "ring" and lr.result["rounds"] == rounds, other
         assert ex.calls == {6: 2, 12: 3}[rounds]
+        # a tie at the longest schedule says so: shm faster in every round, but by under KEEP
+        assert lr.result["in_doubt"] == {6: [], 12: ["shm"]}[rounds]
     # a lead of more than KEEP, or CLOSE times slower: decided at once
     for cost, expected in (({"ring": 1e-3 * (KEEP + 0.01), "shm": 1e-3}, "shm"),
                            ({"ring": 1e-3, "shm": 1e-3 * CLOSE}, "ring")):
         lr = Learner(Exchange(), 64, 4, choice("ring", "shm"), rounds=5)
         run(lr, cost.get)
         assert lr.next() == expected and lr.result["rounds"] == 5
+        assert lr.result["in_doubt"] == []
 
 
 # issue 31's measured rounds (us, 2 ranks, the slow-memory state): set AI's 16 MiB class (the
