@@ -529,12 +529,12 @@ class Learning:
         samples: how many timed calls each, rounds: the timed rounds decided on, state_change:
         the round they begin from where the machine changed state during learning (None: no
         change), in_doubt: the contenders whose contest with the prior was still in doubt at
-        the longest schedule, where the prior stayed (a tie; empty otherwise), shifts: every shift of state_change's seen at a decision (round: where it
-        began, 1-based; seconds: how long the rounds after it lasted; taken: whether it was
-        the change, else a blip of under CHANGE_SECONDS let go), times: per contender its
-        sample in each round (every round, before a change too), seconds, nan where none,
-        rechecks: how many times
-        the class had learned before this decision (0: the first), recheck_after: the class's
+        the longest schedule, where the prior stayed (a tie; empty otherwise), shifts: every
+        shift of state_change's seen at a decision (round: where it began, 1-based; seconds:
+        how long the rounds after it lasted; taken: whether it was the change, else a blip of
+        under CHANGE_SECONDS let go), times: per contender its sample in each round (every
+        round, before a change too), seconds, nan where none, rechecks: how many times the
+        class had learned before this decision (0: the first), recheck_after: the class's
         calls from this decision to the next re-check).  A class that is re-checking reports
         its last decision."""
         out = []

@@ -8,10 +8,11 @@ the timing that followed in the same run?  Issue 31 asked for that rule in the c
     python bench/learning_tie_break.py bench/results/issue31_learned_rounds.json.gz [RUN.json ...]
 
 Each class is replayed at the rounds it recorded, as its longest schedule (MORE_ROUNDS 1), by
-the library's own rule, without the change-of-state rule (CHANGE_P 0); the ties are the classes whose result has ``in_doubt``.  For each way
-of breaking them (a statistic of each contender's rounds, the lowest chosen, among the prior
-and the contenders in doubt), the choice's median in the timing over the fastest median of
-learning's contenders there: how many are over 1.10x, the geometric mean, the worst.
+the library's own rule, without the change-of-state rule (CHANGE_P 0); the ties are the
+classes whose result has ``in_doubt``.  For each way of breaking them (a statistic of each
+contender's rounds, the lowest chosen, among the prior and the contenders in doubt), the
+choice's median in the timing over the fastest median of learning's contenders there: how
+many are over 1.10x, the geometric mean, the worst.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def main(paths) -> int:
             over[way].append(row[pick] / fastest)
         over[HINDSIGHT].append(min(row[a] for a in tied) / fastest)
     print(f"{n} classes replayed, {agree} to the choice they recorded; "
-          f"{len(over[next(iter(WAYS))])} ties (in doubt at the longest schedule)")
+          f"{len(over[HINDSIGHT])} ties (in doubt at the longest schedule)")
     print("a tie broken by: classes whose choice was over 1.10x the fastest of learning's "
           "contenders in the timing; geometric mean; worst")
     for way, ratios in over.items():
