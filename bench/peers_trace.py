@@ -8,10 +8,12 @@ size (median / max in ms of the contenders named in --show).  It found what made
 contender of ours that waits by yielding took 3-8x longer, whatever ran before it.
 
     mpiexec -n 4 python bench/peers_trace.py [--trace FILE] [--show shm,ring]
-        [--trial-backoff N] [peers.py args]
+        [--trial-backoff N] [--whole-call-trials] [peers.py args]
 
 ``--trial-backoff N``: the slot stores' trials back off to at most 2**N times their spacing
-(al_shm.h; the library's 3 unless given; 0: never).
+(al_shm.h; the library's 3 unless given; 0: never).  ``--whole-call-trials``: an allreduce of
+8 rounds or more tries the other kind in 3 whole calls, as smaller ones do, instead of in 4
+rounds of one call (al_shm.h al_shm_part_boundary; docs/performance.md, "Trials within a call").
 """
 from __future__ import annotations
 
@@ -110,6 +112,9 @@ def main(argv: list[str]) -> int:
     path, show = opts["--trace"], opts["--show"]
     if opts["--trial-backoff"] is not None:     # the slot stores' trials (al_shm.h)
         _core._set_shm_trial_backoff(int(opts["--trial-backoff"]))
+    if "--whole-call-trials" in argv:
+        argv.remove("--whole-call-trials")
+        _core._set_shm_part_trials(0)
     if MPI.COMM_WORLD.rank == 0 and os.path.exists(path):
         os.unlink(path)
     peers.time_interleaved = traced(path)

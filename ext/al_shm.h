@@ -89,6 +89,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -187,6 +188,13 @@ typedef struct al_shm_op {
   uint64_t work;                     /* cls >= 0: ticks of the first copy-in */
   uint64_t t_in;                     /* cls >= 0: the tick the first arrive completed (0: not
                                         yet) */
+  int rounds;                        /* > 0: an allreduce measured in rounds, of this many
+                                        (al_shm_part_boundary) */
+  int rnd;                           /* ... the rounds begun so far */
+  int part;                          /* ... a trial of the other kind within the call */
+  uint64_t seg_t, seg_bytes;         /* ... the open measurement: its first tick and bytes */
+  double part_x[2];                  /* ... ticks per byte measured per kind (0: none) */
+  uint64_t num;                      /* ... the op's number (s->ops at its begin) */
 } al_shm_op;
 
 static inline size_t al_shm_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -775,7 +783,22 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * (al_shm_slot_stores) fixes one kind instead.
  * Below 4 KiB, ordinary stores (from 4 KiB in the far placement streamed slots made a 2-rank
  * allreduce 1.3x faster at 4 KiB and 1.55x at 8 KiB; at 1-2 KiB the two kinds are within 10%
- * in either placement: docs/performance.md, "Measured slot stores from 4 KiB"). */
+ * in either placement: docs/performance.md, "Measured slot stores from 4 KiB").
+ *
+ * Trials within a call.  An allreduce of AL_SHM_PART_ROUNDS (8) rounds or more (2 ranks: from
+ * 2 MiB; 4: from 8 MiB) is measured in its rounds instead (al_shm_part_boundary): its kind over
+ * rounds 2-3, and a trial is not 3 whole calls of the other kind but rounds 4-7 of one call in
+ * it (4-5 unmeasured: each slot buffer once, as a switch leaves it; 6-7 measured), then the
+ * call's kind again.  Rank 0 decides, as for whole calls, and names the call in its trial word
+ * (al_shm_part_word); the others read it, and rank 0's kind of the call, at round 2.  So both
+ * kinds are measured in the same call, over the same number of rounds, and a trial costs 4
+ * rounds of the dearer kind: in the far placement, where a 64 MiB call with ordinary stores
+ * took 3.5-4x a streamed one, a trial of 3 whole calls cost 8-9 calls' time and put 3 calls of
+ * 30-40 ms among a benchmark's samples of 8-9 ms; one within a call of 64 rounds costs a fifth
+ * of a call.  Spaced by the same 1% rule (al_shm_trial_spacing, at 4/rounds of a call each),
+ * such trials stay every 32 calls up to 6x at 64 rounds: a placement that changes is found
+ * sooner, and for less.  A new class's first two calls are such trials (so that from its third
+ * it has two measurements of each kind).  docs/performance.md, "Trials within a call". */
 /* The collectives' codes (al_shm_fp's bits 0-2; 0 is the allreduce), described with each. */
 enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
 enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
@@ -798,6 +821,14 @@ static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; ben
 #define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
 #define AL_SHM_TRIAL_SHARE 0.01      /* trials spaced to cost at most this share of a class's time
                                         (al_shm_trial_spacing) */
+#define AL_SHM_PART_AT 2             /* an allreduce of AL_SHM_PART_ROUNDS rounds or more: its
+                                        kind measured over its rounds 2-3, */
+#define AL_SHM_PART_K 2              /* ... that many rounds, and in a trial the other kind over */
+#define AL_SHM_PART_W 2              /* ... rounds 6-7, after that many rounds of it unmeasured
+                                        (one per slot buffer) */
+#define AL_SHM_PART_T (AL_SHM_PART_AT + AL_SHM_PART_K + AL_SHM_PART_W)
+#define AL_SHM_PART_ROUNDS (AL_SHM_PART_T + AL_SHM_PART_K)
+static int al_shm_part_trials = 1;   /* (0: trials of AL_SHM_TRIAL calls at every size; benchmarks) */
 
 enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
 static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
@@ -928,8 +959,10 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
   struct al_shm_adapt *a;
   uint64_t n, every;
   double c0, c1, now;
+  int rounds = o->rounds, part = al_shm_part_trials && rounds >= AL_SHM_PART_ROUNDS;
   o->cls = -1;
   o->nt = 0;
+  o->rounds = 0;
   if (!AL_SHM_CAN_STREAM || s->size < 2)
     return;
   if (al_shm_slot_stores != AL_SHM_STORES_AUTO) {
@@ -938,6 +971,8 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
   }
   if ((o->cls = al_shm_stores_class(bytes)) < 0)
     return;
+  if (part)
+    o->rounds = rounds;
   a = &s->adapt[coll & 7][o->cls];
   n = a->ops;
   now = al_shm_seconds();
@@ -948,15 +983,17 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
       a->backoff = al_shm_backoff_max;
     a->seed_nt = s->prefer;            /* (another collective's costs per byte are not this one's) */
     a->seed = s->prefer_coll == (coll & 7) ? s->prefer_cost[s->prefer] : 0;
-    a->choice = s->prefer;             /* the first trial: the other kind, at once (calls 0-2) */
-    a->trial_n = 0;
-    a->trial_left = AL_SHM_TRIAL - 1;
-    o->nt = !a->choice;
+    a->choice = s->prefer;             /* the first trial: the other kind, at once (calls 0-2; */
+    a->trial_n = 0;                    /* within the call: calls 0 and 1) */
+    a->trial_left = part ? 1 : AL_SHM_TRIAL - 1;
+    o->part = part;
+    o->nt = part ? a->choice : !a->choice;
     return;
   }
   if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
     a->trial_left--;
-    o->nt = !a->choice;
+    o->part = part;
+    o->nt = part ? a->choice : !a->choice;
     return;
   }
   every = (uint64_t)AL_SHM_EXPLORE << a->backoff;
@@ -966,8 +1003,9 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
     a->trial_at = now;
     a->trial_n = n;
     a->surprised = 0;
-    a->trial_left = AL_SHM_TRIAL - 1;
-    o->nt = !a->choice;
+    a->trial_left = part ? 0 : AL_SHM_TRIAL - 1;
+    o->part = part;
+    o->nt = part ? a->choice : !a->choice;
     return;
   }
   c0 = al_shm_stores_cost(a, 0);
@@ -995,6 +1033,13 @@ static inline uint32_t *al_shm_kinds(const al_shm_seg *s, int coll) {
   return (uint32_t *)((char *)al_shm_flag(s, 0) + 64) + (coll & 7);
 }
 
+/* The number of rank 0's latest allreduce that is a trial within the call (al_shm_part_boundary:
+ * s->ops, which every rank's op of that call has too), in bytes 96-103 of its flag's line pair
+ * (zero in a new segment: no op's). */
+static inline uint64_t *al_shm_part_word(const al_shm_seg *s) {
+  return (uint64_t *)((char *)al_shm_flag(s, 0) + 96);
+}
+
 /* The op's slot stores: rank 0 chooses (al_shm_choose_own) and publishes its kind per class;
  * the other ranks use it (their own measurements go on, unused).  Each rank choosing for
  * itself let the ranks settle on different kinds: each one's cost is mostly the wait for the
@@ -1016,21 +1061,88 @@ static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, s
     uint32_t want = (v & ~(3u << shift)) | ((uint32_t)(o->nt + 1) << shift);
     if (want != v)
       __atomic_store_n(w, want, __ATOMIC_RELAXED);
-  } else if ((kind = v >> shift & 3u) != 0) {
-    o->nt = (int)kind - 1;
+    if (o->part)                     /* (the publish of round 0, a release, orders both) */
+      __atomic_store_n(al_shm_part_word(s), o->num, __ATOMIC_RELAXED);
+  } else {
+    o->part = 0;                     /* rank 0's, read at round AL_SHM_PART_AT */
+    if ((kind = v >> shift & 3u) != 0)
+      o->nt = (int)kind - 1;
   }
 }
 
+/* An allreduce measured in rounds (o->rounds > 0), at the start of its round r (r ==
+ * o->rounds: at its end), `bytes` the round's (0 at the end).  Rounds AL_SHM_PART_AT and the next
+ * (AL_SHM_PART_K) measure the call's kind; in a trial, the next AL_SHM_PART_W rounds write the
+ * slots with the other kind unmeasured (each slot buffer once: a switch finds them as the other
+ * kind left them) and the AL_SHM_PART_K after them measure it; then the call's kind again.  A
+ * rank other than 0 reads, at round AL_SHM_PART_AT, rank 0's kind of this call (it may have
+ * begun with that of rank 0's previous call) and whether it is a trial: rank 0 has begun the
+ * call by then (its round 0 publish has been seen), and cannot have begun the next one (that
+ * needs this rank's later rounds). */
+static inline void al_shm_part_boundary(al_shm_seg *s, al_shm_op *o, int r, size_t bytes) {
+  uint64_t now;
+  if (r == AL_SHM_PART_AT && s->rank != 0) {
+    uint32_t kind = __atomic_load_n(al_shm_kinds(s, 0), __ATOMIC_RELAXED) >> (2 * o->cls) & 3u;
+    if (kind != 0)
+      o->nt = (int)kind - 1;
+    o->part = __atomic_load_n(al_shm_part_word(s), __ATOMIC_RELAXED) == o->num;
+  }
+  if (r == AL_SHM_PART_AT || r == AL_SHM_PART_AT + AL_SHM_PART_K ||
+      (o->part && (r == AL_SHM_PART_T || r == AL_SHM_PART_T + AL_SHM_PART_K))) {
+    now = al_shm_ticks();
+    if (o->seg_bytes > 0) {            /* a measurement ends */
+      o->part_x[o->nt] = (double)(now - o->seg_t) / (double)o->seg_bytes;
+      if (o->part)
+        o->nt = !o->nt;                /* into the trial (round 4), out of it (round 8) */
+    }
+    o->seg_t = now;
+    o->seg_bytes = 0;
+    if (r == AL_SHM_PART_AT + AL_SHM_PART_K)
+      o->seg_t = 0;                    /* (rounds 4-5: the switch's, unmeasured) */
+  }
+  if (o->seg_t != 0)
+    o->seg_bytes += bytes;
+}
+
 /* The backoff whose trials cost at most AL_SHM_TRIAL_SHARE of a class's time where a trial's
- * kind costs `ratio` times the choice's: AL_SHM_TRIAL calls at (ratio - 1) extra each, every
- * AL_SHM_EXPLORE << backoff calls (at most al_shm_backoff_max).  1.1x: 0 (every 32 calls);
- * 1.2x: 1 (64); 1.35x: 2 (128); from 1.5x: 3 (256). */
-static inline int al_shm_trial_spacing(double ratio) {
+ * kind costs `ratio` times the choice's: `calls` calls' worth of it at (ratio - 1) extra, every
+ * AL_SHM_EXPLORE << backoff calls (at most al_shm_backoff_max).  Trials of AL_SHM_TRIAL calls:
+ * 1.1x: 0 (every 32 calls); 1.2x: 1 (64); 1.35x: 2 (128); from 1.5x: 3 (256).  Trials within a
+ * call of 64 rounds (4 of them the other kind's: 1/16 of a call): 0 up to 6x. */
+static inline int al_shm_trial_spacing(double ratio, double calls) {
   int b = 0;
   while (b < al_shm_backoff_max &&
-         AL_SHM_TRIAL * (ratio - 1.0) > AL_SHM_TRIAL_SHARE * (double)(AL_SHM_EXPLORE << b))
+         calls * (ratio - 1.0) > AL_SHM_TRIAL_SHARE * (double)(AL_SHM_EXPLORE << b))
     b++;
   return b;
+}
+
+/* A measurement `x` (ticks per byte) of kind `nt` into class `a`'s recent ones, and the
+ * surprise rule's count (a trial's measurements, `trial`, reset it). */
+static inline void al_shm_stores_note(struct al_shm_adapt *a, int nt, double x, size_t bytes,
+                                      int trial) {
+  double *r = a->recent[nt], least = al_shm_stores_cost(a, nt);
+  int i;
+  if (a->seed > 0 && nt == a->seed_nt && a->ops < AL_SHM_SEEDED &&
+      (least == 0 || a->seed < least))
+    least = a->seed;                 /* a new class: the placement may have changed since */
+  if (bytes >= AL_SHM_SURPRISE_BYTES && !trial && nt == a->choice && a->trial_left == 0 &&
+      least > 0 && x > AL_SHM_SURPRISE * least)
+    a->surprised++;                  /* twice in a row: the placement changed, try the other */
+  else
+    a->surprised = 0;
+  for (i = AL_SHM_RECENT - 1; i > 0; i--) r[i] = r[i - 1];
+  r[0] = x;
+}
+
+/* A trial of kind `nt` measured, that cost `calls` calls' worth of that kind: the trials' spacing
+ * (a new class's first trial, with no cost of the choice yet, leaves its seed's). */
+static inline void al_shm_stores_verdict(struct al_shm_adapt *a, int nt, double calls) {
+  double mine = al_shm_stores_cost(a, !nt);
+  if (mine != 0) {
+    int b = al_shm_trial_spacing(al_shm_stores_cost(a, nt) / mine, calls);
+    a->backoff = b > a->backoff ? a->backoff + 1 : b;
+  }
 }
 
 /* At the op's end: its cost per byte into its class's measurements (if the class's previous
@@ -1040,27 +1152,19 @@ static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, siz
   if (o->cls < 0 || bytes == 0)
     return;
   a = &s->adapt[coll & 7][o->cls];
-  if (a->last == o->nt + 1 && o->t_in != 0) {
-    double *r = a->recent[o->nt], x, least = al_shm_stores_cost(a, o->nt);
-    int i;
-    if (a->seed > 0 && o->nt == a->seed_nt && a->ops < AL_SHM_SEEDED &&
-        (least == 0 || a->seed < least))
-      least = a->seed;               /* a new class: the placement may have changed since */
-    x = (double)(o->work + (al_shm_ticks() - o->t_in)) / (double)bytes;
-    if (bytes >= AL_SHM_SURPRISE_BYTES && o->nt == a->choice && a->trial_left == 0 &&
-        least > 0 && x > AL_SHM_SURPRISE * least)
-      a->surprised++;                /* twice in a row: the placement changed, try the other */
-    else
-      a->surprised = 0;
-    for (i = AL_SHM_RECENT - 1; i > 0; i--) r[i] = r[i - 1];
-    r[0] = x;
-    if (o->nt != a->choice && a->trial_left == 0) {   /* a trial's last call: its verdict */
-      double mine = al_shm_stores_cost(a, a->choice);
-      if (mine != 0) {               /* (a new class's first trial: the spacing stays its seed's) */
-        int b = al_shm_trial_spacing(al_shm_stores_cost(a, o->nt) / mine);
-        a->backoff = b > a->backoff ? a->backoff + 1 : b;
-      }
+  if (o->rounds > 0) {               /* measured in rounds: the call's kind, and in a trial the
+                                        other one (al_shm_part_boundary) */
+    if (o->part_x[o->nt] > 0)
+      al_shm_stores_note(a, o->nt, o->part_x[o->nt], bytes, o->part);
+    if (o->part && o->part_x[!o->nt] > 0) {
+      al_shm_stores_note(a, !o->nt, o->part_x[!o->nt], bytes, 1);
+      al_shm_stores_verdict(a, !o->nt, (double)(AL_SHM_PART_W + AL_SHM_PART_K) / o->rounds);
     }
+  } else if (a->last == o->nt + 1 && o->t_in != 0) {
+    al_shm_stores_note(a, o->nt, (double)(o->work + (al_shm_ticks() - o->t_in)) / (double)bytes,
+                       bytes, 0);
+    if (o->nt != a->choice && a->trial_left == 0)   /* a trial's last call: its verdict */
+      al_shm_stores_verdict(a, o->nt, AL_SHM_TRIAL);
   }
   a->last = o->nt + 1;
   a->ops++;
@@ -1155,19 +1259,6 @@ static inline size_t al_shm_written_bytes(const al_shm_seg *s, const al_shm_args
   }
 }
 
-/* Start an allreduce: the protocol by size (the same on every rank: count and esize are), and
- * whether recvbuf is written with streaming stores (may differ between ranks: only this rank's
- * stores change). */
-static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
-  size_t bytes = (size_t)a->count * a->esize;
-  memset(o, 0, sizeof(*o));
-  o->split = bytes > s->small && s->size > 1;
-  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_from(s);
-  o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
-  o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
-  al_shm_choose_stores(s, o, 0, bytes);
-}
-
 /* Elements of the round that starts at element `off`: a slot's worth, or what is left.  A split
  * allreduce of fewer than s->chunk_upto bytes takes s->chunk bytes a round instead: where each
  * rank has a core, rounds of a quarter of its L2 keep a round's blocks (its copy-in, the two
@@ -1181,6 +1272,24 @@ static inline int64_t al_shm_chunk(const al_shm_seg *s, const al_shm_args *a, in
     round = s->chunk;
   cap = (int64_t)(round / (size_t)a->esize);
   return a->count - off < cap ? a->count - off : cap;
+}
+
+/* Start an allreduce: the protocol by size (the same on every rank: count and esize are), and
+ * whether recvbuf is written with streaming stores (may differ between ranks: only this rank's
+ * stores change). */
+static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
+  size_t bytes = (size_t)a->count * a->esize;
+  memset(o, 0, sizeof(*o));
+  o->split = bytes > s->small && s->size > 1;
+  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_from(s);
+  o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
+  o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
+  o->num = s->ops;
+  if (o->split) {                    /* its rounds: the same on every rank (al_shm_chunk) */
+    int64_t per = al_shm_chunk(s, a, 0);
+    o->rounds = (int)((a->count + per - 1) / per < INT_MAX ? (a->count + per - 1) / per : INT_MAX);
+  }
+  al_shm_choose_stores(s, o, 0, bytes);
 }
 
 /* Split protocol, copy-in: the blocks j != me of the chunk [off, off + chunk) of sendbuf into
@@ -1244,6 +1353,8 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* a lazy arrive owed (above) */
       uint64_t t0 = o->cls >= 0 && o->t_in == 0 ? al_shm_ticks() : 0;
       o->chunk = al_shm_chunk(s, a, o->off);
+      if (o->rounds > 0)
+        al_shm_part_boundary(s, o, o->rnd++, (size_t)(o->chunk * es));
       *al_shm_fpw(s, b, me) = o->fp;
       if (o->split) {
         al_shm_split_in(s, a, b, o->off, o->chunk, o->nt);
@@ -1307,6 +1418,8 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     o->off += o->chunk;
     if (o->off >= a->count) {
       o->phase = AL_SHM_END;
+      if (o->rounds > 0)
+        al_shm_part_boundary(s, o, o->rnd, 0);
       al_shm_stores_done(s, o, 0, (size_t)a->count * a->esize);
     }
   }

@@ -57,6 +57,8 @@ cdef extern from "al_shm.h" nogil:
         int64_t end
         int nt, cls
         uint64_t work, t_in
+        int rounds, part
+        double part_x[2]
     ctypedef struct al_shm_args:
         int dtype, rop, esize
         const char* sbuf
@@ -85,6 +87,7 @@ cdef extern from "al_shm.h" nogil:
     uint64_t al_shm_ticks()
     int al_shm_stores_class(size_t nbytes)
     int al_shm_backoff_max
+    int al_shm_part_trials
     int al_shm_line_copies
     enum:
         AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2, AL_SHM_RECENT

@@ -488,6 +488,16 @@ def _set_shm_trial_backoff(int most):
     return before
 
 
+def _set_shm_part_trials(int on):
+    """The slot stores' trials of calls of AL_SHM_PART_ROUNDS rounds or more: within the call
+    (al_shm.h al_shm_part_boundary; 1 unless set) or of 3 whole calls, as smaller ones (0).
+    For benchmarks that compare the two; returns the value before."""
+    global al_shm_part_trials
+    before = al_shm_part_trials
+    al_shm_part_trials = 1 if on else 0
+    return before
+
+
 def _set_shm_prefer(CommState cs, int kind):
     """Set the segment's latest verdict on the slots' stores (al_shm.h s->prefer: 0 cached, 1
     streamed; the kind a new size class starts from) on this rank, as one made before the
@@ -511,14 +521,17 @@ def _set_shm_line_copies(int on):
     return before
 
 
-def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_backoff=0):
+def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_backoff=0,
+                     int rounds=0):
     """Rank 0's choice of the slot stores (al_shm.h, "the slots' stores", al_shm_choose_own:
     the kind every rank uses) on a segment of its own, with made-up costs: call k, an
     allreduce of `nbytes` (or costs[k][2] bytes, of collective costs[k][3]: al_shm_fp's code),
     costs costs[k][:2] = (cached, streamed) ticks per byte with each kind; the segment starts
     with `prefer` (1: streamed) and `prefer_backoff`.  Returns, per call, the kind it used (1:
-    streamed) and its class's backoff after it.  The calls take microseconds: the half-second
-    rule never applies."""
+    streamed) and its class's backoff after it.  With `rounds`, the allreduces are of that many
+    rounds (trials within a call from AL_SHM_PART_ROUNDS: al_shm_part_boundary measures each
+    kind at its cost), and each call's entry has a third item: whether it was such a trial.
+    The calls take microseconds: the half-second rule never applies."""
     global al_shm_slot_stores
     cdef al_shm_seg* s = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
     cdef al_shm_op o
@@ -535,11 +548,18 @@ def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_back
             n = cost[2] if len(cost) > 2 else nbytes
             coll = cost[3] if len(cost) > 3 else 0
             memset(&o, 0, sizeof(o))
+            o.rounds = rounds if coll == 0 else 0
             al_shm_choose_own(s, &o, coll, n)
-            o.work = <uint64_t>(cost[o.nt] * n)
-            o.t_in = al_shm_ticks()
+            if o.rounds > 0:
+                o.part_x[o.nt] = cost[o.nt]
+                if o.part:
+                    o.part_x[1 - o.nt] = cost[1 - o.nt]
+            else:
+                o.work = <uint64_t>(cost[o.nt] * n)
+                o.t_in = al_shm_ticks()
             al_shm_stores_done(s, &o, coll, n)
-            out.append((o.nt, s.adapt[coll & 7][al_shm_stores_class(n)].backoff))
+            entry = (o.nt, s.adapt[coll & 7][al_shm_stores_class(n)].backoff)
+            out.append(entry + (bool(o.part),) if rounds else entry)
     finally:
         al_shm_slot_stores = saved
         free(s)

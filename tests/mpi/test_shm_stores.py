@@ -133,6 +133,45 @@ def test_measured_choice_follows_its_schedule(stores):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def test_trials_within_a_call_on_every_rank(stores):
+    """An allreduce of 8 rounds or more (here 16 rounds of 4 KiB slots) tries the other kind
+    within the call: rank 0 decides, and the other ranks switch at the same rounds (they read
+    rank 0's kind of the call and its trial word at round 2; al_shm.h al_shm_part_boundary).
+    A new class's first two calls are such trials in the segment's verdict's kind: after them
+    every rank holds two measurements of each kind (a rank that missed rank 0's trial word
+    would hold those of one kind alone) and no call ran in the other kind as a whole.  After
+    18 more, each rank's calls per kind, and its measurements of each, are rank 0's.  Every
+    result is right meanwhile, though the kinds change within the calls."""
+    stores(AUTO)
+    comm = with_env({"AL_SHM_SLOT_BYTES": "4096", "AL_SHM_SMALL_BYTES": "1024"},
+                    al.Communicator)
+    try:
+        if comm.size == 1:
+            return
+        n = (64 << 10) // 4                     # 64 KiB: 16 rounds of 4 KiB
+        x = make_input("float32", al.SUM, n, seed=3, rank=comm.rank)
+        expected = reference(al.SUM, gather_all(x), comm.size)
+        failures, seen = [], []
+        first_kind = _core.shm_info(comm._state)["prefer"]
+        for calls in (2, 18):
+            for k in range(calls):
+                out = np.empty_like(x)
+                comm.Allreduce(x, out, algorithm="shm")
+                failures += differences(f"call {k}", out, expected)
+            cls = _core.shm_info(comm._state)["stores"]["allreduce"][64 << 10]
+            seen.append((cls["calls"], cls["streamed"],
+                         tuple(sum(t > 0 for t in recent) for recent in cls["recent"])))
+        if seen[0] != (2, 0 if first_kind == "cached" else 2, (2, 2)):
+            failures.append(f"after 2 calls, starting {first_kind}: {seen[0]}")
+        every = WORLD.allgather(seen[1])
+        if len(set(every)) != 1:
+            failures.append(f"after 20 calls, per rank (calls, streamed, measurements of each "
+                            f"kind): {every}")
+    finally:
+        comm.Free()
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
 def probe_results(env=None):
     """Every rank's (round_trip_ns, prefer) of a new communicator's segment (made with the
     environment variables `env`), None without a segment."""
