@@ -12,7 +12,7 @@ contender of ours that waits by yielding took 3-8x longer, whatever ran before i
 
 ``--trial-backoff N``: the slot stores' trials back off to at most 2**N times their spacing
 (al_shm.h; the library's 3 unless given; 0: never).  ``--whole-call-trials``: an allreduce of
-8 rounds or more tries the other kind in 3 whole calls, as smaller ones do, instead of in 4
+10 rounds or more tries the other kind in 3 whole calls, as smaller ones do, instead of in 4
 rounds of one call (al_shm.h al_shm_part_boundary; docs/performance.md, "Trials within a call").
 """
 from __future__ import annotations

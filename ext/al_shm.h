@@ -785,11 +785,11 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * allreduce 1.3x faster at 4 KiB and 1.55x at 8 KiB; at 1-2 KiB the two kinds are within 10%
  * in either placement: docs/performance.md, "Measured slot stores from 4 KiB").
  *
- * Trials within a call.  An allreduce of AL_SHM_PART_ROUNDS (8) rounds or more (2 ranks: from
- * 2 MiB; 4: from 8 MiB) is measured in its rounds instead (al_shm_part_boundary): its kind over
- * rounds 2-3, and a trial is not 3 whole calls of the other kind but rounds 4-7 of one call in
- * it (4-5 unmeasured: each slot buffer once, as a switch leaves it; 6-7 measured), then the
- * call's kind again.  Rank 0 decides, as for whole calls, and names the call in its trial word
+ * Trials within a call.  An allreduce of AL_SHM_PART_ROUNDS (10) rounds or more (2 ranks: from
+ * 2.5 MiB to below 8 MiB in 256 KiB rounds, and from 10 MiB; 4 ranks: from 10 MiB) is measured
+ * in its rounds instead (al_shm_part_boundary): its kind over rounds 2-3, and a trial is not 3
+ * whole calls of the other kind but rounds 4-7 of one call in it (4-5 unmeasured: each slot
+ * buffer once, as a switch leaves it; 6-7 measured), then the call's kind again.  Rank 0 decides, as for whole calls, and names the call in its trial word
  * (al_shm_part_word); the others read it, and rank 0's kind of the call, at round 2.  So both
  * kinds are measured in the same call, over the same number of rounds, and a trial costs 4
  * rounds of the dearer kind: in the far placement, where a 64 MiB call with ordinary stores
@@ -827,7 +827,12 @@ static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; ben
 #define AL_SHM_PART_W 2              /* ... rounds 6-7, after that many rounds of it unmeasured
                                         (one per slot buffer) */
 #define AL_SHM_PART_T (AL_SHM_PART_AT + AL_SHM_PART_K + AL_SHM_PART_W)
-#define AL_SHM_PART_ROUNDS (AL_SHM_PART_T + AL_SHM_PART_K)
+#define AL_SHM_PART_ROUNDS (AL_SHM_PART_T + AL_SHM_PART_K + 2)   /* (10: the trial's measured
+                                        rounds never among the call's last two, where ranks done
+                                        with the call take the cores from the rest: at 8 rounds,
+                                        4 ranks on 2 cores, the trials found ordinary stores
+                                        dearer than they were and the class kept streamed ones
+                                        at 1.15-1.3x) */
 static int al_shm_part_trials = 1;   /* (0: trials of AL_SHM_TRIAL calls at every size; benchmarks) */
 
 enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };

@@ -134,12 +134,12 @@ def test_a_new_class_whose_verdict_turned_dearer_tries_the_other_kind_at_once():
 
 
 def within(run):
-    """The calls that were trials within the call (an allreduce of 8 rounds or more)."""
+    """The calls that were trials within the call (an allreduce of 10 rounds or more)."""
     return [k for k, (_, _, part) in enumerate(run) if part]
 
 
-def test_a_call_of_8_rounds_or_more_tries_the_other_kind_within_itself():
-    """From AL_SHM_PART_ROUNDS (8) rounds a trial is 4 of the call's rounds in the other kind
+def test_a_call_of_10_rounds_or_more_tries_the_other_kind_within_itself():
+    """From AL_SHM_PART_ROUNDS (10) rounds a trial is 4 of the call's rounds in the other kind
     (2 unmeasured, 2 measured, against 2 of the call's own kind before them), not 3 whole
     calls: every call uses the class's choice, and a new class's first two calls are such
     trials, so that from the third it uses the cheaper kind."""
@@ -148,24 +148,24 @@ def test_a_call_of_8_rounds_or_more_tries_the_other_kind_within_itself():
         (STREAMED, False)] * 2
     assert within(stale) == [0, 1, 29]
     assert all(kind == STREAMED for kind, _, _ in stale[2:])
-    right = _core._stores_schedule([(1.0, 2.0)] * 70, prefer=CACHED, rounds=8)
-    # (at 8 rounds a 2x trial costs half a call: every 64 calls)
+    right = _core._stores_schedule([(1.0, 2.0)] * 70, prefer=CACHED, rounds=10)
+    # (at 10 rounds a 2x trial costs 0.4 of a call: every 64 calls)
     assert {kind for kind, _, _ in right} == {CACHED} and within(right) == [0, 1, 61]
     # fewer rounds: trials of 3 whole calls, as before
-    few = _core._stores_schedule([(1.0, 2.0)] * 40, prefer=CACHED, rounds=7)
+    few = _core._stores_schedule([(1.0, 2.0)] * 40, prefer=CACHED, rounds=9)
     assert not within(few) and trial_starts([r[:2] for r in few]) == [0, 29]
 
 
 def test_trials_within_a_call_are_spaced_by_what_they_cost():
     """4 rounds of R in the other kind cost 4 / R of a call at (ratio - 1) extra: at 64 rounds
-    trials stay every 32 calls up to 6x (3 whole calls at 4x backed off to every 256); at 8
-    rounds and 2.5x, every 128 calls."""
+    trials stay every 32 calls up to 6x (3 whole calls at 4x backed off to every 256); at 10
+    rounds and 4x, every 128 calls."""
     far = _core._stores_schedule([(4.0, 1.0)] * 300, prefer=STREAMED, rounds=64)
     assert within(far) == [0, 1, 29, 61, 93, 125, 157, 189, 221, 253, 285]
     assert {b for _, b, _ in far} == {0}
     whole = _core._stores_schedule([(4.0, 1.0)] * 300, prefer=STREAMED)
     assert trial_starts(whole, choice=STREAMED) == [0, 29, 61, 125, 253]
-    short = _core._stores_schedule([(1.0, 2.5)] * 300, prefer=CACHED, rounds=8)
+    short = _core._stores_schedule([(1.0, 4.0)] * 300, prefer=CACHED, rounds=10)
     assert within(short) == [0, 1, 125, 253] and max(b for _, b, _ in short) == 2
 
 

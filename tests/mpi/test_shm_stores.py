@@ -134,7 +134,7 @@ def test_measured_choice_follows_its_schedule(stores):
 
 
 def test_trials_within_a_call_on_every_rank(stores):
-    """An allreduce of 8 rounds or more (here 16 rounds of 4 KiB slots) tries the other kind
+    """An allreduce of 10 rounds or more (here 16 rounds of 4 KiB slots) tries the other kind
     within the call: rank 0 decides, and the other ranks switch at the same rounds (they read
     rank 0's kind of the call and its trial word at round 2; al_shm.h al_shm_part_boundary).
     A new class's first two calls are such trials in the segment's verdict's kind: after them
