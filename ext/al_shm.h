@@ -789,8 +789,9 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
  * 2.5 MiB to below 8 MiB in 256 KiB rounds, and from 10 MiB; 4 ranks: from 10 MiB) is measured
  * in its rounds instead (al_shm_part_boundary): its kind over rounds 2-3, and a trial is not 3
  * whole calls of the other kind but rounds 4-7 of one call in it (4-5 unmeasured: each slot
- * buffer once, as a switch leaves it; 6-7 measured), then the call's kind again.  Rank 0 decides, as for whole calls, and names the call in its trial word
- * (al_shm_part_word); the others read it, and rank 0's kind of the call, at round 2.  So both
+ * buffer once, as a switch leaves it; 6-7 measured), then the call's kind again.  Rank 0
+ * decides, as for whole calls, and names the call in its trial word (al_shm_part_word); the
+ * others read it, and rank 0's kind of the call, at round 2.  So both
  * kinds are measured in the same call, over the same number of rounds, and a trial costs 4
  * rounds of the dearer kind: in the far placement, where a 64 MiB call with ordinary stores
  * took 3.5-4x a streamed one, a trial of 3 whole calls cost 8-9 calls' time and put 3 calls of
@@ -833,7 +834,8 @@ static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; ben
                                         4 ranks on 2 cores, the trials found ordinary stores
                                         dearer than they were and the class kept streamed ones
                                         at 1.15-1.3x) */
-static int al_shm_part_trials = 1;   /* (0: trials of AL_SHM_TRIAL calls at every size; benchmarks) */
+static int al_shm_part_trials = 1;   /* (0: trials of AL_SHM_TRIAL calls at every size, as
+                                        before; benchmarks) */
 
 enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
 static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
@@ -1292,7 +1294,8 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   o->num = s->ops;
   if (o->split) {                    /* its rounds: the same on every rank (al_shm_chunk) */
     int64_t per = al_shm_chunk(s, a, 0);
-    o->rounds = (int)((a->count + per - 1) / per < INT_MAX ? (a->count + per - 1) / per : INT_MAX);
+    int64_t rounds = (a->count + per - 1) / per;
+    o->rounds = rounds < INT_MAX ? (int)rounds : INT_MAX;
   }
   al_shm_choose_stores(s, o, 0, bytes);
 }
