@@ -9,7 +9,8 @@ Each run makes a new communicator (a new segment: new size classes, as a program
 each setting in random order, then times `--calls` shm allreduces of each size back to back (a
 barrier before each call, the max over ranks).  Per setting and size: the median, the mean
 (which carries what the trials cost), the 90th percentile and the maximum in ms, the calls over
-twice the median, and the placement the probe found at setup.  Its figures are in
+twice the median, how many of rank 0's calls streamed the slots (the class's kind as a whole),
+and the placement the probe found at setup.  Its figures are in
 docs/performance.md ("Trials within a call").
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ SETTINGS = {"within": (0, 1), "whole": (0, 0), "cached": (1, 1), "streamed": (2,
 # (AL_SHM_SLOT_STORES: 0 measured, 1 cached, 2 streamed; trials within a call or not)
 
 
-def run(world, sizes: list[int], calls: int) -> tuple[dict, float]:
+def run(world, sizes: list[int], calls: int) -> tuple[dict, dict, float]:
     """`calls` shm allreduces of each size on a new communicator: the times (s) per size, how
     many of rank 0's calls of the size streamed the slots (al_shm.h: in its kind as a whole),
     and the probe's round trip (ns; 0: none)."""

@@ -189,7 +189,8 @@ typedef struct al_shm_op {
   uint64_t t_in;                     /* cls >= 0: the tick the first arrive completed (0: not
                                         yet) */
   int rounds;                        /* > 0: an allreduce measured in rounds, of this many
-                                        (al_shm_part_boundary) */
+                                        (al_shm_part_boundary; al_shm_allreduce_begin sets the
+                                        count, al_shm_choose_own keeps it where that applies) */
   int rnd;                           /* ... the rounds begun so far */
   int part;                          /* ... a trial of the other kind within the call */
   uint64_t seg_t, seg_bytes;         /* ... the open measurement: its first tick and bytes */
@@ -959,6 +960,13 @@ static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
   return c;
 }
 
+/* The op is a call of a trial: the other kind as a whole call, or, `part`, the class's choice
+ * with the other kind in its rounds (al_shm_part_boundary). */
+static inline void al_shm_trial_call(const struct al_shm_adapt *a, al_shm_op *o, int part) {
+  o->part = part;
+  o->nt = part ? a->choice : !a->choice;
+}
+
 /* This rank's choice of the op's slot stores (o->nt) and whether the op is measured (o->cls
  * >= 0), for an op of collective `coll` (al_shm_fp's code) writing `bytes` into its slots
  * (al_shm_choose_stores, below, makes rank 0's the kind every rank uses). */
@@ -993,14 +1001,12 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
     a->choice = s->prefer;             /* the first trial: the other kind, at once (calls 0-2; */
     a->trial_n = 0;                    /* within the call: calls 0 and 1) */
     a->trial_left = part ? 1 : AL_SHM_TRIAL - 1;
-    o->part = part;
-    o->nt = part ? a->choice : !a->choice;
+    al_shm_trial_call(a, o, part);
     return;
   }
   if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
     a->trial_left--;
-    o->part = part;
-    o->nt = part ? a->choice : !a->choice;
+    al_shm_trial_call(a, o, part);
     return;
   }
   every = (uint64_t)AL_SHM_EXPLORE << a->backoff;
@@ -1011,8 +1017,7 @@ static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size
     a->trial_n = n;
     a->surprised = 0;
     a->trial_left = part ? 0 : AL_SHM_TRIAL - 1;
-    o->part = part;
-    o->nt = part ? a->choice : !a->choice;
+    al_shm_trial_call(a, o, part);
     return;
   }
   c0 = al_shm_stores_cost(a, 0);
