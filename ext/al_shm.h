@@ -104,7 +104,7 @@
 
 #define AL_SHM_LINE 128              /* a flag per line pair: no false sharing, no paired prefetch*/
 #define AL_SHM_ALIGN 4096            /* slots start on page boundaries */
-#define AL_SHM_TILE 8192             /* bytes reduced at a time: the output tile stays in L1 */
+#define AL_SHM_TILE_MAX 8192         /* the most bytes reduced at a time (al_shm_tile) */
 #define AL_SHM_MAGIC 0x6d68735f6c61ULL /* "al_shm" */
 #define AL_SHM_MAX_RANKS 256         /* ranks per segment (a reduction's inputs are on the stack) */
 #define AL_SHM_INLINE 16             /* bytes per rank of a round carried in the flag's line */
@@ -684,9 +684,14 @@ static inline int al_shm_reduce_tile(int dtype, int op, char *out, const char *c
  * > 0) divides in the last pass.  `out` may be src[0] exactly.  Each tile is then copied to
  * `copy_to` if it is not NULL, with streaming stores if `stream` (al_shm_copy_nt; one fence at
  * the end).  Returns 0, or -1 for an unsupported (dtype, op). */
+/* Bytes reduced at a time (<= AL_SHM_TILE_MAX): the tile's inputs and output stay in L1 while
+ * it is reduced and copied on.  2 KiB tiles were 1.06-1.13x faster than 8 KiB ones at 32-64 MiB
+ * (2 ranks; 4 ranks 1.02-1.10x at 64 MiB) and even at 1 MiB (bench/shm_tiles.py; docs/
+ * performance.md, "Tiles that stay in L1"): three 8 KiB streams crowd a 32 KiB L1. */
+static size_t al_shm_tile = 2048;
 static int al_shm_reduce_copy(int dtype, int op, int esize, char *out, const char *const *src,
                               int k, int64_t n, double avg_div, char *copy_to, int stream) {
-  int64_t tile = AL_SHM_TILE / esize, t, m;
+  int64_t tile = (int64_t)(al_shm_tile / (size_t)esize), t, m;
   int rc = 0;
   for (t = 0; t < n && rc == 0; t += tile) {
     size_t off = (size_t)t * esize;
@@ -1218,8 +1223,8 @@ static inline void al_shm_slot_copy(char *dst, const char *src, size_t n, int nt
 static int al_shm_reduce_streamed(int dtype, int op, int esize, char *rbuf, char *slot,
                                   const char *const *src, int k, int64_t n, double avg_div,
                                   int stream) {
-  char tile[AL_SHM_TILE] __attribute__((aligned(64)));
-  int64_t per = AL_SHM_TILE / esize, t, m;
+  char tile[AL_SHM_TILE_MAX] __attribute__((aligned(64)));
+  int64_t per = (int64_t)(al_shm_tile / (size_t)esize), t, m;
   int rc = 0;
   for (t = 0; t < n && rc == 0; t += per) {
     size_t off = (size_t)t * esize;

@@ -89,6 +89,7 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_backoff_max
     int al_shm_part_trials
     int al_shm_line_copies
+    size_t al_shm_tile
     enum:
         AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2, AL_SHM_RECENT
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,

@@ -488,6 +488,17 @@ def _set_shm_trial_backoff(int most):
     return before
 
 
+def _set_shm_tile(size_t nbytes):
+    """Bytes the shm reductions reduce at a time (al_shm.h al_shm_tile; 64 to 8192, a power of
+    two).  For benchmarks that compare tile sizes; returns the value before."""
+    global al_shm_tile
+    if nbytes < 64 or nbytes > 8192 or nbytes & (nbytes - 1):
+        raise ValueError(f"tile of {nbytes} bytes: a power of two from 64 to 8192")
+    before = al_shm_tile
+    al_shm_tile = nbytes
+    return before
+
+
 def _set_shm_part_trials(int on):
     """The slot stores' trials of calls of AL_SHM_PART_ROUNDS rounds or more: within the call
     (al_shm.h al_shm_part_boundary; 1 unless set) or of 3 whole calls, as smaller ones (0).

@@ -120,6 +120,31 @@ def test_streaming_matrix(tiny, streaming, dtype):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+@pytest.mark.parametrize("stores", [1, 2])
+@pytest.mark.parametrize("tile", [64, 256, 8192])
+@pytest.mark.parametrize("dtype", ["int8", "float16", "float32", "complex128"])
+def test_tiles(tiny, streaming, tile, stores, dtype):
+    """Other tile sizes (al_shm_tile; bench/shm_tiles.py sets them) give the same results: tiles
+    of one or two vectors, or a whole 4 KiB slot, every op, streamed recvbuf, slots written with
+    ordinary (1) or streaming (2) stores."""
+    before = _core._set_shm_tile(tile)
+    _core.set_shm_slot_stores(stores)
+    try:
+        failures = matrix_failures(tiny, "shm", [dtype], [1025, 9001])
+    finally:
+        _core._set_shm_tile(before)
+        _core.set_shm_slot_stores(al.config.shm_slot_stores())
+    assert before == 2048
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
+def test_tile_out_of_range_is_refused():
+    for bad in (0, 32, 3000, 16384):
+        with pytest.raises(ValueError, match="power of two from 64 to 8192"):
+            _core._set_shm_tile(bad)
+    assert _core._set_shm_tile(2048) == 2048
+
+
 GUARD = 6                              # elements around each buffer that must stay untouched
 
 
