@@ -40,7 +40,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from aluminum_py import _core
 from aluminum_py.bench.timing import (interleaved_orders, iterations, parse_bytes, recvbuf_like,
-                                      size_sweep, time_interleaved)
+                                      shm_stores_class, size_sweep, time_interleaved)
 from peers_summary import paired_worst  # noqa: E402  (bench/, the script's directory)
 
 
@@ -126,8 +126,7 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
                                            for a, ts in r["times"].items()}}
     info = _core.shm_info(comm._state)          # shm's slot stores in this size's class then
     if info is not None and "learned" in out:
-        key = 1 << (nbytes.bit_length() - 1)
-        out["learned"]["shm_stores"] = info["stores"].get("allreduce", {}).get(key)
+        out["learned"]["shm_stores"] = shm_stores_class(info, nbytes)
     return out
 
 

@@ -55,7 +55,7 @@ def streamed_calls(nbytes: int) -> tuple[int, float, float]:
     if not info:
         return -1, 0.0, 0.0
     classes = info["stores"].get("allreduce", {})
-    mine = classes.get(1 << (nbytes.bit_length() - 1), {"cost": (0.0, 0.0)})["cost"]
+    mine = (timing.shm_stores_class(info, nbytes) or {"cost": (0.0, 0.0)})["cost"]
     return sum(c["streamed"] for c in classes.values()), mine[0], mine[1]
 
 

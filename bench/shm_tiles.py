@@ -15,7 +15,6 @@ calls streamed the slots.  Its figures are in docs/performance.md ("Tiles that s
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import numpy as np
@@ -23,17 +22,18 @@ from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import parse_bytes, recvbuf_like
+from aluminum_py.bench.timing import (parse_bytes, recvbuf_like, shm_stores_class,
+                                      time_interleaved)
 
 
 def one_size(comm, world, n: int, tiles: list[int], others: list[str], iters: int,
-             rng: random.Random) -> dict:
+             salt: int) -> dict:
     """Times (s, max over ranks) per setting at n bytes: 'tile T' for shm with tile T, and
-    each of `others` by name."""
+    each of `others` by name (timing.time_interleaved: a random order per iteration, the same
+    on every rank, a barrier before each call)."""
     x = np.ones(n // 4, np.float32)
     settings = [f"tile {t}" for t in tiles] + others
     outs = {s: recvbuf_like(x) for s in settings}
-    times = {s: [] for s in settings}
 
     def call(s):
         if s.startswith("tile "):
@@ -44,20 +44,10 @@ def one_size(comm, world, n: int, tiles: list[int], others: list[str], iters: in
 
     for s in settings:                       # warm: each buffer written once, each class made
         call(s)
-    for _ in range(iters):
-        order = settings[:]
-        rng.shuffle(order)
-        for s in order:
-            world.Barrier()
-            t0 = time.perf_counter()
-            call(s)
-            times[s].append(time.perf_counter() - t0)
+    times = time_interleaved(world, {s: (lambda s=s: call(s)) for s in settings}, iters, salt)
     for s in settings:
         if outs[s][0] != world.size or outs[s][-1] != world.size:
             raise SystemExit(f"wrong result from {s} at {n} B: {outs[s][0]}")
-        mine = np.array(times[s])
-        times[s] = np.empty_like(mine)
-        world.Allreduce(mine, times[s], op=MPI.MAX)
     return times
 
 
@@ -80,16 +70,16 @@ def main(argv=None) -> int:
             try:
                 rt = (_core.shm_info(comm._state) or {}).get("round_trip_ns", 0.0)
                 for n in sizes:
-                    t = one_size(comm, world, n, tiles, others, args.iters,
-                                 random.Random(1000 * run + n))
+                    t = one_size(comm, world, n, tiles, others, args.iters, 1000 * run + n)
                     if world.rank:
                         continue
                     med = {s: float(np.median(v)) * 1e6 for s, v in t.items()}
                     last = f"tile {tiles[-1]}"
-                    paired = {s: float(np.median(t[s] / t[last])) for s in t if s.startswith("tile")}
+                    paired = {s: float(np.median(t[s] / t[last])) for s in t
+                              if s.startswith("tile")}
                     best_other = min((med[o] for o in others), default=float("nan"))
-                    cls = _core.shm_info(comm._state)["stores"].get("allreduce", {})
-                    streamed = cls.get(1 << (n.bit_length() - 1), {}).get("streamed", "-")
+                    cls = shm_stores_class(_core.shm_info(comm._state), n) or {}
+                    streamed = cls.get("streamed", "-")
                     print(f"{time.strftime('%H:%M:%S')} run {run} rt {rt:.0f} ns {n >> 20} MiB: "
                           + " ".join(f"{s} {m:.0f}" for s, m in med.items())
                           + " | paired over " + last + ": "

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import parse_bytes
+from aluminum_py.bench.timing import parse_bytes, shm_stores_class
 
 SETTINGS = {"within": (0, 1), "whole": (0, 0), "cached": (1, 1), "streamed": (2, 1)}
 # (AL_SHM_SLOT_STORES: 0 measured, 1 cached, 2 streamed; trials within a call or not)
@@ -50,8 +50,8 @@ def run(world, sizes: list[int], calls: int) -> tuple[dict, dict, float]:
             if out[0] != world.size:
                 raise SystemExit(f"wrong result {out[0]} at {n} B")
             times[n] = np.array(t)
-            classes = _core.shm_info(comm._state)["stores"].get("allreduce", {})
-            streamed[n] = classes.get(1 << (n.bit_length() - 1), {}).get("streamed", "-")
+            cls = shm_stores_class(_core.shm_info(comm._state), n) or {}
+            streamed[n] = cls.get("streamed", "-")
         return times, streamed, (info or {}).get("round_trip_ns", 0.0)
     finally:
         comm.Free()

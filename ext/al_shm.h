@@ -679,16 +679,18 @@ static inline int al_shm_reduce_tile(int dtype, int op, char *out, const char *c
   return rc;
 }
 
+/* Bytes reduced at a time (<= AL_SHM_TILE_MAX): the tile's inputs and output stay in L1 while
+ * it is reduced and copied on.  2 KiB tiles were 1.06-1.13x faster than 8 KiB ones at 32-64 MiB
+ * (2 ranks; 4 ranks 1.02-1.10x at 64 MiB), and 1.11-1.20x at 1 MiB in the far placement
+ * (bench/shm_tiles.py; docs/performance.md, "Tiles that stay in L1"): three 8 KiB streams
+ * crowd a 32 KiB L1. */
+static size_t al_shm_tile = 2048;
+
 /* out = src[0] op src[1] op ... op src[k-1] over n elements (k >= 2), tile by tile so that the
  * partial results stay in L1 (memory traffic: k reads and one write per element); AVG (avg_div
  * > 0) divides in the last pass.  `out` may be src[0] exactly.  Each tile is then copied to
  * `copy_to` if it is not NULL, with streaming stores if `stream` (al_shm_copy_nt; one fence at
  * the end).  Returns 0, or -1 for an unsupported (dtype, op). */
-/* Bytes reduced at a time (<= AL_SHM_TILE_MAX): the tile's inputs and output stay in L1 while
- * it is reduced and copied on.  2 KiB tiles were 1.06-1.13x faster than 8 KiB ones at 32-64 MiB
- * (2 ranks; 4 ranks 1.02-1.10x at 64 MiB) and even at 1 MiB (bench/shm_tiles.py; docs/
- * performance.md, "Tiles that stay in L1"): three 8 KiB streams crowd a 32 KiB L1. */
-static size_t al_shm_tile = 2048;
 static int al_shm_reduce_copy(int dtype, int op, int esize, char *out, const char *const *src,
                               int k, int64_t n, double avg_div, char *copy_to, int stream) {
   int64_t tile = (int64_t)(al_shm_tile / (size_t)esize), t, m;

@@ -91,7 +91,7 @@ cdef extern from "al_shm.h" nogil:
     int al_shm_line_copies
     size_t al_shm_tile
     enum:
-        AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2, AL_SHM_RECENT
+        AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2, AL_SHM_RECENT, AL_SHM_TILE_MAX
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
                         char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, uint64_t nonce,

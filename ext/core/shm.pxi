@@ -489,11 +489,12 @@ def _set_shm_trial_backoff(int most):
 
 
 def _set_shm_tile(size_t nbytes):
-    """Bytes the shm reductions reduce at a time (al_shm.h al_shm_tile; 64 to 8192, a power of
-    two).  For benchmarks that compare tile sizes; returns the value before."""
+    """Bytes the shm reductions reduce at a time (al_shm.h al_shm_tile; a power of two from 64
+    to AL_SHM_TILE_MAX, 8192).  For benchmarks that compare tile sizes; returns the value
+    before."""
     global al_shm_tile
-    if nbytes < 64 or nbytes > 8192 or nbytes & (nbytes - 1):
-        raise ValueError(f"tile of {nbytes} bytes: a power of two from 64 to 8192")
+    if nbytes < 64 or nbytes > AL_SHM_TILE_MAX or nbytes & (nbytes - 1):
+        raise ValueError(f"tile of {nbytes} bytes: a power of two from 64 to {AL_SHM_TILE_MAX}")
     before = al_shm_tile
     al_shm_tile = nbytes
     return before

@@ -172,6 +172,31 @@ def test_trials_within_a_call_on_every_rank(stores):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def test_the_benches_find_a_size_in_its_class(stores):
+    """aluminum_py.bench.timing.shm_stores_class (what bench/peers.py and the shm benches read)
+    finds the class al_shm.h counted an allreduce's calls in: 3 calls of 6000 bytes and 5 of
+    8192 land in the 4 KiB and 8 KiB classes, a size of no class yet has None."""
+    from aluminum_py.bench.timing import shm_stores_class
+    stores(AUTO)
+    c = al.Communicator()                   # a new segment: no class has calls yet
+    try:
+        if _core.shm_info(c._state) is None:
+            return
+        for nbytes, calls in ((6000, 3), (8192, 5)):
+            x = np.ones(nbytes // 4, np.float32)
+            for _ in range(calls):
+                c.Allreduce(x, np.empty_like(x), algorithm="shm")
+        info = _core.shm_info(c._state)
+        got = [(shm_stores_class(info, n) or {}).get("calls") for n in (6000, 4096, 8192, 12000)]
+        got.append(shm_stores_class(info, 1 << 20))
+        got.append(shm_stores_class(info, 6000, "allgather"))
+        got.append(shm_stores_class(None, 6000))
+    finally:
+        c.Free()
+    ok = got == [3, 3, 5, 5, None, None, None]
+    assert all_ranks_ok(ok), every_rank([] if ok else [f"calls found per size: {got}"])
+
+
 def probe_results(env=None):
     """Every rank's (round_trip_ns, prefer) of a new communicator's segment (made with the
     environment variables `env`), None without a segment."""
