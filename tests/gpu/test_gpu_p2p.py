@@ -313,3 +313,31 @@ def test_a_failed_launch_fails_every_request(comm, monkeypatch):
         al.Waitall(reqs, timeout=WAIT)
     (out,) = fetch(stream, y)
     np.testing.assert_array_equal(out, mine)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wait_from_another_thread_launches_the_batch(comm):
+    """The batch launched by a Wait in another thread (as torch's waiter thread waits), while
+    the owner thread goes on: the data arrives, every rank sending first at 16 MiB."""
+    import threading
+    c, stream = comm
+    need_ranks(c)
+    right, left, mine, exp, x, y = ring(c, stream, SIZES["16MiB"])
+    with stream:
+        reqs = [c.Isend(x, dest=right), c.Irecv(y, source=left)]
+    failures = []
+
+    def waiter():
+        try:
+            al.Waitall(reqs, timeout=WAIT)
+        except Exception as e:      # reported by the owner thread
+            failures.append(e)
+    t = threading.Thread(target=waiter)
+    t.start()
+    t.join(WAIT)
+    assert not t.is_alive() and not failures, failures
+    with stream:
+        reqs[1].Wait()              # launched already: the bound stream waits for it
+    out, sent = fetch(stream, y, x)
+    np.testing.assert_array_equal(sent, mine)
+    np.testing.assert_array_equal(out, exp)
