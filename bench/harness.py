@@ -268,3 +268,63 @@ class Report:
                 w.writeheader()
                 w.writerows(self.rows)
         return 1 if self.wrong else 0
+
+
+def combine(runs: list[dict]) -> list[dict]:
+    """Several runs' JSON of one benchmark as one table: per row (the key columns) and ratio,
+    the median over the runs and the lowest and highest run; per contender its median time."""
+    keys = [k for k in ("collective", "bytes", "mode") if k in runs[0]["rows"][0]]
+    table = {}
+    for run in runs:
+        for r in run["rows"]:
+            at = table.setdefault(tuple(r[k] for k in keys), {})
+            for k, v in r.items():
+                if k not in keys and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    at.setdefault(k, []).append(v)
+    out = []
+    for at, fields in table.items():
+        row = dict(zip(keys, at))
+        for k, vs in fields.items():
+            row[k] = float(np.median(vs))
+            if "_vs_" in k:
+                row[k + "_range"] = (min(vs), max(vs))
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    """``python bench/harness.py RUN.json ...``: the runs of one benchmark (its --json files)
+    combined: per row the median time of each contender over the runs and each ratio's median
+    with its lowest and highest run, so a reader sees which ratios the runs agree on."""
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n\n")[0].split(": ", 1)[1])
+    ap.add_argument("runs", nargs="+", help="--json files of one benchmark")
+    args = ap.parse_args(argv)
+    runs = [json.load(open(p)) for p in args.runs]
+    for p, run in zip(args.runs, runs):
+        print(f"# {p}: {run.get('date')}, {run.get('ranks')} rank(s), load {run.get('load')}: "
+              f"{run.get('command')}")
+    rows = combine(runs)
+    ours, peers = runs[0]["ours"], runs[0]["peers"]
+    keys = [k for k in ("collective", "bytes", "mode") if k in rows[0]]
+    print(f"# median over {len(runs)} runs (us); ratio = peer time / ours, median [lowest, "
+          "highest run]")
+    names = [c for c in peers + ours if c in rows[0]]
+    print("".join(f"{k:>14}" for k in keys) + "".join(f" {c:>12}" for c in names)
+          + "".join(f" {o + ' vs ' + p:>24}" for o in ours for p in peers
+                    if f"{o}_vs_{p}" in rows[0]))
+    for r in rows:
+        cells = []
+        for o in ours:
+            for p in peers:
+                k = f"{o}_vs_{p}"
+                if k in r:
+                    lo, hi = r[k + "_range"]
+                    cells.append(f" {r[k]:>8.2f}x [{lo:.2f}, {hi:.2f}]".rjust(25))
+        print("".join(f"{r[k]!s:>14}" for k in keys)
+              + "".join(f" {r[c]:>12.1f}" if c in r else f" {'-':>12}" for c in names)
+              + "".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
