@@ -90,3 +90,21 @@ def test_peers_at_two_ranks(tmp_path):
         assert r["wrong"] == [] and r["auto_vs_mpi4py"] == pytest.approx(r["mpi4py"] / r["auto"])
     assert "auto vs mpi4py: geometric mean" in proc.stdout
     assert len((tmp_path / "peers.csv").read_text().splitlines()) == 6
+
+
+def test_runs_combined_into_median_and_range(tmp_path, capsys):
+    def run(n, auto):
+        return {"date": f"2026-01-0{n} 10:00 UTC", "ranks": 2, "load": 0.5, "command": "python x",
+                "ours": ["auto"], "peers": ["mpi4py"],
+                "rows": [{"bytes": 4, "mpi4py": 10.0, "auto": auto, "auto_vs_mpi4py": 10.0 / auto,
+                          "wrong": [], "auto_picks": "shm"}]}
+    paths = []
+    for n, auto in enumerate((5.0, 2.0, 4.0), 1):
+        paths.append(tmp_path / f"r{n}.json")
+        paths[-1].write_text(json.dumps(run(n, auto)))
+    (row,) = harness.combine([json.loads(p.read_text()) for p in paths])
+    assert row["bytes"] == 4 and row["auto"] == 4.0 and row["auto_vs_mpi4py"] == 2.5
+    assert row["auto_vs_mpi4py_range"] == (2.0, 5.0) and "wrong" not in row
+    assert harness.main([str(p) for p in paths]) == 0
+    out = capsys.readouterr().out
+    assert "median over 3 runs" in out and "2.50x [2.00, 5.00]" in out
