@@ -24,7 +24,7 @@ host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
 from __future__ import annotations
 
 import datetime
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,7 @@ from torch._C import _distributed_c10d as _c10d
 from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
 from ..errors import Error, TimeoutError as _AlTimeout
 from ..status import ANY_SOURCE
-from . import completion, hooks, rendezvous
+from . import completion, cuda, rendezvous
 from .hooks import buffer
 
 NAME = "aluminum"
@@ -77,27 +77,50 @@ def _is_block(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
             and part.data_ptr() == whole.data_ptr() + index * part.numel() * part.element_size())
 
 
+# ---------------------------------------------------------------------------------- calls
+class Method(NamedTuple):
+    """A Communicator method in its blocking and nonblocking forms (``Allreduce``,
+    ``Iallreduce``): what a call of the backend runs."""
+    run: Callable
+    start: Callable
+
+
+_C = Communicator
+ALLREDUCE, REDUCE = Method(_C.Allreduce, _C.Iallreduce), Method(_C.Reduce, _C.Ireduce)
+REDUCE_SCATTER = Method(_C.Reduce_scatter, _C.Ireduce_scatter)
+ALLGATHER, BCAST = Method(_C.Allgather, _C.Iallgather), Method(_C.Bcast, _C.Ibcast)
+ALLTOALL, ALLTOALLV = Method(_C.Alltoall, _C.Ialltoall), Method(_C.Alltoallv, _C.Ialltoallv)
+GATHER, SCATTER = Method(_C.Gather, _C.Igather), Method(_C.Scatter, _C.Iscatter)
+BARRIER = Method(_C.Barrier, _C.Ibarrier)
+SEND, RECV = Method(_C.Send, _C.Isend), Method(_C.Recv, _C.Irecv)
+_NO_KWARGS: dict = {}
+
+
 # ---------------------------------------------------------------------------------- Work
 class Work(dist.Work):
     """A started call: ``wait(timeout)`` (raises the call's error), ``get_future()``,
-    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive
-    ``_source_rank()`` (what ``dist.recv`` without ``src`` returns).  The Future's value is the
-    list of output tensors.  Completed by a :class:`~aluminum_py.torch.completion.Completion`:
-    by ``wait()`` in the calling thread, or, once ``get_future()`` handed it out, by the waiter
-    thread, bounded by the group's timeout."""
+    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``, ``synchronize()``; for
+    a receive ``_source_rank()`` (what ``dist.recv`` without ``src`` returns).  The Future's
+    value is the list of output tensors.
+
+    Host tensors: completed by a :class:`~aluminum_py.torch.completion.Completion`, by
+    ``wait()`` in the calling thread, or, once ``get_future()`` handed it out, by the waiter
+    thread, bounded by the group's timeout.  CUDA tensors: the call is enqueued on its device's
+    collective stream (:class:`~aluminum_py.torch.cuda.Enqueued`); ``wait()`` and
+    ``synchronize()`` make the then-current stream wait for its end, ``is_completed()`` asks
+    the end's event, and the Future is completed on the collective stream."""
 
     def __init__(self, group: "ProcessGroupAluminum", what: str, requests: list,
-                 finish: Callable[[], None] | None, result: list, devices=None,
-                 receive=None):
+                 finish: Callable[[], None] | None, result: list, receive=None,
+                 enqueued: cuda.Enqueued | None = None):
         super().__init__()
-        self._what, self._source, self._outputs, self._devices = what, None, result, devices
-        self._queued, self._handed = False, None
-        if not requests:                # a call that ran to completion: a Future on demand
+        self._what, self._source, self._outputs = what, None, result
+        self._queued, self._handed, self._enqueued = False, None, enqueued
+        if enqueued is not None or not requests:    # on a stream, or ran to completion
             self._completion = None
-            if finish is not None:
+            if enqueued is None and finish is not None:
                 finish()
             return
-        future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
         def done() -> list:
             if receive is not None:
@@ -106,44 +129,57 @@ class Work(dist.Work):
                 finish()
             return result
         self._completion = completion.Completion(
-            requests, future, done, group._op_timeout,
+            requests, torch.futures.Future(), done, group._op_timeout,
             lambda e, limit: group._failure(what, e, limit))
 
     def _settled(self) -> completion.Completion:
         """The Completion (made now, already settled, for a call that ran to completion)."""
         c = self._completion
         if c is None:
-            future = (torch.futures.Future(devices=self._devices) if self._devices
-                      else torch.futures.Future())
-            c = self._completion = completion.Completion([], future, lambda: self._outputs)
+            c = self._completion = completion.Completion([], torch.futures.Future(),
+                                                         lambda: self._outputs)
         return c
 
     def wait(self, timeout=None) -> bool:
+        if self._enqueued is not None:
+            self._enqueued.wait()
+            return True
         c = self._completion
         if c is not None:
             c.run(_seconds(timeout))
             c.future.wait()             # raises the call's error; returns at once otherwise
         return True
 
+    synchronize = wait
+
     def get_future(self) -> torch.futures.Future:
-        """The Future of the outputs, completed by this side (the waiter thread).  A failure is
-        an error of that Future, as C++ reads it (``Future.set_exception`` would store the
-        exception as the value, which DDP's reducer then parses as tensors)."""
+        """The Future of the outputs, completed by this side (host tensors: the waiter thread;
+        CUDA tensors: on the collective stream).  A failure is an error of that Future, as
+        C++ reads it (:func:`~aluminum_py.torch.completion.value`)."""
         if self._handed is None:
+            if self._enqueued is not None:
+                self._enqueued.settle()
+                self._handed = self._enqueued.future
+                return self._handed
             c = self._settled()
             if not c.future.done() and not self._queued:
                 self._queued = True
                 completion.waiter.submit(c)
-            self._handed = c.future.then(_value)
+            self._handed = c.future.then(completion.value)
         return self._handed
 
     def is_completed(self) -> bool:
+        if self._enqueued is not None:
+            return self._enqueued.query()
         return self._completion is None or self._completion.ready()
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
 
     def exception(self):
+        if self._enqueued is not None:
+            self._enqueued.settle()
+            return self._enqueued.error
         f = self._settled().future
         if not f.done():
             return None
@@ -157,9 +193,6 @@ class Work(dist.Work):
         self.wait()
         return self._outputs
 
-    def synchronize(self) -> None:
-        pass                            # CUDA work is ordered on torch's stream already
-
     def _source_rank(self) -> int:
         self.wait()
         if self._source is None:
@@ -169,13 +202,6 @@ class Work(dist.Work):
     source_rank = _source_rank
 
 
-_NO_KWARGS: dict = {}
-
-
-def _value(future: torch.futures.Future):
-    return future.value()           # raises the failure: the chained Future fails with it
-
-
 def _backend_error(what: str, e: BaseException) -> BaseException:
     """`e` as torch's DistBackendError naming the call (argument errors stay what they are)."""
     if isinstance(e, (TypeError, ValueError, dist.DistBackendError)):
@@ -183,10 +209,6 @@ def _backend_error(what: str, e: BaseException) -> BaseException:
     err = dist.DistBackendError(f"aluminum: {what} failed: {type(e).__name__}: {e}")
     err.__cause__ = e
     return err
-
-
-def _nonblocking_name(name: str) -> str:
-    return "I" + name[0].lower() + name[1:]
 
 
 # ---------------------------------------------------------------------------------- the group
@@ -211,6 +233,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         self._name, self._desc = "", ""
         self._broken: BaseException | None = None
         self._coalesced: list | None = None
+        self._devices = cuda.DeviceComms(comm)      # CUDA tensors: a communicator per device
 
     # --- identity (torch sets the name after creating the group; DeviceMesh, functional
     # collectives and FSDP2 look the group up by it)
@@ -253,57 +276,79 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         self._broken = err
         return err
 
-    def _comm(self, t: torch.Tensor, what: str) -> Communicator:
+    def _usable(self, what: str) -> None:
         if self._broken is not None:
             raise dist.DistBackendError(f"aluminum: {what}: this process group failed before "
                                         f"and is unusable: {self._broken}")
-        return self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
 
     def _start(self, what: str, opts, tensor: torch.Tensor, calls: list,
                result: list, finish: Callable[[], None] | None = None,
-               receive: bool = False) -> Work:
-        """Run `calls` (``(name, args, kwargs)`` of Communicator methods, blocking names) on
-        the communicator for `tensor`: blocking in this thread when torch waits anyway (CPU
-        tensors, ``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking; `finish` runs
-        once they completed (copies out of temporary buffers)."""
-        comm = self._comm(tensor, what)
-        limit = _seconds(getattr(opts, "timeout", None))
-        blocking = (not tensor.is_cuda and opts is not None and not opts.asyncOp
-                    and limit is None)
-        if blocking:
-            try:
-                comm.bind_thread()      # torch calls from its autograd thread and others
-                for name, args, kwargs in calls:
-                    getattr(comm, name)(*args, **kwargs)
-            except Error as e:          # argument errors (TypeError, ValueError) pass as such
-                raise self._failure(what, e, self._op_timeout or 0.0) from e
-            work = Work(self, what, [], finish, result)
+               receive: bool = False, p2p: bool = False) -> Work:
+        """Run `calls` (``(Method, args, kwargs)``) on the group's communicator, or for a CUDA
+        `tensor` on its device's (:mod:`.cuda`); `finish` runs once they completed (copies out
+        of temporary buffers).  Host tensors: blocking in this thread when torch waits anyway
+        (``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking.  CUDA tensors:
+        collectives are enqueued on the device's collective stream at once; point-to-point
+        calls (`p2p`) start nonblocking, so consecutive ones form one group, and are waited
+        for on that stream when the Work is first waited for or asked about."""
+        self._usable(what)
+        device = cuda.pieces.device_of(tensor)
+        if device is not None:
+            work = self._start_cuda(what, device, calls, result, finish, p2p)
         else:
-            requests = []
-            try:
-                comm.bind_thread()
-                for name, args, kwargs in calls:
-                    requests.append(getattr(comm, _nonblocking_name(name))(*args, **kwargs))
-            except Error as e:          # delivered through the Work (DDP: from backward())
-                requests.append(_Failed(e))
-            if tensor.is_cuda:
-                for r in requests:
-                    r.Wait()            # makes torch's current stream wait for the op
-                requests = []
-            work = Work(self, what, requests, finish, result,
-                        devices=[tensor.device] if tensor.is_cuda else None,
-                        receive=requests[0] if receive and requests else None)
-            if limit is not None and requests:
-                work._completion.run(limit)     # a call's own timeout: waited for here
+            work = self._start_host(what, opts, calls, result, finish, receive)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
+
+    def _start_host(self, what, opts, calls, result, finish, receive) -> Work:
+        comm = self.comm
+        limit = _seconds(getattr(opts, "timeout", None))
+        if opts is not None and not opts.asyncOp and limit is None:
+            try:
+                comm.bind_thread()      # torch calls from its autograd thread and others
+                for method, args, kwargs in calls:
+                    method.run(comm, *args, **kwargs)
+            except Error as e:          # argument errors (TypeError, ValueError) pass as such
+                raise self._failure(what, e, self._op_timeout or 0.0) from e
+            return Work(self, what, [], finish, result)
+        requests = []
+        try:
+            comm.bind_thread()
+            for method, args, kwargs in calls:
+                requests.append(method.start(comm, *args, **kwargs))
+        except Error as e:              # delivered through the Work (DDP: from backward())
+            requests.append(_Failed(e))
+        work = Work(self, what, requests, finish, result,
+                    receive=requests[0] if receive else None)
+        if limit is not None:
+            work._completion.run(limit)     # a call's own timeout: waited for here
+        return work
+
+    def _start_cuda(self, what, device, calls, result, finish, p2p) -> Work:
+        def launch(comm) -> list:
+            if p2p:
+                return [method.start(comm, *args, **kwargs) for method, args, kwargs in calls]
+            for method, args, kwargs in calls:
+                method.run(comm, *args, **kwargs)
+            return []
+        tensors = [a for _, args, _ in calls for a in args if isinstance(a, torch.Tensor)]
+        tensors += [t for t in result if isinstance(t, torch.Tensor)]
+        if finish is not None:
+            copy_out = finish
+
+            def finish() -> list:
+                copy_out()
+                return result
+        enqueued = cuda.enqueue(self._devices, device, tensors, launch, finish, result,
+                                lambda e: self._failure(what, e, self._op_timeout or 0.0))
+        return Work(self, what, [], None, result, enqueued=enqueued)
 
     # --- reductions
     def allreduce(self, tensors, opts=None):
         opts = _c10d.AllreduceOptions() if opts is None else opts
         op = opts.reduceOp
-        calls = [("Allreduce", (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
+        calls = [(ALLREDUCE, (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
                  for t in tensors]
         return self._start("all_reduce", opts, tensors[0], calls, tensors)
 
@@ -313,7 +358,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         opts = _c10d.ReduceOptions() if opts is None else opts
         t = tensors[0]
-        calls = [("Reduce", (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
+        calls = [(REDUCE, (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
                                           "root": opts.rootRank})]
         return self._start("reduce", opts, t, calls, list(tensors))
 
@@ -335,7 +380,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return self._start(what, opts, out, [self._rs_call(flat, out, opts)], result)
 
     def _rs_call(self, flat, out, opts):
-        return ("Reduce_scatter", (buffer(flat, True), buffer(out, True)),
+        return (REDUCE_SCATTER, (buffer(flat, True), buffer(out, True)),
                 {"op": reduce_op(opts.reduceOp, out.dtype)})
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -356,7 +401,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     # --- data movement
     def broadcast(self, tensors, opts=None):
         opts = _c10d.BroadcastOptions() if opts is None else opts
-        calls = [("Bcast", (buffer(t),), {"root": opts.rootRank}) for t in tensors]
+        calls = [(BCAST, (buffer(t),), {"root": opts.rootRank}) for t in tensors]
         return self._start("broadcast", opts, tensors[0], calls, list(tensors))
 
     def _allgather_base(self, output, input, opts=None):
@@ -369,12 +414,12 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                              f"{output.numel()} elements, expected {size} x the input's "
                              f"{input.numel()}")
         if _is_block(input, output, rank):
-            call = ("Allgather", (buffer(output),), {})
+            call = (ALLGATHER, (buffer(output),), {})
         elif _overlaps(input, output):
             src = input.clone()
-            call = ("Allgather", (buffer(src), buffer(output)), {})
+            call = (ALLGATHER, (buffer(src), buffer(output)), {})
         else:
-            call = ("Allgather", (buffer(input), buffer(output)), {})
+            call = (ALLGATHER, (buffer(input), buffer(output)), {})
         return self._start("all_gather_into_tensor", opts, output, [call], [output])
 
     all_gather_single = _allgather_base
@@ -392,7 +437,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         _same_sizes("all_gather", inp, outs, self.comm.size)
         flat, finish = _gathered(inp, outs)
         return self._start("all_gather", opts, inp,
-                           [("Allgather", (buffer(inp), buffer(flat)), {})],
+                           [(ALLGATHER, (buffer(inp), buffer(flat)), {})],
                            list(output_tensors), finish)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
@@ -418,13 +463,13 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 raise ValueError(f"aluminum: all_to_all_single: {input.numel()} input and "
                                  f"{output.numel()} output elements do not split evenly over "
                                  f"{size} ranks")
-            call = ("Alltoall", (buffer(input), buffer(output)), {})
+            call = (ALLTOALL, (buffer(input), buffer(output)), {})
         else:
             sbuf, rbuf = buffer(input), buffer(output)
             scounts, sdispls = _splits(input, input_split_sizes, size, "input", _per(input, sbuf))
             rcounts, rdispls = _splits(output, output_split_sizes, size, "output",
                                        _per(output, rbuf))
-            call = ("Alltoallv", (sbuf, rbuf),
+            call = (ALLTOALLV, (sbuf, rbuf),
                     {"sendcounts": scounts, "sdispls": sdispls, "recvcounts": rcounts,
                      "rdispls": rdispls})
         return self._start("all_to_all_single", opts, output, [call], [output])
@@ -439,7 +484,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         per = _per(send, sbuf)                  # buffer elements per tensor element
         scounts = [t.numel() * per for t in input_tensors]
         rcounts = [t.numel() * per for t in output_tensors]
-        call = ("Alltoallv", (sbuf, rbuf),
+        call = (ALLTOALLV, (sbuf, rbuf),
                 {"sendcounts": scounts, "sdispls": _offsets(scounts), "recvcounts": rcounts,
                  "rdispls": _offsets(rcounts)})
         return self._start("all_to_all", opts, send, [call], list(output_tensors), finish)
@@ -448,46 +493,50 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         opts = _c10d.GatherOptions() if opts is None else opts
         inp, root = input_tensors[0], opts.rootRank
         if self.comm.rank != root:
-            return self._start("gather", opts, inp, [("Gather", (buffer(inp), None),
+            return self._start("gather", opts, inp, [(GATHER, (buffer(inp), None),
                                                       {"root": root})], [])
         outs = output_tensors[0]
         _same_sizes("gather", inp, outs, self.comm.size)
         flat, finish = _gathered(inp, outs)
         return self._start("gather", opts, inp,
-                           [("Gather", (buffer(inp), buffer(flat)), {"root": root})],
+                           [(GATHER, (buffer(inp), buffer(flat)), {"root": root})],
                            list(output_tensors), finish)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _c10d.ScatterOptions() if opts is None else opts
         out, root = output_tensors[0], opts.rootRank
         if self.comm.rank != root:
-            return self._start("scatter", opts, out, [("Scatter", (None, buffer(out)),
+            return self._start("scatter", opts, out, [(SCATTER, (None, buffer(out)),
                                                        {"root": root})], list(output_tensors))
         ins = input_tensors[0]
         _same_sizes("scatter", out, ins, self.comm.size)
         flat = torch.cat([i.reshape(-1) for i in ins])
         return self._start("scatter", opts, out,
-                           [("Scatter", (buffer(flat), buffer(out)), {"root": root})],
+                           [(SCATTER, (buffer(flat), buffer(out)), {"root": root})],
                            list(output_tensors))
 
     def barrier(self, opts=None):
         opts = _c10d.BarrierOptions() if opts is None else opts
-        return self._start("barrier", opts, _CPU_TOKEN, [("Barrier", (), {})], [])
+        return self._start("barrier", opts, _CPU_TOKEN, [(BARRIER, (), {})], [])
 
     # --- point to point (always nonblocking: batch_isend_irecv starts both sides first)
     def send(self, tensors, dst, tag):
         t = tensors[0]
-        return self._start("send", None, t, [("Send", (buffer(t), dst, tag), {})], list(tensors))
+        return self._start("send", None, t, [(SEND, (buffer(t), dst, tag), {})], list(tensors),
+                           p2p=True)
 
     def recv(self, tensors, src, tag):
         t = tensors[0]
-        return self._start("recv", None, t, [("Recv", (buffer(t), src, tag), {})], list(tensors),
-                           receive=True)
+        work = self._start("recv", None, t, [(RECV, (buffer(t), src, tag), {})], list(tensors),
+                           receive=True, p2p=True)
+        if work._enqueued is not None:      # GPU receives name their source
+            work._source = src
+        return work
 
     def recv_anysource(self, tensors, tag):
         t = tensors[0]
-        return self._start("recv", None, t, [("Recv", (buffer(t), ANY_SOURCE, tag), {})],
-                           list(tensors), receive=True)
+        return self._start("recv", None, t, [(RECV, (buffer(t), ANY_SOURCE, tag), {})],
+                           list(tensors), receive=True, p2p=True)
 
     # --- coalescing: torch's _coalescing_manager(device=...) brackets calls with these
     def _start_coalescing(self, device=None):
@@ -539,6 +588,10 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         """Free the communicator (torch calls it from destroy_process_group)."""
         if self._broken is None:
             self._broken = dist.DistBackendError("aluminum: this process group was shut down")
+        try:
+            self._devices.free()
+        except Error:
+            pass                        # pending ops (a timed-out call): leave it to exit
         if not self.comm._state.freed:
             try:
                 self.comm.bind_thread()
@@ -552,8 +605,18 @@ _CPU_TOKEN = torch.empty(0)
 
 def _joined(what: str, group: ProcessGroupAluminum, works: list, result: list) -> Work:
     """One Work that completes when every part has (a coalesced call); its error is the first
-    failed part's."""
-    return Work(group, what, [_Parts(list(works))], None, result)
+    failed part's.  CUDA parts: their requests are waited for together (consecutive
+    point-to-point calls form one group) and the Work ends after the last part on the
+    collective stream."""
+    enqueued = [w._enqueued for w in works if w._enqueued is not None]
+    if not enqueued:
+        return Work(group, what, [_Parts(list(works))], None, result)
+    first = enqueued[0]
+    if first.stream is None:                # failed to start
+        return Work(group, what, [], None, result, enqueued=first)
+    joined = cuda.Enqueued(first.cuda, first.device, first.stream, enqueued, None, result,
+                           lambda e: e)
+    return Work(group, what, [], None, result, enqueued=joined)
 
 
 class _Failed:
@@ -700,8 +763,9 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
         raise TypeError(f"group: expected a process group of the 'aluminum' backend, got "
                         f"{type(pg).__name__} (init_process_group('aluminum', "
                         f"init_method='mpi://'), or pass group=)")
-    if tensor.is_cuda or pg._broken is not None:    # the group's path: enqueued on torch's
-        opts = _c10d.AllreduceOptions()                 # stream, or the failed group's error
+    if pg._broken is not None or cuda.pieces.device_of(tensor) is not None:
+        opts = _c10d.AllreduceOptions()     # the group's path: the failed group's error, or
+                                            # enqueued on the device's collective stream
         opts.reduceOp, opts.asyncOp = op, False
         pg.allreduce([tensor], opts).wait()
         return tensor

@@ -19,7 +19,21 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Completion", "Waiter", "waiter"]
+__all__ = ["Completion", "Waiter", "waiter", "failed_future", "value"]
+
+
+def value(future: torch.futures.Future):
+    """`future`'s value; raises its failure (so a Future chained with ``then(value)`` fails with
+    it as an error, as C++ reads it: ``Future.set_exception`` alone stores the exception as the
+    value, which DDP's reducer would parse as tensors)."""
+    return future.value()
+
+
+def failed_future(error: BaseException) -> torch.futures.Future:
+    """A Future failed with `error` (as an error, see :func:`value`)."""
+    fut = torch.futures.Future()
+    fut.set_exception(error)
+    return fut.then(value)
 
 
 class Completion:
