@@ -24,8 +24,10 @@ host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
@@ -116,6 +118,7 @@ class Work(dist.Work):
         super().__init__()
         self._what, self._source, self._outputs = what, None, result
         self._queued, self._handed, self._enqueued = False, None, enqueued
+        self._by_waiter = False         # profiled: the waiter thread completes it
         if enqueued is not None or not requests:    # on a stream, or ran to completion
             self._completion = None
             if enqueued is None and finish is not None:
@@ -146,7 +149,8 @@ class Work(dist.Work):
             return True
         c = self._completion
         if c is not None:
-            c.run(_seconds(timeout))
+            if not self._by_waiter:
+                c.run(_seconds(timeout))
             c.future.wait()             # raises the call's error; returns at once otherwise
         return True
 
@@ -171,6 +175,8 @@ class Work(dist.Work):
     def is_completed(self) -> bool:
         if self._enqueued is not None:
             return self._enqueued.query()
+        if self._by_waiter:
+            return self._completion.future.done()
         return self._completion is None or self._completion.ready()
 
     def is_success(self) -> bool:
@@ -234,6 +240,8 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         self._broken: BaseException | None = None
         self._coalesced: list | None = None
         self._devices = cuda.DeviceComms(comm)      # CUDA tensors: a communicator per device
+        self._quiet = 0                 # > 0: the parts of a coalesced call (one event)
+        self._left_behind: list = []    # monitored_barrier's receives of ranks that were late
 
     # --- identity (torch sets the name after creating the group; DeviceMesh, functional
     # collectives and FSDP2 look the group up by it)
@@ -269,9 +277,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def _timed_out(self, what: str, timeout, cause) -> BaseException:
         err = dist.DistBackendError(
-            f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank} (a rank "
-            f"that never made the matching call?); this process group is unusable now: "
-            f"destroy it (and usually end the job)")
+            f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank}, the "
+            f"group's timeout (a rank that never made the matching call?); this process group "
+            f"is unusable now: destroy it (and usually end the job)")
         err.__cause__ = cause
         self._broken = err
         return err
@@ -283,28 +291,35 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def _start(self, what: str, opts, tensor: torch.Tensor, calls: list,
                result: list, finish: Callable[[], None] | None = None,
-               receive: bool = False, p2p: bool = False) -> Work:
+               receive: bool = False, p2p: bool = False, shown=None) -> Work:
         """Run `calls` (``(Method, args, kwargs)``) on the group's communicator, or for a CUDA
         `tensor` on its device's (:mod:`.cuda`); `finish` runs once they completed (copies out
         of temporary buffers).  Host tensors: blocking in this thread when torch waits anyway
         (``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking.  CUDA tensors:
         collectives are enqueued on the device's collective stream at once; point-to-point
         calls (`p2p`) start nonblocking, so consecutive ones form one group, and are waited
-        for on that stream when the Work is first waited for or asked about."""
+        for on that stream when the Work is first waited for or asked about.  Under torch's
+        profiler the call is the event ``aluminum:<what>`` with the shapes of `shown` (default:
+        `tensor`)."""
         self._usable(what)
         device = cuda.pieces.device_of(tensor)
         if device is not None:
             work = self._start_cuda(what, device, calls, result, finish, p2p)
+        elif _profiling() and not self._quiet:
+            handle = self._record(what, shown or (tensor,))
+            work = self._start_host(what, opts, calls, result, finish, receive, blocking=False)
+            self._by_waiter(work, handle)
         else:
             work = self._start_host(what, opts, calls, result, finish, receive)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
-    def _start_host(self, what, opts, calls, result, finish, receive) -> Work:
+    def _start_host(self, what, opts, calls, result, finish, receive,
+                    blocking: bool = True) -> Work:
         comm = self.comm
         limit = _seconds(getattr(opts, "timeout", None))
-        if opts is not None and not opts.asyncOp and limit is None:
+        if blocking and opts is not None and not opts.asyncOp and limit is None:
             try:
                 comm.bind_thread()      # torch calls from its autograd thread and others
                 for method, args, kwargs in calls:
@@ -324,6 +339,26 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         if limit is not None:
             work._completion.run(limit)     # a call's own timeout: waited for here
         return work
+
+    @staticmethod
+    def _record(what: str, tensors):
+        """Under torch's profiler: the start of the event ``aluminum:<what>`` with the shapes
+        of `tensors` (complex as real, as gloo records them)."""
+        shown = [torch.view_as_real(t) if t.is_complex() else t for t in tensors
+                 if isinstance(t, torch.Tensor)]
+        return torch.autograd._record_function_with_args_enter(f"{NAME}:{what}", *shown)
+
+    @staticmethod
+    def _by_waiter(work: Work, handle) -> None:
+        """The profiled call runs nonblocking and the waiter thread completes it, ending its
+        event there (an asynchronous event, from its start in the caller to its completion,
+        as gloo's worker threads report theirs)."""
+        c = work._settled()
+        c.future.add_done_callback(
+            lambda _: torch.autograd._record_function_with_args_exit(handle))
+        if not c.future.done():
+            work._queued = work._by_waiter = True
+            completion.waiter.submit(c)
 
     def _start_cuda(self, what, device, calls, result, finish, p2p) -> Work:
         def launch(comm) -> list:
@@ -348,9 +383,45 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = _c10d.AllreduceOptions() if opts is None else opts
         op = opts.reduceOp
+        if tensors[0].is_sparse:
+            return self._sparse_allreduce(tensors, op)
         calls = [(ALLREDUCE, (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
                  for t in tensors]
-        return self._start("all_reduce", opts, tensors[0], calls, tensors)
+        return self._start("all_reduce", opts, tensors[0], calls, tensors, shown=tensors)
+
+    def _sparse_allreduce(self, tensors, op):
+        """SUM of sparse COO host tensors (as gloo): every rank's indices and values are
+        gathered (Allgather of the counts, Allgatherv of both) and summed; each tensor then
+        holds the coalesced sum (blocking)."""
+        what = "all_reduce"
+        if op != _R.SUM:
+            raise ValueError(f"aluminum: all_reduce of sparse tensors takes ReduceOp.SUM only, "
+                             f"got {op}")
+        self._usable(what)
+        comm = self.comm
+        try:
+            comm.bind_thread()
+            for t in tensors:
+                if t.is_cuda:
+                    raise ValueError("aluminum: all_reduce of sparse tensors: host tensors only")
+                local = t.coalesce()
+                indices = local.indices().t().contiguous()     # one row per nonzero
+                values = local.values().contiguous()
+                counts = np.zeros(comm.size, dtype=np.int64)
+                comm.Allgather(np.array([local._nnz()], dtype=np.int64), counts)
+                total = int(counts.sum())
+                every_index = torch.empty((total, indices.shape[1]), dtype=indices.dtype)
+                every_value = torch.empty((total, *values.shape[1:]), dtype=values.dtype)
+                for mine, every in ((indices, every_index), (values, every_value)):
+                    sbuf, rbuf = buffer(mine), buffer(every)
+                    per = int(np.prod(mine.shape[1:])) * _per(mine, sbuf)   # per nonzero
+                    n = [int(c) * per for c in counts]
+                    comm.Allgatherv(sbuf, rbuf, recvcounts=n, displs=_offsets(n))
+                t.copy_(torch.sparse_coo_tensor(every_index.t(), every_value, t.shape)
+                        .coalesce())
+        except Error as e:
+            raise self._failure(what, e, self._op_timeout or 0.0) from e
+        return Work(self, what, [], None, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -392,9 +463,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = _c10d.ReduceScatterOptions() if opts is None else opts
-        return self._coalesce("reduce_scatter_tensor_coalesced", opts, outputs,
-                              [self._reduce_scatter_base(o, i, opts)
-                               for o, i in zip(outputs, inputs)])
+        return self._coalesce("reduce_scatter_tensor_coalesced", outputs, inputs,
+                              lambda: [self._reduce_scatter_base(o, i, opts)
+                                       for o, i in zip(outputs, inputs)])
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -426,8 +497,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = _c10d.AllgatherOptions() if opts is None else opts
-        return self._coalesce("allgather_into_tensor_coalesced", opts, outputs,
-                              [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+        return self._coalesce("allgather_into_tensor_coalesced", outputs, inputs,
+                              lambda: [self._allgather_base(o, i, opts)
+                                       for o, i in zip(outputs, inputs)])
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -447,9 +519,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         if len(output_lists) != size or any(len(o) != len(input_tensors) for o in output_lists):
             raise ValueError(f"aluminum: all_gather_coalesced: expected {size} output lists "
                              f"(one per rank) of {len(input_tensors)} tensors (one per input)")
-        return self._coalesce("allgather_coalesced", opts, [t for o in output_lists for t in o],
-                              [self.allgather([[o[p] for o in output_lists]], [inp], opts)
-                               for p, inp in enumerate(input_tensors)])
+        return self._coalesce("all_gather", [t for o in output_lists for t in o], input_tensors,
+                              lambda: [self.allgather([[o[p] for o in output_lists]], [inp], opts)
+                                       for p, inp in enumerate(input_tensors)])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: even splits (both lists empty) as Alltoall, uneven as Alltoallv
@@ -519,6 +591,47 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         opts = _c10d.BarrierOptions() if opts is None else opts
         return self._start("barrier", opts, _CPU_TOKEN, [(BARRIER, (), {})], [])
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+        """gloo's monitored barrier on host memory: every other rank reports to rank 0, which
+        waits for each within `timeout` (default: the group's) and raises naming the first
+        rank that did not arrive (every one with `wait_all_ranks`), then releases them; a rank
+        not released in time raises too.  (``dist.monitored_barrier`` itself accepts gloo
+        groups only; this is the group's method.)"""
+        limit = _seconds(timeout)
+        limit = self._op_timeout if limit is None and timeout is None else (limit or 0.0)
+        comm, rank, token = self.comm, self.comm.rank, np.zeros(1, np.uint8)
+        deadline = time.monotonic() + (limit if limit is not None else float("inf"))
+        comm.bind_thread()
+        if rank != 0:
+            try:
+                comm.Isend(token, 0, _MONITORED_TAG).Wait(limit)
+                comm.Irecv(token, 0, _MONITORED_TAG).Wait(max(0.0, deadline - time.monotonic()))
+            except Error as e:
+                raise RuntimeError(f"Rank {rank} successfully reached monitoredBarrier, but "
+                                   f"received errors while waiting for send/recv from rank 0. "
+                                   f"Please check rank 0 logs for faulty rank.") from e
+            return
+        if limit is not None and limit <= 0:
+            raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {limit * 1e3:g} ms.")
+        arrived = [np.zeros(1, np.uint8) for _ in range(comm.size)]
+        requests = {r: comm.Irecv(arrived[r], r, _MONITORED_TAG) for r in range(1, comm.size)}
+        failed = []
+        for r, req in requests.items():
+            try:
+                req.Wait(max(0.0, deadline - time.monotonic()))
+            except Error:
+                failed.append(r)
+                self._left_behind.append((req, arrived[r]))    # a late rank may still send
+                if not wait_all_ranks:
+                    break
+        if failed:
+            who = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks
+                   else f"Rank {failed[0]}")
+            raise RuntimeError(f"[Rank 0]: {who} failed to pass monitoredBarrier in "
+                               f"{limit * 1e3:g} ms")
+        for r in range(1, comm.size):
+            comm.Isend(token, r, _MONITORED_TAG).Wait(limit)
+
     # --- point to point (always nonblocking: batch_isend_irecv starts both sides first)
     def send(self, tensors, dst, tag):
         t = tensors[0]
@@ -535,7 +648,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag):
         t = tensors[0]
-        return self._start("recv", None, t, [(RECV, (buffer(t), ANY_SOURCE, tag), {})],
+        return self._start("recvAnySource", None, t, [(RECV, (buffer(t), ANY_SOURCE, tag), {})],
                            list(tensors), receive=True, p2p=True)
 
     # --- coalescing: torch's _coalescing_manager(device=...) brackets calls with these
@@ -549,11 +662,20 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return _joined("coalesced", self, works,
                        [t for w in works for t in w._outputs])
 
-    def _coalesce(self, what, opts, outputs, works):
+    def _coalesce(self, what, outputs, inputs, parts: Callable[[], list]):
+        """One Work for the calls `parts()` starts (one profiler event for them all)."""
+        handle = self._record(what, inputs) if _profiling() and not self._quiet else None
+        self._quiet += 1
+        try:
+            works = parts()
+        finally:
+            self._quiet -= 1
         if self._coalesced is not None:      # inside _start_coalescing: each part counts
             for w in works:
                 self._coalesced.remove(w)
         work = _joined(what, self, works, list(outputs))
+        if handle is not None:
+            self._by_waiter(work, handle)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -601,6 +723,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
 
 _CPU_TOKEN = torch.empty(0)
+_profiling = torch._C._autograd._profiler_enabled
 
 
 def _joined(what: str, group: ProcessGroupAluminum, works: list, result: list) -> Work:
@@ -742,6 +865,7 @@ def create(options, backend_options=None) -> ProcessGroupAluminum:
 
 
 _CREATE_TAG = 2120
+_MONITORED_TAG = 2121
 
 
 def register() -> None:
@@ -763,7 +887,7 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
         raise TypeError(f"group: expected a process group of the 'aluminum' backend, got "
                         f"{type(pg).__name__} (init_process_group('aluminum', "
                         f"init_method='mpi://'), or pass group=)")
-    if pg._broken is not None or cuda.pieces.device_of(tensor) is not None:
+    if pg._broken is not None or cuda.pieces.device_of(tensor) is not None or _profiling():
         opts = _c10d.AllreduceOptions()     # the group's path: the failed group's error, or
                                             # enqueued on the device's collective stream
         opts.reduceOp, opts.asyncOp = op, False
