@@ -383,11 +383,27 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = _c10d.AllreduceOptions() if opts is None else opts
         op = opts.reduceOp
-        if tensors[0].is_sparse:
+        t = tensors[0]
+        if t.is_sparse:
             return self._sparse_allreduce(tensors, op)
+        if (len(tensors) == 1 and not opts.asyncOp and self._broken is None
+                and cuda.pieces.device_of(t) is None and not _profiling()
+                and _seconds(opts.timeout) is None):
+            self._reduce_now(t, op)     # dist.all_reduce(t): the blocking call, nothing else
+            return Work(self, "all_reduce", [], None, tensors)
         calls = [(ALLREDUCE, (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
                  for t in tensors]
         return self._start("all_reduce", opts, tensors[0], calls, tensors, shown=tensors)
+
+    def _reduce_now(self, t: torch.Tensor, op) -> None:
+        """Reduce host tensor `t` in place, blocking in this thread (``dist.all_reduce(t)`` and
+        :func:`all_reduce`): the shortest path from torch to the library."""
+        comm = self.comm
+        try:
+            comm.bind_thread()
+            comm.Allreduce(buffer(t, True), None, reduce_op(op, t.dtype))
+        except Error as e:
+            raise self._failure("all_reduce", e, self._op_timeout or 0.0) from e
 
     def _sparse_allreduce(self, tensors, op):
         """SUM of sparse COO host tensors (as gloo): every rank's indices and values are
@@ -893,12 +909,7 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
         opts.reduceOp, opts.asyncOp = op, False
         pg.allreduce([tensor], opts).wait()
         return tensor
-    comm = pg.comm
-    try:
-        comm.bind_thread()
-        comm.Allreduce(buffer(tensor, True), None, reduce_op(op, tensor.dtype))
-    except Error as e:
-        raise pg._failure("all_reduce", e, pg._op_timeout or 0.0) from e
+    pg._reduce_now(tensor, op)
     return tensor
 
 
