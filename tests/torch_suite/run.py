@@ -20,6 +20,7 @@ skipped.  Needs ``expecttest`` (the suite imports it).
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -145,6 +146,11 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump({"backend": args.backend, "ranks": WORLD.size, "tests": merged},
                           f, indent=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(os.environ["TEMP_DIR"], ignore_errors=True)
     return 0
 
 
