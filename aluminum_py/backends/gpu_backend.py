@@ -9,6 +9,7 @@ import time
 from mpi4py import MPI
 
 from .. import config, nccl, timeline, tuning
+from .._core import in_place_form
 from ..algorithms import GPU_ALLREDUCE, GPU_CANDIDATES, REGISTRY
 from ..buffers import MAX_COUNT, vlayout, vno_overlap
 from ..errors import Error, TimeoutError, UnavailableError
@@ -244,6 +245,7 @@ class GpuBackend:
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):
         self.usable("allreduce")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
         r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
@@ -319,7 +321,7 @@ class GpuBackend:
         ignores the receive pointer there), so a rank's bad recvbuf cannot fail it alone."""
         root = self._call("reduce", algorithm, "sendbuf", root)
         if self.rank == root:
-            s, r = self._pair(sendbuf, recvbuf)
+            s, r = self._pair(*in_place_form(sendbuf, recvbuf))
             if r.count < s.count:
                 raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
         else:
@@ -332,6 +334,7 @@ class GpuBackend:
 
     def allgather(self, sendbuf, recvbuf, blocking: bool, algorithm="mpi"):
         self._call("allgather", algorithm, "sendbuf")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s, r = self._pair(sendbuf, recvbuf)
         if recvbuf is None and s.count % self.size:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
@@ -345,6 +348,7 @@ class GpuBackend:
 
     def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool, algorithm="mpi"):
         self._call("reduce_scatter", algorithm, "sendbuf")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s, r = self._pair(sendbuf, recvbuf)
         if s.count % self.size:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
@@ -381,6 +385,7 @@ class GpuBackend:
 
     def alltoall(self, sendbuf, recvbuf, blocking: bool, algorithm="mpi"):
         self._call("alltoall", algorithm, "sendbuf")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s, r = self._pair(sendbuf, recvbuf)
         p, es = self.size, s.dtype.itemsize
         if recvbuf is None or s.count % p:

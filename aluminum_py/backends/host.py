@@ -15,6 +15,7 @@ from .. import _core, config, schedules, tuning
 from ..algorithms import SHM_VCOLLECTIVES, shm_preferred
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
                           ONE_NODE, COLLECTIVE_NAMES)
+from ..buffers import _IN_PLACE
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..buffers import (MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count,  # v-collectives
@@ -111,6 +112,7 @@ class _Hooks:
     source_arg = staticmethod(source_arg)
     as_op = staticmethod(as_op)
     Op = Op                 # op_code: al.SUM ... take the one-test path
+    IN_PLACE = _IN_PLACE    # msgbuffer.pxi's in-place forms
     config = config         # its _hang_timeout, read at every call
 
     @staticmethod

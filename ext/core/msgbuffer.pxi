@@ -9,6 +9,11 @@
 #                  side off root)
 #   parse_pair     two separate buffers of one dtype (sendrecv)
 #
+# mpi4py's in-place idiom is read here, once for every backend: MPI.IN_PLACE as sendbuf (as
+# recvbuf for Scatter at the root) is the in-place form, the data in the other buffer
+# (in_place_form); mpi4py's other buffer-protocol constants, and IN_PLACE anywhere else, reach
+# _hooks.as_array, which refuses them by name: they are never read as (empty) data.
+#
 # Every check calls the Python helpers in `_hooks` (buffers.py, backends/host.py's _Hooks) for
 # anything unusual, so each error message is written once, in Python.  A parser fills the
 # message's `s` and `r` with borrowed references to the arrays and returns what keeps them
@@ -29,6 +34,22 @@ ctypedef struct al_msg:
     bint inplace        # the result replaces the input in one buffer
     PyObject* s         # the send-side array (borrowed), or NULL
     PyObject* r         # the receive-side array (borrowed), or NULL
+
+cdef inline object in_place_data(recvbuf):
+    """sendbuf is MPI.IN_PLACE: the data and the result are in `recvbuf`, which must be given."""
+    if recvbuf is None or recvbuf is _IN_PLACE:
+        _hooks.required("recvbuf", "with sendbuf=MPI.IN_PLACE (the data and the result are in "
+                        "recvbuf)")                                      # raises
+    return recvbuf
+
+def in_place_form(sendbuf, recvbuf):
+    """mpi4py's in-place idiom in this library's form: (recvbuf, None) when sendbuf is
+    MPI.IN_PLACE (the data in recvbuf; recvbuf None then raises, naming it), else the
+    arguments as given.  The GPU backend's calls take it; the host entries read it in their
+    parsers."""
+    if sendbuf is _IN_PLACE:
+        return in_place_data(recvbuf), None
+    return sendbuf, recvbuf
 
 cdef inline cnp.ndarray as_array(obj, str name, bint writable):
     cdef cnp.ndarray a
@@ -112,11 +133,14 @@ cdef object parse_reduce(al_msg* m, sendbuf, recvbuf, int opcode, int blocks, st
     cdef cnp.ndarray s, r
     cdef int code
     cdef Py_ssize_t n
-    s = as_array(sendbuf, "sendbuf", recvbuf is None)
-    code = dtype_code_of(s, "sendbuf")
+    cdef str sname = "sendbuf"
+    if sendbuf is _IN_PLACE:                    # mpi4py's in-place form: the data in recvbuf
+        sendbuf, recvbuf, sname = in_place_data(recvbuf), None, "recvbuf"
+    s = as_array(sendbuf, sname, recvbuf is None)
+    code = dtype_code_of(s, sname)
     n = cnp.PyArray_SIZE(s)
     if blocks > 1:
-        check_blocks(s, "sendbuf", blocks)
+        check_blocks(s, sname, blocks)
         check_op_for(opcode, code, s)
         n //= blocks
         check_count(n, count_name)
@@ -147,10 +171,13 @@ cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str wha
     cdef cnp.ndarray s, r
     cdef int code
     cdef Py_ssize_t n
+    cdef str sname = "sendbuf"
+    if sendbuf is _IN_PLACE:                    # mpi4py's in-place form: the data in recvbuf
+        sendbuf, recvbuf, sname = in_place_data(recvbuf), None, "recvbuf"
     if recvbuf is None:
-        r = as_array(sendbuf, "sendbuf", True)
-        code = dtype_code_of(r, "sendbuf")
-        check_blocks(r, "sendbuf", p)
+        r = as_array(sendbuf, sname, True)
+        code = dtype_code_of(r, sname)
+        check_blocks(r, sname, p)
         n = cnp.PyArray_SIZE(r) // p
         msg_set(m, None, r, n, code)
         m.inplace = True
@@ -172,8 +199,10 @@ cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str wha
 
 cdef object parse_scatter(al_msg* m, sendbuf, recvbuf, int p):
     """Scatter at root: sendbuf holds p blocks (`count` is one), recvbuf one block, separate
-    from it (None: in place, root's block stays in sendbuf; m.r is None)."""
+    from it (None or MPI.IN_PLACE: in place, root's block stays in sendbuf; m.r is None)."""
     cdef cnp.ndarray s = as_array(sendbuf, "sendbuf", False), r = None
+    if recvbuf is _IN_PLACE:
+        recvbuf = None
     cdef int code = dtype_code_of(s, "sendbuf")
     cdef Py_ssize_t n
     check_blocks(s, "sendbuf", p)
