@@ -106,6 +106,10 @@ class _Hooks:
     rank_arg = staticmethod(rank_arg)
     divisible = staticmethod(divisible)
     not_vlayout = staticmethod(not_vlayout)         # the v-collectives (vcollectives.pxi)
+    vlayout = staticmethod(vlayout)                 # the v-messages (msgbuffer.pxi)
+    vno_overlap = staticmethod(vno_overlap)
+    vsame_count = staticmethod(vsame_count)
+    vself_counts = staticmethod(vself_counts)
     tag_arg = staticmethod(tag_arg)
     status_of = staticmethod(_status_of)    # a blocking receive's Status
     shm_preferred = staticmethod(shm_preferred)     # Alltoall's "auto"
@@ -119,6 +123,19 @@ class _Hooks:
     def bad_collective_algorithm(what, algorithm):
         collective_algorithm(what, algorithm,
                              COLLECTIVE_NAMES[what][0] if what in COLLECTIVE_NAMES else ("mpi",))
+
+    @staticmethod
+    def in_place_layout():
+        raise ValueError("sendbuf: in place (None or MPI.IN_PLACE) takes no send counts or "
+                         "displacements: recvbuf's layout is used for both sides")
+
+    @staticmethod
+    def v_algorithm(what, algorithm):
+        """The error of `algorithm`, a name the v-collective `what` does not run."""
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        names = "'auto', 'mpi' or 'shm'" if what in SHM_VCOLLECTIVES else "'auto' or 'mpi'"
+        raise ValueError(f"algorithm: {what} takes {names}, got {algorithm!r}")
 
     @staticmethod
     def no_ctas():
@@ -217,7 +234,7 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
 
 # The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
 NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
-                "scatter", "barrier", "send", "recv", "sendrecv")
+                "scatter", "barrier", "send", "recv", "sendrecv", "allgatherv", "alltoallv")
 
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
@@ -460,10 +477,7 @@ class HostBackend:
                     and shm_preferred(what, nbytes_per_rank, self.size) else "mpi")
         if algorithm == "shm" and shm_ok:
             return "shm"
-        if not isinstance(algorithm, str):
-            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
-        names = "'auto', 'mpi' or 'shm'" if shm_ok else "'auto' or 'mpi'"
-        raise ValueError(f"algorithm: {what} takes {names}, got {algorithm!r}")
+        _Hooks.v_algorithm(what, algorithm)             # raises
 
     def _v_expect(self, kind: str, rows) -> None:
         """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
@@ -500,13 +514,6 @@ class HostBackend:
                 no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) "
                            f"for an in-place {what}")
         return s, r, rc, rd
-
-    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
-        alg = self._v_algorithm("allgatherv", algorithm)    # its "auto" ignores the size
-        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
-        self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
-        run = _core.shm_allgatherv if alg == "shm" else _core.allgatherv
-        return run(self.launcher, s, r, rc, rd, blocking, self.calls.wait_limit())
 
     def gatherv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
         self._v_algorithm("gatherv", algorithm)
@@ -549,32 +556,6 @@ class HostBackend:
         self._v_expect("scatterv", lambda: (sc, self._v_rows(int(sc[root]), root)))
         return _core.scatterv(self.launcher, s, r, sc, sd, root, blocking,
                               self.calls.wait_limit())
-
-    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking,
-                  algorithm="auto"):
-        alg = self._v_algorithm("alltoallv", algorithm)
-        s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        if s is not None:
-            same_dtype(s, r, "sendbuf", "recvbuf")
-        elif scounts is not None or sdispls is not None:
-            raise ValueError("sendbuf: in place (None or MPI.IN_PLACE) takes no send counts or "
-                             "displacements: recvbuf's layout is used for both sides")
-        rc, rd = vlayout(rcounts, rdispls, self.size, "recvbuf", r.size)
-        vno_overlap(rc, rd, "recvbuf")
-        sc = sd = None
-        if s is not None:
-            sc, sd = vlayout(scounts, sdispls, self.size, "sendbuf", s.size)
-            if sc[self.rank] != rc[self.rank]:
-                vself_counts(sc, rc, self.rank)             # raises
-            no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
-                       "in-place Alltoallv")
-        self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
-        if alg == "shm":
-            return _core.shm_alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
-                                       self.calls.wait_limit())
-        return _core.alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
-                               self.calls.wait_limit())
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking, algorithm="auto"):
         """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as
