@@ -639,7 +639,8 @@ class GpuBackend:
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool, algorithm="auto"):
         """MPI_Reduce_scatter: sendbuf holds sum(counts) elements, block i (counts[i]
         elements, in rank order) reduced over the ranks into rank i's recvbuf; recvbuf None:
-        in place, the result in the first counts[rank] elements of sendbuf.
+        in place, the result in the first counts[rank] elements of sendbuf (sendbuf None, the
+        Communicator's MPI.IN_PLACE: the same with the data in recvbuf).
 
         NCCL's ReduceScatter has equal blocks only. This is one ncclReduce per rank (rooted
         there) inside one group, as PyTorch's ProcessGroupNCCL runs a reduce_scatter of uneven
@@ -649,16 +650,24 @@ class GpuBackend:
         of sum(counts) elements for the out-of-place form."""
         def plan():
             self._v_algorithm("reduce_scatter", algorithm)
-            s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+            if sendbuf is None:             # mpi4py's MPI.IN_PLACE form: the data in recvbuf
+                if recvbuf is None:
+                    raise TypeError("sendbuf: None (in place) needs the data in recvbuf, which "
+                                    "is None too")
+                s, r = self._arr(recvbuf, "recvbuf", writable=True), None
+            else:
+                s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+                r = None if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
             c, d = vlayout(counts, None, self.size, "recvbuf", MAX_COUNT)
             total, me = int(c.sum()), self.rank
             if total != s.count:
-                raise ValueError(f"sendbuf has {s.count} elements but the recvcounts add up to "
+                raise ValueError(f"{'sendbuf' if sendbuf is not None else 'recvbuf'} has "
+                                 f"{s.count} elements but the recvcounts add up to "
                                  f"{total} (sendbuf holds recvcounts[i] elements for each rank "
                                  f"i, in rank order)")
-            r = s
-            if recvbuf is not None:
-                r = self._arr(recvbuf, "recvbuf", writable=True)
+            if r is None:
+                r = s
+            else:
                 self._apart(s, r)
                 if r.count < c[me]:
                     raise ValueError(f"recvbuf is too short: {r.count} elements, needs "
