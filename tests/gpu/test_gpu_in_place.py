@@ -1,25 +1,16 @@
-"""mpi4py's in-place idiom on GPU buffers, on the CUDA and NCCL stand-ins: ``MPI.IN_PLACE`` as
-sendbuf runs Allreduce, Allgather, block Reduce_scatter and Reduce_scatter with counts in place
-with the data in recvbuf, as the host forms do; results against numpy built from every rank's
-inputs.  Run by tests/test_mpi_suite.py's stand-in suites (-p aluminum_py.testing.pytest_standins)."""
+"""mpi4py's in-place idiom on GPU buffers: ``MPI.IN_PLACE`` as sendbuf runs Allreduce,
+Allgather, block Reduce_scatter and Reduce_scatter with counts in place with the data in
+recvbuf, as the host forms do; results against numpy built from every rank's inputs.  Skips
+without a GPU or CuPy (tests/gpu/conftest.py); runs on the CUDA, NCCL and CuPy stand-ins with
+``-p aluminum_py.testing.pytest_standins`` (tests/test_mpi_suite.py::test_gpu_suite_on_standins)."""
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-import aluminum_py as al
+from test_gpu import comm  # noqa: F401  (the fixture: a communicator bound to a CuPy stream)
 
-pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("standins")]
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 WORLD = MPI.COMM_WORLD
-
-
-@pytest.fixture
-def bound(standins):
-    cp = standins
-    stream = cp.cuda.Stream(non_blocking=True)
-    comm = al.Communicator(stream=stream)
-    yield comm, stream, cp
-    stream.synchronize()
-    comm.Free()
 
 
 def inp(rank, n, dtype):
@@ -27,8 +18,9 @@ def inp(rank, n, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
-def test_block_collectives(bound, dtype):
-    comm, stream, cp = bound
+def test_block_collectives(comm, dtype):
+    import cupy as cp
+    comm, stream = comm
     p, me, n = comm.size, comm.rank, 5
     with stream:
         x = cp.asarray(inp(me, n, dtype))
@@ -49,10 +41,11 @@ def test_block_collectives(bound, dtype):
 
 
 @pytest.mark.parametrize("form", ["IN_PLACE", "recvbuf=None"])
-def test_reduce_scatter_with_counts_in_place(bound, form):
+def test_reduce_scatter_with_counts_in_place(comm, form):
     """The host form's in-place Reduce_scatter with counts, on GPU buffers: the result in the
     first counts[rank] elements of the data's buffer."""
-    comm, stream, cp = bound
+    import cupy as cp
+    comm, stream = comm
     p, me = comm.size, comm.rank
     counts = [1 + 3 * r for r in range(p)]
     total = sum(counts)
