@@ -450,7 +450,7 @@ class GpuBackend:
                              [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))
 
     # ==================================================================================
-    # Issue 29: Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
+    # Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
     # Scan and Exscan on GPU buffers (docs/gpu.md, "V-collectives, Alltoallv and Scan on GPU
     # buffers"). NCCL has no v-collectives: the data-moving ones are grouped ncclSend/ncclRecv
     # of each peer's block and a device copy of the rank's own block, as NCCL users write them

@@ -206,7 +206,7 @@ class _Hooks:
         return (f"{name}: thread {_thread_name(owner)} is inside a call on this communicator; "
                 f"wait until it returns")
 
-    # ---- scans, Probe (issue 29) ----
+    # ---- scans, Probe ----
     @staticmethod
     def mpi_only(what, algorithm):
         if not isinstance(algorithm, str):
@@ -396,8 +396,8 @@ class HostBackend:
         return _core.Schedule(steps, tmp)
 
     # ------------------------------------------------------------------ Python-level ops
-    # For calls still built in Python (make_op + launch) until their shapes join msgbuffer.pxi:
-    # the v-collectives, Scan/Exscan and the point-to-point calls with a status (issue 29).
+    # The calls whose shapes are still parsed here, in Python (make_op + launch): Gatherv,
+    # Scatterv, Reduce_scatter with counts, Scan/Exscan.
     def _launch(self, op, blocking: bool, algorithm: str):
         return self.launcher.launch(op, blocking, self.calls.wait_limit(), algorithm)
 
@@ -423,7 +423,7 @@ class HostBackend:
         at_least(r, n, "recvbuf", what)
         return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else _core.addr(s))
 
-    # ------------------------------------------------------------------ scans, probe (issue 29)
+    # ------------------------------------------------------------------ scans, probe
     def scan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):
         """MPI_Iscan: rank r gets the reduction of ranks 0..r's sendbufs (recvbuf None: in
         place in sendbuf). AVG: that sum divided by r + 1."""
@@ -457,27 +457,19 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     # ------------------------------------------------------------------ v-collectives
-    # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts (issue
-    # 29).  Buffers are the caller's objects (None: in place, the Communicator's MPI.IN_PLACE
-    # included), counts and displacements the user's values: each method checks them here,
-    # before any communication (buffers.vlayout / vno_overlap: one per rank, ints, non-negative,
-    # every block inside its buffer, receive blocks disjoint), then runs one native op
-    # (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
+    # Gatherv, Scatterv and Reduce_scatter with per-rank counts (Allgatherv and Alltoallv are
+    # native entries: HostCollectives).  Buffers are the caller's objects (None: in place, the
+    # Communicator's MPI.IN_PLACE included), counts and displacements the user's values: each
+    # method checks them here, before any communication (buffers.vlayout / vno_overlap: one per
+    # rank, ints, non-negative, every block inside its buffer, receive blocks disjoint), then
+    # runs one native op (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
 
-    def _v_algorithm(self, what: str, algorithm, nbytes_per_rank: int = 0) -> str:
-        """What `algorithm` runs for the v-collective `what`: "mpi" (the MPI library's call) or
-        "shm" (the node's segment: Allgatherv and Alltoallv). "auto": "shm" where the
-        communicator has a segment (or one rank) and algorithms.shm_preferred says it measured
-        faster, else "mpi"; the same on every rank (its arguments are)."""
-        shm_ok = what in SHM_VCOLLECTIVES
-        if algorithm == "mpi":
-            return "mpi"
-        if algorithm == "auto":
-            return ("shm" if shm_ok and (self._no_shm is None or self.size == 1)
-                    and shm_preferred(what, nbytes_per_rank, self.size) else "mpi")
-        if algorithm == "shm" and shm_ok:
-            return "shm"
-        _Hooks.v_algorithm(what, algorithm)             # raises
+    @staticmethod
+    def _v_algorithm(what: str, algorithm) -> None:
+        """Raise unless `algorithm` runs the v-collective `what` here ("auto" and "mpi": the MPI
+        library's call)."""
+        if algorithm != "mpi" and algorithm != "auto":
+            _Hooks.v_algorithm(what, algorithm)         # raises
 
     def _v_expect(self, kind: str, rows) -> None:
         """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
@@ -497,7 +489,7 @@ class HostBackend:
         return row
 
     def _v_gathered(self, sendbuf, recvbuf, counts, displs, what: str):
-        """The arguments of a gather into a v-layout (Allgatherv; Gatherv at the root): sendbuf
+        """The arguments of a gather into a v-layout (Gatherv at the root): sendbuf
         (None: in place) holding exactly this rank's count, recvbuf and its checked layout
         (counts, displs), sharing no memory. Returns (s, r, counts, displs)."""
         s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
