@@ -16,7 +16,7 @@ from . import _core, config, timeline, topology
 from .backends.gpu_backend import GpuBackend
 from .backends.host import HostBackend, rank_arg, source_arg
 from .backends.ht_enqueue import HostTransfer
-from .buffers import unless_in_place, vspec
+from .buffers import _IN_PLACE, unless_in_place, vspec
 from .errors import Error, ThreadLevelWarning
 from .gpu import is_gpu_buffer, require_cuda
 from .ops import SUM
@@ -254,24 +254,24 @@ class Communicator:
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
         (self._allreduce if type(sendbuf) is _ndarray else
-         self._backend_for(sendbuf, "sendbuf").allreduce)(sendbuf, recvbuf, op, algorithm, True,
-                                                          min_ctas, max_ctas)
+         self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").allreduce)(
+            sendbuf, recvbuf, op, algorithm, True, min_ctas, max_ctas)
 
     def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
                    max_ctas: int | None = None, min_ctas: int | None = None) -> Request:
         """Nonblocking Allreduce: returns a Request at once; the engine progresses it (GPU
         buffers: a GpuRequest whose Wait makes the bound stream wait)."""
         return (self._allreduce if type(sendbuf) is _ndarray else
-                self._backend_for(sendbuf, "sendbuf").allreduce)(sendbuf, recvbuf, op, algorithm,
-                                                                 False, min_ctas, max_ctas)
+                self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").allreduce)(
+            sendbuf, recvbuf, op, algorithm, False, min_ctas, max_ctas)
 
     # ------------------------------------------------------------------ reduce
     def Reduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> None:
         """Reduce onto `root`. recvbuf matters at root only (None there: in place in sendbuf)."""
-        self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, True)
+        self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").reduce(sendbuf, recvbuf, op, root, True)
 
     def Ireduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> Request:
-        return self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, False)
+        return self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").reduce(sendbuf, recvbuf, op, root, False)
 
     # ------------------------------------------------------------------ reduce_scatter
     def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
@@ -286,27 +286,28 @@ class Communicator:
         if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
             self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, True, algorithm)
             return
-        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+        (self._calls if type(sendbuf) is _ndarray else self._vbackend(sendbuf, "sendbuf", recvbuf,
+                                                                      "recvbuf")
          ).reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
     def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
                         recvcounts=None) -> Request:
         if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
             return self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, False, algorithm)
-        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
-                ).reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
+        return (self._calls if type(sendbuf) is _ndarray else
+                self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf")).reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
 
     # ------------------------------------------------------------------ data movement
     def Allgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> None:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
         recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`.
         algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
-        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
-         ).allgather(sendbuf, recvbuf, True, algorithm)
+        (self._calls if type(sendbuf) is _ndarray else
+         self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf")).allgather(sendbuf, recvbuf, True, algorithm)
 
     def Iallgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
-        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
-                ).allgather(sendbuf, recvbuf, False, algorithm)
+        return (self._calls if type(sendbuf) is _ndarray else
+                self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf")).allgather(sendbuf, recvbuf, False, algorithm)
 
     def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
         """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as
@@ -323,26 +324,26 @@ class Communicator:
         None: in place. algorithm: "mpi", "shm" (as Reduce_scatter's) or "auto" ("shm" where
         the communicator has a segment and it measured faster at this size:
         algorithms.shm_preferred)."""
-        self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, True, algorithm)
+        self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").alltoall(sendbuf, recvbuf, True, algorithm)
 
     def Ialltoall(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
-        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, False, algorithm)
+        return self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").alltoall(sendbuf, recvbuf, False, algorithm)
 
     def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Concatenate every rank's sendbuf at root. recvbuf matters at root only; None there:
         in place, sendbuf holds size blocks with root's own at block `root`."""
-        self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, True)
+        self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").gather(sendbuf, recvbuf, root, True)
 
     def Igather(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
-        return self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, False)
+        return self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").gather(sendbuf, recvbuf, root, False)
 
     def Scatter(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Block i of root's sendbuf goes to rank i's recvbuf (whose length sets the count on
         non-roots). At root recvbuf None: in place, root's block stays in sendbuf."""
-        self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, True)
+        self._vbackend(recvbuf, "recvbuf", sendbuf, "sendbuf").scatter(sendbuf, recvbuf, root, True)
 
     def Iscatter(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
-        return self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, False)
+        return self._vbackend(recvbuf, "recvbuf", sendbuf, "sendbuf").scatter(sendbuf, recvbuf, root, False)
 
     def Barrier(self, algorithm: str = "mpi") -> None:
         """Wait until every rank called it. algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
@@ -423,8 +424,10 @@ class Communicator:
     # displacements are in elements; displs None: the blocks packed in rank order.
 
     def _vbackend(self, a, aname: str, b, bname: str):
-        """The backend of `a`, or of `b` where `a` is None (in place)."""
-        return self._backend_for(a, aname) if a is not None else self._backend_for(b, bname)
+        """The backend of `a`, or of `b` where `a` is None or MPI.IN_PLACE (in place: the
+        data in `b`)."""
+        return (self._backend_for(a, aname) if a is not None and a is not _IN_PLACE
+                else self._backend_for(b, bname))
 
     def _allgatherv(self, sendbuf, recvbuf, recvcounts, displs, algorithm, blocking):
         rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
