@@ -6,10 +6,12 @@ aluminum_py.Error on the ranks concerned, never a wrong value or an endless wait
     python trust_prog.py asymmetric ALG[,ALG...]
     python trust_prog.py mismatch ALG[,ALG...]
     python trust_prog.py free ALG[,ALG...]
+    python trust_prog.py fork ALG[,ALG...] HOW[,HOW...]
 
 Each prints one line per finding ("WRONG ...", "HANG ...", "NOERROR ...") and "DONE rank r" at
 the end; the test fails on any finding or a missing DONE.
 """
+import os
 import sys
 import threading
 import time
@@ -212,10 +214,84 @@ def free(alg):
     return findings
 
 
+CHILD_STATUS = {"exit": 7, "finalize": 7, "raise": 1}
+
+
+def reap(pid, what):
+    """The exit status of the child `pid`, or a HANG finding (the child killed) after 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return f"HANG {what}: the child did not exit"
+
+
+def child(how):
+    """A child of os.fork() that leaves as a program ordinarily does: sys.exit, after calling
+    MPI.Finalize itself, or an uncaught exception; never os._exit."""
+    if how == "finalize":
+        try:
+            MPI.Finalize()
+            say("child: MPI.Finalize returned")
+        except Exception as e:           # noqa: BLE001 (mpi4py's MPI.Exception)
+            say("child: MPI.Finalize raised", type(e).__name__)
+    if how == "raise":
+        sys.excepthook = lambda t, e, tb: say("child: uncaught", t.__name__, e)
+        raise RuntimeError("the child's own failure")
+    sys.exit(CHILD_STATUS[how])
+
+
+def fork(alg, how):
+    """The even ranks fork a child while their Iallreduce is pending (the peers' started
+    before the fork, or after the child ended) and the child exits normally: the parent's
+    results are right, the child's exit status its own, the communicator goes on working."""
+    findings = []
+    c = al.Communicator()
+    for n in (4, 1 << 19):
+        for order in ("after", "during"):
+            what = f"fork {alg} {how} {n} {order}"
+            x = np.full(n, RANK + 11.0)
+            want = sum(r + 11.0 for r in range(SIZE))
+            req = None
+            if order == "during" or RANK % 2 == 0:
+                req = c.Iallreduce(x, algorithm=alg)
+            if order == "during":
+                WORLD.Barrier()
+            if RANK % 2 == 0:
+                pid = os.fork()
+                if pid == 0:
+                    child(how)
+                status = reap(pid, what)
+                if status != CHILD_STATUS[how]:
+                    findings.append(f"WRONG {what}: the child's exit status {status}")
+            WORLD.Barrier()                      # the peers of "after" join once it ended
+            if req is None:
+                req = c.Iallreduce(x, algorithm=alg)
+            try:
+                req.Wait(timeout=30)
+            except al.Error as e:
+                findings.append(f"HANG {what}: {type(e).__name__}: {e}")
+                return findings
+            if not np.all(x == want):
+                findings.append(f"WRONG {what}: {x[:4]} for {want}")
+            y = np.full(n, RANK + 1.0)
+            c.Allreduce(y, algorithm=alg)
+            if not np.all(y == TOTAL):
+                findings.append(f"WRONG {what}: the next Allreduce gave {y[:4]} for {TOTAL}")
+    return findings
+
+
 def main():
     what = sys.argv[1]
     if what == "threads":
         findings = threads(sys.argv[2].split(","), sys.argv[3].split(","), int(sys.argv[4]))
+    elif what == "fork":
+        findings = [f for alg in sys.argv[2].split(",") for how in sys.argv[3].split(",")
+                    for f in fork(alg, how)]
     else:
         findings = [f for alg in sys.argv[2].split(",") for f in globals()[what](alg)]
     for f in findings:
