@@ -196,6 +196,10 @@ class Communicator:
         except BaseException:
             # every rank fails construction at the same point (settings are compared first)
             self._state.freed = True
+            topo = getattr(self, "_topology", None)
+            node = topo.take_node_comm() if topo is not None else None
+            if node is not None:
+                node.Free()
             if not self._state.pending:
                 held.release()
             raise
