@@ -276,7 +276,8 @@ class Communicator:
     @property
     def timeout(self) -> float | None:
         """Seconds this communicator's blocking host calls (and ``Probe``) wait before raising
-        aluminum_py.TimeoutError; None (the default): AL_HANG_TIMEOUT (unset: no limit).
+        aluminum_py.TimeoutError; None (the default): AL_HANG_TIMEOUT (1800 s unless set; 0: no
+        limit).
         ``Request.Wait`` takes its own ``timeout``.  Local: set it on every rank (the torch
         backend sets the process group's timeout here)."""
         return self._calls.timeout
@@ -702,7 +703,7 @@ class Communicator:
 
         Raises:
             aluminum_py.TimeoutError: none came within `timeout` seconds (None:
-                AL_HANG_TIMEOUT; unset: wait forever).
+                AL_HANG_TIMEOUT, 1800 s unless set; 0: wait forever).
         """
         return self._probe(source, tag, status, True, timeout, "Probe")
 

@@ -107,9 +107,9 @@ def _forced_layout(size: int):
 def compute(comm) -> Topology:
     """The topology of the mpi4py communicator `comm` (collective): two exchanges, the
     ``MPI_Comm_split_type(SHARED)`` and one allgather of (node leader, boot id, this rank's
-    ``AL_NODE_LAYOUT``, its timeline state).  The node's leader (its lowest rank of `comm`, which names it) is found
-    locally, by translating rank 0 of the node communicator (ordered by rank of `comm`) to
-    `comm`'s group.  ``AL_NODE_LAYOUT`` (per rank a node label, comma-separated: ``0,0,1,1``)
+    ``AL_NODE_LAYOUT``, its timeline state).  The node's leader (its lowest rank of `comm`,
+    which names it) is found locally, by translating rank 0 of the node communicator (ordered
+    by rank of `comm`) to `comm`'s group.  ``AL_NODE_LAYOUT`` (per rank a node label, comma-separated: ``0,0,1,1``)
     replaces the layout: a testing and emulation aid that makes the layout-aware algorithms treat
     one machine as several nodes.  A value bad on some rank, or not the same on every rank,
     raises ValueError on every rank (the ranks must agree on the layout).  The same allgather
