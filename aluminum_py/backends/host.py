@@ -581,7 +581,7 @@ class HostBackend:
         """MPI_Iprobe on the user's point-to-point communicator: the Status of the first
         matching message (count in bytes), or None (nonblocking: none there). Blocking: polls
         until one is there (aluminum_py.TimeoutError after `timeout` seconds, None: the
-        communicator's timeout, else AL_HANG_TIMEOUT; unset: no limit)."""
+        communicator's timeout, else AL_HANG_TIMEOUT, 1800 s unless set; 0: no limit)."""
         tag = self._tag_arg(tag, True)
         limit = self.calls.wait_limit() if timeout is None else float(timeout)
         found = _core.probe(self.state, source, tag, blocking, limit, name)
