@@ -34,7 +34,8 @@ def ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def eventually(pred, timeout=10.0) -> bool:
+def eventually(pred, timeout=120.0) -> bool:
+    """Whether `pred` comes to hold; the timeout only guards against a hang."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -279,9 +280,12 @@ assert L.cuMemHostAlloc(byref(p), 64, 0) == 0 and cs.sync_waits() == 0
 done = []
 def sync1():
     L.cuCtxSetCurrent(ctxs[1]); done.append(L.cuCtxSynchronize())
-t = threading.Thread(target=sync1); t.start(); time.sleep(0.3)
+t = threading.Thread(target=sync1); t.start()
+deadline = time.monotonic() + 300          # a hang guard: the thread reaches the wait at once
+while cs.sync_waits() == 0 and time.monotonic() < deadline:
+    time.sleep(0.002)
 assert not done and cs.sync_waits() == 1
-flag[0] = 1; t.join(10)
+flag[0] = 1; t.join(300)
 assert done == [0]
 print("ok")
 """, env={"AL_STANDIN_DEVICES": "3"})
