@@ -1,6 +1,7 @@
 """What tests/test_mpi_suite.py passes to the suites it launches: AL_TEST_ARGS (its -k/-m
 expression joined to the suite's own; a suite it selects nothing in is skipped), and
-AL_TEST_LOCAL_RANKS (the tests marked ``local`` run at that rank count only)."""
+AL_TEST_LOCAL_RANKS (the tests marked ``local`` run at that rank count only); and which
+aluminum_py the tests import (the root conftest.py)."""
 import os
 import re
 import subprocess
@@ -85,3 +86,41 @@ def test_local_tests_run_at_the_local_rank_count_only(tmp_path, nranks, local_ra
     expected = {f"communicating-{nranks}-{r}" for r in range(nranks)}
     expected |= {f"local-{nranks}-{r}" for r in range(nranks)} if runs_local else set()
     assert {p.name for p in ran.iterdir()} == expected, proc.stdout[-4000:]
+
+
+WHICH = '''
+import subprocess, sys
+import aluminum_py
+
+def test_which():
+    child = subprocess.run([sys.executable, "-c", "import aluminum_py; print(aluminum_py.__file__)"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print("IMPORTED", aluminum_py.__file__)
+    print("CHILD", child.stdout.strip())
+'''
+
+
+def test_an_unbuilt_source_tree_tests_the_installed_package(tmp_path):
+    """The root conftest.py in a source tree whose aluminum_py has no compiled core (a clone
+    next to ``pip install .``): the tests, and the ``python -c`` they start, import the
+    installed package (here the one this process imports, through PYTHONPATH), not the
+    source tree's."""
+    import aluminum_py
+    installed = os.path.dirname(os.path.dirname(os.path.abspath(aluminum_py.__file__)))
+    root = os.path.dirname(suite.HERE)
+    (tmp_path / "conftest.py").write_text(open(os.path.join(root, "conftest.py")).read())
+    (tmp_path / "setup.cfg").write_text("[tool:pytest]\ntestpaths = tests\n")
+    (tmp_path / "aluminum_py").mkdir()
+    (tmp_path / "aluminum_py" / "__init__.py").write_text(
+        'raise ImportError("the source tree\'s unbuilt package was imported")\n')
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_which.py").write_text(WHICH)
+    env = dict(os.environ, PYTHONPATH=installed, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-s", "-p",
+                           "no:cacheprovider", "-o", "addopts="], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    expected = os.path.join(installed, "aluminum_py", "__init__.py")
+    assert f"IMPORTED {expected}" in proc.stdout, proc.stdout[-4000:]
+    assert f"CHILD {expected}" in proc.stdout, proc.stdout[-4000:]
