@@ -538,6 +538,7 @@ def leak_rate(ops, rss) -> float:
     return float(np.median(rates))
 
 
+@pytest.mark.local
 def test_leak_rate_sees_a_steady_leak_and_not_steps():
     ops = [i * 1000 for i in range(LEAK_WINDOWS + 1)]             # a loaded machine's few ops
     rng = np.random.default_rng(1)
