@@ -63,11 +63,11 @@ def test_communicating():
 '''
 
 
-@pytest.mark.parametrize("nranks,local_ranks", [(1, "2"), (2, "2"), (1, "")])
+@pytest.mark.parametrize("nranks,local_ranks", [(1, "2"), (2, "2")])
 def test_local_tests_run_at_the_local_rank_count_only(tmp_path, nranks, local_ranks):
     """tests/conftest.py: under AL_TEST_LOCAL_RANKS=N a test marked ``local`` runs only in a job
-    of N ranks (the others deselect it); without the variable it runs at every rank count.
-    The file sits in a copy of tests/ so that tests/conftest.py is its conftest."""
+    of N ranks (the others deselect it). The file sits in a copy of tests/ so that
+    tests/conftest.py is its conftest."""
     tests, ran = tmp_path / "tests", tmp_path / "ran"
     tests.mkdir()
     ran.mkdir()
@@ -82,7 +82,7 @@ def test_local_tests_run_at_the_local_rank_count_only(tmp_path, nranks, local_ra
                            "--strict-markers"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    runs_local = local_ranks in ("", str(nranks))
+    runs_local = local_ranks == str(nranks)
     expected = {f"communicating-{nranks}-{r}" for r in range(nranks)}
     expected |= {f"local-{nranks}-{r}" for r in range(nranks)} if runs_local else set()
     assert {p.name for p in ran.iterdir()} == expected, proc.stdout[-4000:]
