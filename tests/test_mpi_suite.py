@@ -2,9 +2,10 @@
 allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).
 
 Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
-by the subprocess timeout here.  Tests marked ``local`` (they never communicate through the
-library: argument checks, names) run at one rank count only, LOCAL_RANKS (tests/conftest.py
-deselects them at the others).  Set AL_TEST_RANKS=2,4 to choose rank counts, AL_MPIEXEC and
+by the subprocess timeout here (HANG); both are hang guards, far above what a busy machine
+needs.  Tests marked ``local`` (they never communicate through the library: argument checks,
+names) run at one rank count only, LOCAL_RANKS (tests/conftest.py deselects them at the
+others).  Set AL_TEST_RANKS=2,4 to choose rank counts, AL_MPIEXEC and
 AL_MPIEXEC_ARGS to choose the launcher (tests/openmpi/run.sh: Open MPI's, with --oversubscribe),
 AL_TEST_ARGS to pass arguments to every suite launched here (a suite it selects nothing in is
 skipped).  docs/testing.md describes the layout.
@@ -23,6 +24,7 @@ RANKS = [int(n) for n in os.environ.get("AL_TEST_RANKS", "1,2,3,4").split(",") i
 # arguments that only exist with two ranks, such as a root that is another rank, runs there)
 LOCAL_RANKS = min((n for n in RANKS if n >= 2), default=max(RANKS, default=1))
 # every launched suite's pytest options (AL_TEST_ARGS comes after them)
+HANG = 3600         # seconds a launched suite may take before it counts as hung
 COMMON = ["--with-mpi", "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
 
 
@@ -84,7 +86,7 @@ def suite_env(**extra) -> dict:
                 AL_TEST_LOCAL_RANKS=str(LOCAL_RANKS), **extra)
 
 
-def run_suite(nranks: int, own: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
+def run_suite(nranks: int, own: list, env: dict) -> subprocess.CompletedProcess:
     """pytest with arguments `own`, COMMON and AL_TEST_ARGS (merge_args) under the launcher at
     `nranks` ranks; its output is printed (the end of it). A suite that AL_TEST_ARGS selects
     nothing in (pytest's exit status 5) skips the calling test."""
@@ -92,7 +94,7 @@ def run_suite(nranks: int, own: list, env: dict, timeout: float) -> subprocess.C
     cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
            *merge_args(own + COMMON, extra)]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+                          text=True, timeout=HANG)
     print(proc.stdout[-20000:])
     if extra and proc.returncode == 5:                # pytest: no tests collected
         pytest.skip(f"AL_TEST_ARGS={os.environ['AL_TEST_ARGS']!r} selects nothing in this suite")
@@ -103,7 +105,7 @@ def run_suite(nranks: int, own: list, env: dict, timeout: float) -> subprocess.C
 def test_mpi_suite(nranks):
     """Every file of tests/mpi (new ones included) at `nranks` ranks; the tests marked
     ``local`` only at LOCAL_RANKS."""
-    proc = run_suite(nranks, [os.path.join(HERE, "mpi"), "-x", "--timeout=300"], suite_env(), 1500)
+    proc = run_suite(nranks, [os.path.join(HERE, "mpi"), "-x", "--timeout=300"], suite_env())
     assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
@@ -117,7 +119,7 @@ def test_allreduce_at_six_ranks_oversubscribed():
     proc = run_suite(6, [f"{allreduce}::{name}" for name in (
         "test_allreduce_matrix", "test_results_identical_on_all_ranks",
         "test_min_max_nan_and_signed_zero")] + [
-        "-x", "--timeout=600", "--timeout-method=thread"], suite_env(AL_ENGINE_YIELD="1"), 900)
+        "-x", "--timeout=600", "--timeout-method=thread"], suite_env(AL_ENGINE_YIELD="1"))
     assert proc.returncode == 0, f"allreduce at 6 ranks failed:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
 
@@ -129,7 +131,7 @@ def test_shm_suites_with_streamed_slot_stores():
     default, which chooses by measurement and writes small messages with ordinary stores."""
     proc = run_suite(3, [os.path.join(HERE, "mpi", f) for f in (
         "test_shm.py", "test_shm_collectives.py", "test_shm_vcollectives.py")] + [
-        "-x", "--timeout=300"], suite_env(AL_SHM_SLOT_STORES="streamed"), 900)
+        "-x", "--timeout=300"], suite_env(AL_SHM_SLOT_STORES="streamed"))
     assert proc.returncode == 0, f"shm suites with streamed stores failed:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
 
@@ -146,7 +148,7 @@ def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
     proc = run_suite(2, [os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py") + "::" + test,
                          "--timeout=300"],
                      suite_env(MPIR_CVAR_DEVICE_COLLECTIVES="none",
-                               MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb"), 600)
+                               MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb"))
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-6000:]
 
 
@@ -157,8 +159,7 @@ def test_cuda_standin_suite(nranks):
     from aluminum_py.testing import cuda_standin
     proc = run_suite(nranks, [os.path.join(HERE, "standin"), "-x", "--timeout=300",
                               "--timeout-method=thread"],
-                     suite_env(AL_CUDA_LIBRARY=cuda_standin.path(), AL_STANDIN_DRIVER_LOCK="1"),
-                     900)
+                     suite_env(AL_CUDA_LIBRARY=cuda_standin.path(), AL_STANDIN_DRIVER_LOCK="1"))
     assert proc.returncode == 0, f"stand-in suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
@@ -180,6 +181,6 @@ def test_gpu_suite_on_standins(nranks):
         args += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
                        "(test_allreduce and float32) or (test_gpu_vcollectives and (uneven or launches))"]
     proc = run_suite(nranks, args, suite_env(AL_CUDA_LIBRARY=path, AL_NCCL_LIBRARY=path,
-                                             AL_STANDIN_DRIVER_LOCK="1"), 1200)
+                                             AL_STANDIN_DRIVER_LOCK="1"))
     assert proc.returncode == 0, f"GPU suite on the stand-ins failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
