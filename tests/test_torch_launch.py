@@ -5,6 +5,7 @@ world size that is not MPI's is refused; ``mpi://`` under mpiexec needs no envir
 variables; ``aluminum_py.torch.init_process_group`` does the same; the entry point
 ``torch.distributed.backends`` names ``aluminum_py.torch:register``."""
 import configparser
+import importlib.util
 import os
 import re
 import subprocess
@@ -18,6 +19,9 @@ pytest.importorskip("torch")
 from test_mpi_suite import launcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# where a child starts: the directory holding the aluminum_py this process imports (the source
+# tree, or site-packages for an installed package), so that `python -c` imports the same
+HOME = Path(importlib.util.find_spec("aluminum_py").origin).parent.parent
 TIMEOUT = 120
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -28,7 +32,7 @@ def run(code: str, env_extra: dict | None = None, ranks: int = 0):
     cmd = [sys.executable, "-c", code]
     if ranks:
         cmd = [*launcher(), "-n", str(ranks), *cmd]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run(cmd, cwd=HOME, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT)
 
 
