@@ -649,7 +649,7 @@ class Communicator:
         return self._vbackend(s, "sendbuf", rbuf, "recvbuf").reduce_scatterv(
             s, rbuf, counts, op, blocking, algorithm=algorithm)
 
-    # ------------------------------------------------------------------ point to point (issue 29)
+    # ------------------------------------------------------------------ point to point
     def Isendrecv(self, sendbuf, dest: int, recvbuf, source: int = ANY_SOURCE, tag: int = 0, *,
                   sendtag: int | None = None, recvtag: int | None = None) -> Request:
         return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False, sendtag, recvtag,
@@ -664,7 +664,7 @@ class Communicator:
         "Point-to-point: one NCCL group per batch"). Needs a CUDA device."""
         return self._gpu_backend("p2p_group").p2p_group()
 
-    # ------------------------------------------------------------------ scans (issue 29)
+    # ------------------------------------------------------------------ scans
     def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
         if unless_in_place(sendbuf) is None:    # mpi4py's form: in place in recvbuf
             sendbuf, recvbuf = recvbuf, None
@@ -690,7 +690,7 @@ class Communicator:
     def Iexscan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
         return self._scan("exscan", sendbuf, recvbuf, op, False, algorithm)
 
-    # ------------------------------------------------------------------ probe (issue 29)
+    # ------------------------------------------------------------------ probe
     def _probe(self, source, tag, status, blocking, timeout, name):
         source = self._source(source)
         status_arg(status)

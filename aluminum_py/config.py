@@ -416,7 +416,7 @@ def shm_model_params() -> tuple[float, float]:
     Defaults, on the reference 2-core machine (docs/tuning.md, "The shm formula"): AL_SHM_BYTE
     fitted (tuning.fit_models) to the quiet 2-rank run docs/data/shm_2ranks.json;
     AL_SHM_SYNC, which that fit puts at 0 (below what it resolves), the round trip of a cache
-    line between two processes (a C ping-pong, issue 18)."""
+    line between two processes (a C ping-pong)."""
     return (_model("AL_SHM_SYNC", 2.0e-7), _model("AL_SHM_BYTE", 2.7e-11))
 
 
@@ -425,7 +425,7 @@ with deferred():
 
 
 # ---------------------------------------------------------------- values passed to the native
-# core, and the environment of other libraries (issue 29: every variable is read here; the C and
+# core, and the environment of other libraries (every variable is read here; the C and
 # Cython code is given the values, it never reads the environment)
 CUDA_DRIVER = "libcuda.so.1"    # the driver's soname
 

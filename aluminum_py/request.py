@@ -146,7 +146,7 @@ def Waitall(requests: Iterable[Request | None], timeout: float | None = None) ->
         raise first
 
 
-# ---- v-collectives: what a truncation means in each (issue 29)
+# ---- v-collectives: what a truncation means in each
 _V_TRUNCATION = {
     "allgatherv": "every rank's len(sendbuf) must equal recvcounts[rank] on every rank",
     "gatherv": "rank i's len(sendbuf) must equal the root's recvcounts[i]",
@@ -173,7 +173,7 @@ def v_truncation_hint(name: str, code: int) -> str:
     return (f" (a rank sent more elements than its receiver's counts allow: {rule}; run with "
             f"AL_CHECK=1 to have the rank and the argument named before the call)")
 # ---------------------------------------------------------------- Waitany, Testany, Testall,
-# Waitsome (issue 29).  As MPI's: None entries are MPI_REQUEST_NULL, and a request these return
+# Waitsome.  As MPI's: None entries are MPI_REQUEST_NULL, and a request these return
 # (complete) becomes inactive, skipped by later calls, so that ``for _ in reqs: Waitany(reqs)``
 # visits each once.  Host requests are waited for on the engine's condition variable
 # (_core.wait_any: no polling); GPU requests (aluminum_py.gpu.GpuRequest: an event query) are
