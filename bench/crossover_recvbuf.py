@@ -30,7 +30,7 @@ from aluminum_py.bench.timing import parse_bytes
 
 def round_trip(comm) -> float:
     info = _core.shm_info(comm._state)
-    return info["round_trip_ns"] if info else 0.0
+    return info.get("round_trip_ns", 0) if info else 0.0
 
 
 def sweeps(comm, world, sizes, algorithms, pairs):

@@ -40,7 +40,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from aluminum_py import _core
 from aluminum_py.bench.timing import (interleaved_orders, iterations, parse_bytes, recvbuf_like,
-                                      shm_stores_class, size_sweep, time_interleaved)
+                                      size_sweep, time_interleaved)
 from peers_summary import paired_worst  # noqa: E402  (bench/, the script's directory)
 
 
@@ -124,9 +124,6 @@ def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
                               "wins": r["wins"],
                               "times_us": {a: [round(t * 1e6, 1) if t == t else None for t in ts]
                                            for a, ts in r["times"].items()}}
-    info = _core.shm_info(comm._state)          # shm's slot stores in this size's class then
-    if info is not None and "learned" in out:
-        out["learned"]["shm_stores"] = shm_stores_class(info, nbytes)
     return out
 
 
@@ -361,20 +358,11 @@ def main(argv=None) -> int:
               f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; "
               + "; ".join(f"{k} {big[k]:.0f} us = {big[k] / bound:.2f}x" for k in columns
                           if k in big))
-        shm = _core.shm_info(comm._state)
-        round_trip = shm and shm["round_trip_ns"]
-        if round_trip:
-            far = shm["far_ns"]
-            where = (f"above {far:.0f} ns: the far placement, new size classes start with "
-                     "streamed slot stores" if round_trip > far else f"up to {far:.0f} ns: the "
-                     "near placement, new size classes start with cached slot stores")
-            print(f"# placement probe at setup (al_shm.h): a cache line's round trip between "
-                  f"ranks 0 and 1 {round_trip:.0f} ns ({where})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "rows": rows, "copy_bw": copy_bw, "add_bw": add_bw,
                            "bound_us": bound, "omp_threads": args.omp_threads,
-                           "run_length": args.run_length, "round_trip_ns": round_trip,
+                           "run_length": args.run_length,
                            "skipped": skipped, **versions}, f, indent=1)
     native.Free()
     return 1 if wrong_any else 0

@@ -8,12 +8,7 @@ size (median / max in ms of the contenders named in --show).  It found what made
 contender of ours that waits by yielding took 3-8x longer, whatever ran before it.
 
     mpiexec -n 4 python bench/peers_trace.py [--trace FILE] [--show shm,ring]
-        [--trial-backoff N] [--whole-call-trials] [peers.py args]
-
-``--trial-backoff N``: the slot stores' trials back off to at most 2**N times their spacing
-(al_shm.h; the library's 3 unless given; 0: never).  ``--whole-call-trials``: an allreduce of
-10 rounds or more tries the other kind in 3 whole calls, as smaller ones do, instead of in 4
-rounds of one call (al_shm.h al_shm_part_boundary; docs/performance.md, "Trials within a call").
+        [peers.py args]
 """
 from __future__ import annotations
 
@@ -52,7 +47,7 @@ def streamed_calls(nbytes: int) -> tuple[int, float, float]:
     (the segment's counters, al_shm.h; -1 without a segment), and what the size class of
     `nbytes` holds as the cost of each kind (cached, streamed: ticks per byte; 0: none yet)."""
     info = MADE and _core.shm_info(MADE[0]._state)
-    if not info:
+    if not info or "stores" not in info:        # (the slots' stores are chosen by size now)
         return -1, 0.0, 0.0
     classes = info["stores"].get("allreduce", {})
     mine = (timing.shm_stores_class(info, nbytes) or {"cost": (0.0, 0.0)})["cost"]
@@ -102,7 +97,7 @@ def summary(path: str, show: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    opts = {"--trace": "peers_trace.jsonl", "--trial-backoff": None,
+    opts = {"--trace": "peers_trace.jsonl",
             "--show": "shm,ring,hierarchical,rabenseifner,mpi4py,deepspeed_shm"}
     for flag in opts:
         if flag in argv:
@@ -110,11 +105,6 @@ def main(argv: list[str]) -> int:
             opts[flag] = argv[k + 1]
             del argv[k:k + 2]
     path, show = opts["--trace"], opts["--show"]
-    if opts["--trial-backoff"] is not None:     # the slot stores' trials (al_shm.h)
-        _core._set_shm_trial_backoff(int(opts["--trial-backoff"]))
-    if "--whole-call-trials" in argv:
-        argv.remove("--whole-call-trials")
-        _core._set_shm_part_trials(0)
     if MPI.COMM_WORLD.rank == 0 and os.path.exists(path):
         os.unlink(path)
     peers.time_interleaved = traced(path)

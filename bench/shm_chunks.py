@@ -56,7 +56,7 @@ def main() -> None:
     info = _core.shm_info(first._state)
     if info is None:
         raise SystemExit("no shared-memory segment (one rank, or AL_SHM_SLOT_BYTES=0)")
-    head = {"ranks": world.size, "round_trip_ns": info["round_trip_ns"],
+    head = {"ranks": world.size, "round_trip_ns": info.get("round_trip_ns", 0),
             "chunks": {k: _core.shm_info(c._state)["chunk"] for k, c in comms.items()},
             "chunk_upto": info["chunk_upto"], "start": time.strftime("%H:%M:%S", time.gmtime())}
     if world.rank == 0:

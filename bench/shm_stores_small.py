@@ -32,5 +32,5 @@ for n in [1024, 2048, 4096, 8192, 16384, 32768, 65536]:
     out.append((n, np.median(s["shm"]) * 1e6, min(np.median(s[k]) for k in s if k != "shm") * 1e6))
 if world.rank == 0:
     info = _core.shm_info(comm._state)
-    print(f"rt {info['round_trip_ns'] if info else 0:.0f}: "
+    print(f"rt {info.get('round_trip_ns', 0) if info else 0:.0f}: "
           + " ".join(f"{n >> 10}K {a:.1f}/{b:.1f}" for n, a, b in out))

@@ -46,7 +46,7 @@ def main() -> None:
         raise SystemExit("no shared-memory segment here (one rank, or ranks on several nodes)")
     if world.rank == 0:
         print(f"# {world.size} ranks; default streams from {info['stream_from']} B; placement "
-              f"probe {info['round_trip_ns']:.0f} ns (0: not probed); median us")
+              f"probe {info.get('round_trip_ns', 0):.0f} ns (0: not probed); median us")
     for n in (parse_bytes(s) for s in args.sizes.split(",")):
         send = np.ones(n // 4, np.float32)
         recv = np.empty_like(send)

@@ -81,8 +81,7 @@
  * peers' reduced blocks are copied in ((p-1)/p read + write).  All of it but reading sendbuf
  * and writing recvbuf stays in the caches (the slots); recvbuf's writes cost a read of each
  * line too unless they stream (see "streaming stores").  Where the ranks' cores share no cache,
- * the slots are better written with streaming stores as well; each rank measures which kind
- * is cheaper per size class ("the slots' stores").
+ * the slots are better written with streaming stores as well ("the slots' stores").
  */
 #ifndef AL_SHM_H
 #define AL_SHM_H
@@ -104,7 +103,7 @@
 
 #define AL_SHM_LINE 128              /* a flag per line pair: no false sharing, no paired prefetch*/
 #define AL_SHM_ALIGN 4096            /* slots start on page boundaries */
-#define AL_SHM_TILE_MAX 8192         /* the most bytes reduced at a time (al_shm_tile) */
+#define AL_SHM_TILE 2048             /* bytes reduced at a time (al_shm_reduce_copy) */
 #define AL_SHM_MAGIC 0x6d68735f6c61ULL /* "al_shm" */
 #define AL_SHM_MAX_RANKS 256         /* ranks per segment (a reduction's inputs are on the stack) */
 #define AL_SHM_INLINE 16             /* bytes per rank of a round carried in the flag's line */
@@ -122,46 +121,9 @@ typedef struct al_shm_seg {
   uint64_t owed;                     /* 0, or the value every peer's flag must reach before this
                                         rank writes again (a lazy arrive: al_shm_settled) */
   uint64_t ops;                      /* ops begun on the segment (the fingerprints' number) */
-  struct al_shm_adapt {              /* per allreduce size class (al_shm_stores_class): */
-    double recent[2][4];             /* ticks per byte of the last 4 measured calls with cached
-                                        (0) and streamed (1) slot stores (0: none) */
-    uint64_t ops;                    /* allreduces of the class so far */
-    uint64_t streamed;               /* of which with streamed slot stores */
-    int last;                        /* the previous call's stores + 1 (0: none yet) */
-    int choice;                      /* the cheaper at the latest call outside a trial */
-    int trial_left;                  /* calls left of the trial under way */
-    double seed;                     /* the cost of kind seed_nt in the class whose verdict this
-                                        one started from (0: none): in its first AL_SHM_SEEDED
-                                        calls, the surprise rule's least where it is less */
-    int seed_nt;
-    int surprised;                   /* calls in a row of the choice that cost AL_SHM_SURPRISE x
-                                        its least (2: a trial next) */
-    int backoff;                     /* trials AL_SHM_EXPLORE << backoff calls apart (and
-                                        their time rule's calls and seconds as many times
-                                        longer): after each trial, one more (up to
-                                        AL_SHM_BACKOFF_MAX) while short of the spacing at which
-                                        trials cost AL_SHM_TRIAL_SHARE of the class's calls at
-                                        the cost the trial found, else that spacing
-                                        (al_shm_trial_spacing: 0 within 1.1x) */
-    uint64_t trial_n;                /* the call the latest trial began at */
-    double trial_at;                 /* when the latest trial began (the class's first call
-                                        before any; CLOCK_MONOTONIC seconds) */
-  } adapt[8][16];                    /* per collective (al_shm_fp's codes, 0: allreduce) and
-                                        AL_SHM_STORE_CLASSES (below) */
-  double prefer_cost[2];             /* the costs of each kind in the class that set prefer */
-  int prefer_coll;                   /* ... and its collective (al_shm_fp's code) */
-  int prefer_backoff;                /* the backoff of the class that set prefer (a new class
-                                        starts with it, at most AL_SHM_BACKOFF_NEW) */
-  int prefer;                        /* the stores a class uses until it has measured both: the
-                                        cheaper at the latest choice of a class of at least
-                                        AL_SHM_PREFER_BYTES or decided by AL_SHM_DECISIVE
-                                        (1: streamed); on a new segment, what the placement
-                                        probe found (al_shm_round_trip) */
-  double round_trip_ns;              /* the probe's least round trip between ranks 0 and 1
-                                        (0: not probed) */
   size_t chunk;                      /* bytes of a split allreduce's round when the allreduce
                                         is under chunk_upto bytes (at most the slot): rank 0's,
-                                        set with the probe's result (al_shm_chunk) */
+                                        sent to every rank at setup (al_shm_chunk) */
   size_t chunk_upto;
 } al_shm_seg;
 
@@ -182,20 +144,8 @@ typedef struct al_shm_op {
                                         AL_SHM_COUNTS_DIFFER: the count it sends this rank */
   int64_t end;                       /* v-collectives: the rounds cover elements [0, end) of
                                         every block (-1: not known before round 0's arrive) */
-  int nt;                            /* allreduce: write the slots with streaming stores */
-  int cls;                           /* allreduce: its size class (-1: the stores not chosen
-                                        by measurement, nothing timed) */
-  uint64_t work;                     /* cls >= 0: ticks of the first copy-in */
-  uint64_t t_in;                     /* cls >= 0: the tick the first arrive completed (0: not
-                                        yet) */
-  int rounds;                        /* > 0: an allreduce measured in rounds, of this many
-                                        (al_shm_part_boundary; al_shm_allreduce_begin sets the
-                                        count, al_shm_choose_own keeps it where that applies) */
-  int rnd;                           /* ... the rounds begun so far */
-  int part;                          /* ... a trial of the other kind within the call */
-  uint64_t seg_t, seg_bytes;         /* ... the open measurement: its first tick and bytes */
-  double part_x[2];                  /* ... ticks per byte measured per kind (0: none) */
-  uint64_t num;                      /* ... the op's number (s->ops at its begin) */
+  int nt;                            /* write the slots with streaming stores
+                                        (al_shm_choose_stores) */
 } al_shm_op;
 
 static inline size_t al_shm_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -583,11 +533,12 @@ static inline void al_shm_block(int64_t n, int p, int esize, int j, int64_t *lo,
 static size_t al_shm_stream_bytes = AL_SHM_STREAM_BY_CACHE;  /* allreduces of at least this stream */
 static size_t al_shm_cache_bytes = (size_t)32 << 20;        /* the last-level cache's size */
 
-/* The least allreduce (bytes per rank) on segment `s` that writes recvbuf with streaming stores. */
-static inline size_t al_shm_stream_from(const al_shm_seg *s) {
+/* The least allreduce (bytes per rank) of `size` ranks that writes recvbuf with streaming
+ * stores (rank 0's goes to every rank at setup: s->chunk_upto). */
+static inline size_t al_shm_stream_from(int size) {
   if (al_shm_stream_bytes != AL_SHM_STREAM_BY_CACHE)
     return al_shm_stream_bytes;
-  return al_shm_cache_bytes / (2 * (size_t)(s->size > 1 ? s->size : 1));
+  return al_shm_cache_bytes / (2 * (size_t)(size > 1 ? size : 1));
 }
 
 static inline void al_shm_stream_fence(void) {
@@ -628,10 +579,9 @@ static void al_shm_copy_nt(char *dst, const char *src, size_t n) {
  * lines: copying a peer's slot into such a recvbuf made a 2-rank allreduce of 1-4 MiB 1.15-1.45x
  * slower (bench/recvbuf_offsets.py, docs/performance.md "recvbuf alignment").  16-byte vectors,
  * aligned on the destination, never span two lines when the source is 16-byte aligned too. */
-static int al_shm_line_copies = 1;   /* 0: memcpy always (benchmarks compare the two) */
 static void al_shm_copy_lines(char *dst, const char *src, size_t n) {
 #if AL_SHM_CAN_STREAM
-  if (al_shm_line_copies && (((uintptr_t)dst ^ (uintptr_t)src) & 63) != 0 && n >= 256) {
+  if ((((uintptr_t)dst ^ (uintptr_t)src) & 63) != 0 && n >= 256) {
     size_t head = (size_t)(-(uintptr_t)dst & 15);
     memcpy(dst, src, head);
     dst += head; src += head; n -= head;
@@ -679,21 +629,16 @@ static inline int al_shm_reduce_tile(int dtype, int op, char *out, const char *c
   return rc;
 }
 
-/* Bytes reduced at a time (<= AL_SHM_TILE_MAX): the tile's inputs and output stay in L1 while
- * it is reduced and copied on.  2 KiB tiles were 1.06-1.13x faster than 8 KiB ones at 32-64 MiB
- * (2 ranks; 4 ranks 1.02-1.10x at 64 MiB), and 1.11-1.20x at 1 MiB in the far placement
- * (bench/shm_tiles.py; docs/performance.md, "Tiles that stay in L1"): three 8 KiB streams
- * crowd a 32 KiB L1. */
-static size_t al_shm_tile = 2048;
-
-/* out = src[0] op src[1] op ... op src[k-1] over n elements (k >= 2), tile by tile so that the
- * partial results stay in L1 (memory traffic: k reads and one write per element); AVG (avg_div
+/* out = src[0] op src[1] op ... op src[k-1] over n elements (k >= 2), AL_SHM_TILE bytes at a
+ * time so that the partial results stay in L1 (2 KiB tiles were 1.06-1.13x faster than 8 KiB
+ * ones at 32-64 MiB, docs/performance.md "Tiles that stay in L1": three 8 KiB streams crowd a
+ * 32 KiB L1; memory traffic: k reads and one write per element); AVG (avg_div
  * > 0) divides in the last pass.  `out` may be src[0] exactly.  Each tile is then copied to
  * `copy_to` if it is not NULL, with streaming stores if `stream` (al_shm_copy_nt; one fence at
  * the end).  Returns 0, or -1 for an unsupported (dtype, op). */
 static int al_shm_reduce_copy(int dtype, int op, int esize, char *out, const char *const *src,
                               int k, int64_t n, double avg_div, char *copy_to, int stream) {
-  int64_t tile = (int64_t)(al_shm_tile / (size_t)esize), t, m;
+  int64_t tile = (int64_t)(AL_SHM_TILE / (size_t)esize), t, m;
   int rc = 0;
   for (t = 0; t < n && rc == 0; t += tile) {
     size_t off = (size_t)t * esize;
@@ -715,499 +660,43 @@ static int al_shm_reduce(int dtype, int op, int esize, char *out, const char *co
   return al_shm_reduce_copy(dtype, op, esize, out, src, k, n, avg_div, copy_to, 0);
 }
 
-/* ---- the slots' stores: cached or streamed (chosen by measurement) ----
+/* ---- the slots' stores: cached or streamed, by size ----
  *
- * The protocol above writes the slots with ordinary stores so that a peer reads them from the
- * caches the two ranks share.  Where they share none, that is the slowest way there is.  On
- * the 2-core reference VM (docs/performance.md, "Why large messages were bimodal") the host
- * moves the two vCPUs between cores that share a last-level cache (a cache line's round trip
- * between them 55 ns) and cores that do not (330-590 ns), for seconds to minutes at a time.
- * In the second placement a store to a slot line that a peer read in the round before (it is
- * in the peer's cache) must first invalidate that copy across the chip, one line at a time: a
- * 64 MiB allreduce took 3-4x longer (2 ranks: 34-43 ms against 10-13 ms), while algorithms
- * that move data through memory (MPICH's Rabenseifner, DeepSpeed's op) got faster, each rank
- * then having a cache and a memory link of its own.  Streaming (non-temporal) stores write a
- * whole line without asking for it: written that way, the slots cost about the same in both
- * placements (64 MiB 9-10 ms in the far one), but in the near one a peer then reads them from
- * memory instead of the shared cache: 1.2x slower at 64 MiB, 2.5x at 1-2 MiB.
- *
- * No placement can be seen from inside the VM, and it changes while a program runs, so each
- * rank measures, per collective (the allreduce, and allgather, reduce_scatter, allgatherv,
- * alltoall(v) below, by what they write into the slots: al_shm_written_bytes; a bcast, whose
- * root alone writes and never waits, and a barrier use ordinary stores) and size class (powers
- * of two from 4 KiB up), what each kind of store costs it: the ticks per byte of a call from
- * its first copy-in to its end, less the wait for the peers' first publish (the ranks'
- * arrival skew is not the protocol's).  A measurement counts
- * only where the class's previous call used the same stores (a call after a switch finds the
- * caches as the other kind left them); each kind's cost is the least of its last 4.  A call
- * uses the cheaper kind, except in trials of 3 calls, which try the other: at calls 29-31,
- * 61-63, ... of a class (AL_SHM_EXPLORE); right after two calls in a row of the chosen kind
- * that cost AL_SHM_SURPRISE (2x) its least (from 1 MiB: the placement changed under it); and
- * once AL_SHM_TRIAL_EVERY
- * (0.5 s) has passed since the latest trial began (or the first call), if at least 16 calls
- * have (a 64 MiB call takes 10-40 ms: a benchmark's few dozen calls of it ended in the slow
- * kind, and a trial every half second alone took most of them).  Trials back off by what
- * they cost: a trial that finds the other kind `ratio` times dearer than the choice doubles
- * the spacing of both rules (up to 8x: every 256 calls, or 128 calls and 4 s) while it is
- * short of the spacing where 3 trial calls cost AL_SHM_TRIAL_SHARE (1%) of the calls between
- * trials (al_shm_trial_spacing: every 32 calls up to 1.1x, 64 at 1.2x, 128 at 1.35x, 256
- * from 1.5x), and sets it to that spacing otherwise (a trial within 1.1x: back to every 32):
- * in the far placement a trial of ordinary stores costs 2.2-2.6x a call at 4 ranks and 3.5x
- * at 2, and trials every 16 calls took 3 of the 10 timed calls of a 64 MiB benchmark
- * (docs/performance.md, "Trials that back off"); where the other kind cost 1.35x (2 ranks,
- * 8-16 MiB), a trial every 16-32 calls (the rule before: reset below 1.5x) made 12-19% of
- * shm's calls trials, its median 3.8% above its chosen kind's ("Trials that cost 1%").  The
- * surprise rule is not spaced: a choice that turns 2x dearer is tried against the other kind
- * at once.  A new class starts with the
- * spacing of the class whose verdict it starts from (at most 4x), and in its first
- * AL_SHM_SEEDED calls the surprise rule compares its calls with that class's cost of the
- * kind as well (where that class was of the same collective): a verdict made before the host
- * moved the ranks is tried against the other kind within a few calls, not at call 29 (a class
- * of a sweep gets a few dozen calls; set N's 4-rank crossover timed shm at 16-64 MiB 2.2-2.4x
- * slower than elsewhere, what ordinary stores cost in the far placement: docs/performance.md,
- * "Trials that back off").  A new class measures both kinds at once: its first 3 calls are
- * a trial of the kind the segment's latest verdict did not choose (s->prefer: the choice of
- * the latest class that had both, of at least 256 KiB or with one kind at least 1.5x
- * cheaper; on a new segment, what the placement probe at setup found: al_shm_round_trip
- * below), calls 3-5 use the verdict's kind, and from call 6 the cheaper: a class chooses
- * once it has two measurements of each kind (a call after a switch is not measured), the
- * least of two, not one (with one, a single slow call with streamed stores at 256 KiB made
- * the class use cached ones through all of learning at 1.6x shm's settled time, and learning
- * chose recursive doubling: bench/results/issue31_stale_verdict.txt).  The trial leaves the
- * class's spacing as it started.  Why at once: AL_AUTO_LEARN times a class's first calls.
- * Its warm-up round runs a contender's first 3 calls untimed and times the third of each
- * later run of 3 (calls 5, 8, ...): learning sees shm in the verdict's kind in its first
- * round and in the kind the class keeps after that.  A class that used the verdict's kind until
- * its first trial (call 29, or 61 or 125 backed off) showed learning that kind's times in all
- * its calls, and where the verdict was stale (made before the host moved the ranks, or the
- * probe's at setup): shm at 128 KiB 50 us in learning against 28 us once settled, and
- * learning chose recursive doubling where shm was 1.42x faster (issue 31, set AF); one that
- * started cached in the far placement showed it shm 2-3x slower than Rabenseifner at
- * 256-512 KiB.  (The trial comes before the verdict's calls so that learning's untimed
- * warm-up round takes it.)  Rank 0's
- * choice is every rank's (al_shm_choose_stores: ranks that chose alone settled on different
- * kinds); a reader does not care how a line was written, and a fence orders streamed stores
- * before the publish, so a rank a call late with it is harmless.  AL_SHM_SLOT_STORES
- * (al_shm_slot_stores) fixes one kind instead.
- * Below 4 KiB, ordinary stores (from 4 KiB in the far placement streamed slots made a 2-rank
- * allreduce 1.3x faster at 4 KiB and 1.55x at 8 KiB; at 1-2 KiB the two kinds are within 10%
- * in either placement: docs/performance.md, "Measured slot stores from 4 KiB").
- *
- * Trials within a call.  An allreduce of AL_SHM_PART_ROUNDS (10) rounds or more (2 ranks: from
- * 2.5 MiB to below 8 MiB in 256 KiB rounds, and from 10 MiB; 4 ranks: from 10 MiB) is measured
- * in its rounds instead (al_shm_part_boundary): its kind over rounds 2-3, and a trial is not 3
- * whole calls of the other kind but rounds 4-7 of one call in it (4-5 unmeasured: each slot
- * buffer once, as a switch leaves it; 6-7 measured), then the call's kind again.  Rank 0
- * decides, as for whole calls, and names the call in its trial word (al_shm_part_word); the
- * others read it, and rank 0's kind of the call, at round 2.  So both
- * kinds are measured in the same call, over the same number of rounds, and a trial costs 4
- * rounds of the dearer kind: in the far placement, where a 64 MiB call with ordinary stores
- * took 3.5-4x a streamed one, a trial of 3 whole calls cost 8-9 calls' time and put 3 calls of
- * 30-40 ms among a benchmark's samples of 8-9 ms; one within a call of 64 rounds costs a fifth
- * of a call.  Spaced by the same 1% rule (al_shm_trial_spacing, at 4/rounds of a call each),
- * such trials stay every 32 calls up to 6x at 64 rounds: a placement that changes is found
- * sooner, and for less.  A new class's first two calls are such trials (so that from its third
- * it has two measurements of each kind).  docs/performance.md, "Trials within a call". */
+ * The protocol writes the slots either with ordinary stores, which a peer then reads from a
+ * cache the two ranks share, or with streaming (non-temporal) stores, which write whole lines
+ * to memory without asking for them.  Which is cheaper depends on where the ranks run, which
+ * a program cannot see and a virtual machine's host changes within seconds: where the ranks'
+ * cores share a last-level cache ("near"), ordinary stores; where they share none ("far"),
+ * every ordinary store to a slot line a peer read the round before must first take that line
+ * back across the chip, and streaming stores are cheaper.  Measured at 2 ranks
+ * (docs/performance.md, "Why large messages were bimodal" and "Measured slot stores from
+ * 4 KiB"), streamed stores cost, relative to the better kind: near 1.0-1.08x at 4-16 KiB,
+ * 1.86x at 256 KiB, 2.06x at 2 MiB, 1.36x at 64 MiB; ordinary stores: far 1.29x at 4 KiB,
+ * 1.55x at 8 KiB, 2.96x at 256 KiB, 2.87x at 2 MiB, 3.67x at 64 MiB.  At 4 ranks on 2 cores:
+ * streamed 1.07-1.24x near, ordinary 1.5-2.7x far (4-64 MiB).  Below 4 KiB the kinds are within
+ * 10% in either placement.  So the rule is the smaller worst case: a rank writes AL_SHM_STREAM_
+ * SLOTS_FROM bytes or more into its slots in an op with streaming stores, less with ordinary
+ * ones (a bcast and a barrier, which write no slot data that a peer waits on, with ordinary
+ * ones).  AL_SHM_SLOT_STORES (al_shm_slot_stores) fixes one kind instead.  A reader does not
+ * care how a line was written, and a fence orders streamed stores before the publish, so ranks
+ * whose kinds differ (an alltoallv's ranks write different amounts) are harmless. */
 /* The collectives' codes (al_shm_fp's bits 0-2; 0 is the allreduce), described with each. */
 enum { AL_SHM_ALLGATHER = 1, AL_SHM_BCAST = 2, AL_SHM_REDUCE_SCATTER = 3, AL_SHM_BARRIER = 4 };
 enum { AL_SHM_ALLGATHERV = 5, AL_SHM_ALLTOALL = 6, AL_SHM_ALLTOALLV = 7 };
 
-#define AL_SHM_STORE_CLASSES 16
-#define AL_SHM_STORE_MIN_LOG2 12     /* 4 KiB: the smallest message whose stores are chosen */
-#define AL_SHM_EXPLORE 32            /* calls of a class per trial of the other kind */
-#define AL_SHM_TRIAL 3               /* calls of a trial (the first finds the caches cold) */
-#define AL_SHM_RECENT 4              /* measurements kept per kind */
-#define AL_SHM_TRIAL_EVERY 0.5       /* seconds: a class's trials at least this often, */
-#define AL_SHM_TRIAL_CALLS 16        /* ... but at most once in this many calls */
-#define AL_SHM_BACKOFF_MAX 3         /* trials at most 8x further apart (every 256 calls, */
-#define AL_SHM_BACKOFF_NEW 2         /* ... 128 calls and 4 s); a new class at most 4x */
-static int al_shm_backoff_max = AL_SHM_BACKOFF_MAX;   /* (0: never back off; benchmarks) */
-#define AL_SHM_SURPRISE 2.0          /* two calls in a row of the choice this much dearer than
-                                        its least: a trial at the next call (classes of */
-#define AL_SHM_SURPRISE_BYTES ((size_t)1 << 20)   /* at least this: smaller calls are noisier) */
-#define AL_SHM_SEEDED 8              /* a new class's calls that compare with its verdict's cost */
-#define AL_SHM_PREFER_BYTES ((size_t)256 << 10)  /* classes whose verdict new classes start from */
-#define AL_SHM_DECISIVE 1.5          /* ... and smaller ones' where one kind is this much cheaper */
-#define AL_SHM_TRIAL_SHARE 0.01      /* trials spaced to cost at most this share of a class's time
-                                        (al_shm_trial_spacing) */
-#define AL_SHM_PART_AT 2             /* an allreduce of AL_SHM_PART_ROUNDS rounds or more: its
-                                        kind measured over its rounds 2-3, */
-#define AL_SHM_PART_K 2              /* ... that many rounds, and in a trial the other kind over */
-#define AL_SHM_PART_W 2              /* ... rounds 6-7, after that many rounds of it unmeasured
-                                        (one per slot buffer) */
-#define AL_SHM_PART_T (AL_SHM_PART_AT + AL_SHM_PART_K + AL_SHM_PART_W)
-#define AL_SHM_PART_ROUNDS (AL_SHM_PART_T + AL_SHM_PART_K + 2)   /* (10: the trial's measured
-                                        rounds never among the call's last two, where ranks done
-                                        with the call take the cores from the rest: at 8 rounds,
-                                        4 ranks on 2 cores, the trials found ordinary stores
-                                        dearer than they were and the class kept streamed ones
-                                        at 1.15-1.3x) */
-static int al_shm_part_trials = 1;   /* (0: trials of AL_SHM_TRIAL calls at every size, as
-                                        before; benchmarks) */
+#define AL_SHM_STREAM_SLOTS_FROM ((size_t)4096)
 
-enum { AL_SHM_STORES_AUTO = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
-static int al_shm_slot_stores = AL_SHM_STORES_AUTO;
+enum { AL_SHM_STORES_BY_SIZE = 0, AL_SHM_STORES_CACHED = 1, AL_SHM_STORES_STREAMED = 2 };
+static int al_shm_slot_stores = AL_SHM_STORES_BY_SIZE;
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-static inline uint64_t al_shm_ticks(void) { return __rdtsc(); }
-#else
-#include <time.h>
-static inline uint64_t al_shm_ticks(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
-}
-#endif
-
-/* CLOCK_MONOTONIC in seconds (when a class's trials began). */
-static inline double al_shm_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* The placement probe, at setup (shm.pxi), before any op: ranks 0 and 1 pass a counter back
- * and forth through the first line of each one's slot of buffer 0 (nothing else uses them
- * yet), in batches of AL_SHM_PROBE_BATCH round trips, until `batches` batches or `budget`
- * seconds have passed, counted from rank 1's first answer (rank 0 waits for it up to
- * AL_SHM_PROBE_JOIN seconds: a rank 1 a few ms late to the probe left no batch complete in
- * the budget, and the probe said nothing, in one run of six); rank 0 stops rank 1 with
- * AL_SHM_PROBE_STOP.  Returns rank 0's least
- * round trip of a batch in ns (0 on other ranks, or when none completed): a new segment's
- * classes start with streamed slot stores where it is above AL_SHM_FAR_NS, the ranks then
- * sharing no cache (on the reference VM 51-66 ns near, 330-590 ns far: "the slots' stores"
- * above).  The least of a batch, not a mean: a descheduled peer makes some batches slow. */
-#define AL_SHM_PROBE_BATCH 16
-#define AL_SHM_PROBE_STOP UINT64_MAX
-#define AL_SHM_PROBE_JOIN 1.0
-#define AL_SHM_FAR_NS 200.0
-static double al_shm_round_trip(al_shm_seg *s, int batches, double budget) {
-  volatile uint64_t *ping, *pong;
-  uint64_t v = 0, seen = 0;
-  double best = 0, t0, t, end = al_shm_seconds() + budget;
-  long spins = 0;
-  int b, j;
-  if (s->size < 2 || s->rank > 1)
-    return 0;
-  ping = (volatile uint64_t *)al_shm_slot(s, 0, 0);
-  pong = (volatile uint64_t *)al_shm_slot(s, 0, 1);
-  if (s->rank == 1) {                /* answer every ping until the stop (or the budget +
-                                        the join wait + 1 s) */
-    end += AL_SHM_PROBE_JOIN + 1.0;
-    while (1) {
-      uint64_t x = __atomic_load_n(ping, __ATOMIC_ACQUIRE);
-      if (x == AL_SHM_PROBE_STOP)
-        return 0;
-      if (x != seen) {
-        seen = x;
-        __atomic_store_n(pong, x, __ATOMIC_RELEASE);
-        spins = 0;
-      } else if (++spins % 4096 == 0) {
-        if (al_shm_seconds() > end)
-          return 0;
-        sched_yield();
-      }
-    }
-  }
-  __atomic_store_n(ping, ++v, __ATOMIC_RELEASE);    /* rank 1's first answer starts the clock */
-  end += AL_SHM_PROBE_JOIN;
-  while (__atomic_load_n(pong, __ATOMIC_ACQUIRE) != v) {
-    if (++spins % 4096 == 0) {
-      if (al_shm_seconds() > end)
-        goto done;
-      sched_yield();
-    }
-  }
-  end = al_shm_seconds() + budget;
-  for (b = 0; b < batches && al_shm_seconds() < end; b++) {
-    t0 = al_shm_seconds();
-    for (j = 0; j < AL_SHM_PROBE_BATCH; j++) {
-      __atomic_store_n(ping, ++v, __ATOMIC_RELEASE);
-      spins = 0;
-      while (__atomic_load_n(pong, __ATOMIC_ACQUIRE) != v) {
-        if (++spins % 4096 == 0) {
-          if (al_shm_seconds() > end)
-            goto done;
-          sched_yield();
-        }
-      }
-    }
-    t = (al_shm_seconds() - t0) * 1e9 / AL_SHM_PROBE_BATCH;
-    if (best == 0 || t < best)
-      best = t;
-  }
-done:
-  __atomic_store_n(ping, AL_SHM_PROBE_STOP, __ATOMIC_RELEASE);
-  return best;
-}
-
-/* The size class of an allreduce of `bytes` (-1 below 4 KiB). */
-static inline int al_shm_stores_class(size_t bytes) {
-  int c;
-  if (bytes < ((size_t)1 << AL_SHM_STORE_MIN_LOG2)) return -1;
-  c = (int)(63 - __builtin_clzll((unsigned long long)bytes)) - AL_SHM_STORE_MIN_LOG2;
-  return c < AL_SHM_STORE_CLASSES ? c : AL_SHM_STORE_CLASSES - 1;
-}
-
-/* How many of a kind's recent measurements a class has. */
-static inline int al_shm_stores_measured(const struct al_shm_adapt *a, int nt) {
-  int i, k = 0;
-  for (i = 0; i < AL_SHM_RECENT; i++)
-    k += a->recent[nt][i] > 0;
-  return k;
-}
-
-/* A kind's cost in a class: the least of its recent measurements (0: none). */
-static inline double al_shm_stores_cost(const struct al_shm_adapt *a, int nt) {
-  double c = 0;
-  int i;
-  for (i = 0; i < AL_SHM_RECENT; i++)
-    if (a->recent[nt][i] > 0 && (c == 0 || a->recent[nt][i] < c)) c = a->recent[nt][i];
-  return c;
-}
-
-/* The op is a call of a trial: the other kind as a whole call, or, `part`, the class's choice
- * with the other kind in its rounds (al_shm_part_boundary). */
-static inline void al_shm_trial_call(const struct al_shm_adapt *a, al_shm_op *o, int part) {
-  o->part = part;
-  o->nt = part ? a->choice : !a->choice;
-}
-
-/* This rank's choice of the op's slot stores (o->nt) and whether the op is measured (o->cls
- * >= 0), for an op of collective `coll` (al_shm_fp's code) writing `bytes` into its slots
- * (al_shm_choose_stores, below, makes rank 0's the kind every rank uses). */
-static inline void al_shm_choose_own(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
-  struct al_shm_adapt *a;
-  uint64_t n, every;
-  double c0, c1, now;
-  int rounds = o->rounds, part = al_shm_part_trials && rounds >= AL_SHM_PART_ROUNDS;
-  o->cls = -1;
-  o->nt = 0;
-  o->rounds = 0;
-  if (!AL_SHM_CAN_STREAM || s->size < 2)
-    return;
-  if (al_shm_slot_stores != AL_SHM_STORES_AUTO) {
-    o->nt = al_shm_slot_stores == AL_SHM_STORES_STREAMED && bytes > AL_SHM_INLINE;
-    return;
-  }
-  if ((o->cls = al_shm_stores_class(bytes)) < 0)
-    return;
-  if (part)
-    o->rounds = rounds;
-  a = &s->adapt[coll & 7][o->cls];
-  n = a->ops;
-  now = al_shm_seconds();
-  if (n == 0) {
-    a->trial_at = now;
-    a->backoff = s->prefer_backoff < AL_SHM_BACKOFF_NEW ? s->prefer_backoff : AL_SHM_BACKOFF_NEW;
-    if (a->backoff > al_shm_backoff_max)
-      a->backoff = al_shm_backoff_max;
-    a->seed_nt = s->prefer;            /* (another collective's costs per byte are not this one's) */
-    a->seed = s->prefer_coll == (coll & 7) ? s->prefer_cost[s->prefer] : 0;
-    a->choice = s->prefer;             /* the first trial: the other kind, at once (calls 0-2; */
-    a->trial_n = 0;                    /* within the call: calls 0 and 1) */
-    a->trial_left = part ? 1 : AL_SHM_TRIAL - 1;
-    al_shm_trial_call(a, o, part);
-    return;
-  }
-  if (a->trial_left > 0) {           /* a trial: the other kind, for all its calls */
-    a->trial_left--;
-    al_shm_trial_call(a, o, part);
-    return;
-  }
-  every = (uint64_t)AL_SHM_EXPLORE << a->backoff;
-  if (n % every == every - AL_SHM_TRIAL || a->surprised >= 2 ||
-      (n >= a->trial_n + ((uint64_t)AL_SHM_TRIAL_CALLS << a->backoff) &&
-       now - a->trial_at > AL_SHM_TRIAL_EVERY * (double)(1 << a->backoff))) {
-    a->trial_at = now;
-    a->trial_n = n;
-    a->surprised = 0;
-    a->trial_left = part ? 0 : AL_SHM_TRIAL - 1;
-    al_shm_trial_call(a, o, part);
-    return;
-  }
-  c0 = al_shm_stores_cost(a, 0);
-  c1 = al_shm_stores_cost(a, 1);
-  if (al_shm_stores_measured(a, 0) >= AL_SHM_TRIAL - 1 &&
-      al_shm_stores_measured(a, 1) >= AL_SHM_TRIAL - 1) {   /* two of each: the least of two */
-    a->choice = c1 < c0;
-    if (bytes >= AL_SHM_PREFER_BYTES || c0 > AL_SHM_DECISIVE * c1 || c1 > AL_SHM_DECISIVE * c0) {
-      s->prefer = a->choice;
-      s->prefer_backoff = a->backoff;
-      s->prefer_cost[0] = c0;
-      s->prefer_cost[1] = c1;
-      s->prefer_coll = coll & 7;
-    }
-  } else {
-    a->choice = s->prefer;           /* one kind measured so far: the segment's latest verdict */
-  }
-  o->nt = a->choice;
-}
-
-/* Rank 0's kind for each class of collective `coll` (2 bits per class: 0 none yet, 1 cached,
- * 2 streamed), in the second line of its flag's line pair (bytes 64-95; zero in a new
- * segment). */
-static inline uint32_t *al_shm_kinds(const al_shm_seg *s, int coll) {
-  return (uint32_t *)((char *)al_shm_flag(s, 0) + 64) + (coll & 7);
-}
-
-/* The number of rank 0's latest allreduce that is a trial within the call (al_shm_part_boundary:
- * s->ops, which every rank's op of that call has too), in bytes 96-103 of its flag's line pair
- * (zero in a new segment: no op's). */
-static inline uint64_t *al_shm_part_word(const al_shm_seg *s) {
-  return (uint64_t *)((char *)al_shm_flag(s, 0) + 96);
-}
-
-/* The op's slot stores: rank 0 chooses (al_shm_choose_own) and publishes its kind per class;
- * the other ranks use it (their own measurements go on, unused).  Each rank choosing for
- * itself let the ranks settle on different kinds: each one's cost is mostly the wait for the
- * slowest, so none of them gained by trying the other kind alone, and a 4-rank 64 MiB
- * allreduce stayed at 51-55 ms with rank 0 cached and the others streamed, where all streamed
- * took 21 ms (docs/performance.md, "One kind for every rank").  A rank that starts call n
- * before rank 0 did uses rank 0's kind of call n - 1: a reader does not care how a line was
- * written, and by call n + 1 every rank has rank 0's kind of call n (it cannot finish call n
- * before rank 0 has begun it). */
-static inline void al_shm_choose_stores(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
-  uint32_t *w, v, shift, kind;
-  al_shm_choose_own(s, o, coll, bytes);
-  if (o->cls < 0)
-    return;
-  w = al_shm_kinds(s, coll);
-  shift = 2u * (uint32_t)o->cls;
-  v = __atomic_load_n(w, __ATOMIC_RELAXED);
-  if (s->rank == 0) {
-    uint32_t want = (v & ~(3u << shift)) | ((uint32_t)(o->nt + 1) << shift);
-    if (want != v)
-      __atomic_store_n(w, want, __ATOMIC_RELAXED);
-    if (o->part)                     /* (the publish of round 0, a release, orders both) */
-      __atomic_store_n(al_shm_part_word(s), o->num, __ATOMIC_RELAXED);
-  } else {
-    o->part = 0;                     /* rank 0's, read at round AL_SHM_PART_AT */
-    if ((kind = v >> shift & 3u) != 0)
-      o->nt = (int)kind - 1;
-  }
-}
-
-/* An allreduce measured in rounds (o->rounds > 0), at the start of its round r (r ==
- * o->rounds: at its end), `bytes` the round's (0 at the end).  Rounds AL_SHM_PART_AT and the next
- * (AL_SHM_PART_K) measure the call's kind; in a trial, the next AL_SHM_PART_W rounds write the
- * slots with the other kind unmeasured (each slot buffer once: a switch finds them as the other
- * kind left them) and the AL_SHM_PART_K after them measure it; then the call's kind again.  A
- * rank other than 0 reads, at round AL_SHM_PART_AT, rank 0's kind of this call (it may have
- * begun with that of rank 0's previous call) and whether it is a trial: rank 0 has begun the
- * call by then (its round 0 publish has been seen), and cannot have begun the next one (that
- * needs this rank's later rounds). */
-static inline void al_shm_part_boundary(al_shm_seg *s, al_shm_op *o, int r, size_t bytes) {
-  uint64_t now;
-  if (r == AL_SHM_PART_AT && s->rank != 0) {
-    uint32_t kind = __atomic_load_n(al_shm_kinds(s, 0), __ATOMIC_RELAXED) >> (2 * o->cls) & 3u;
-    if (kind != 0)
-      o->nt = (int)kind - 1;
-    o->part = __atomic_load_n(al_shm_part_word(s), __ATOMIC_RELAXED) == o->num;
-  }
-  if (r == AL_SHM_PART_AT || r == AL_SHM_PART_AT + AL_SHM_PART_K ||
-      (o->part && (r == AL_SHM_PART_T || r == AL_SHM_PART_T + AL_SHM_PART_K))) {
-    now = al_shm_ticks();
-    if (o->seg_bytes > 0) {            /* a measurement ends */
-      o->part_x[o->nt] = (double)(now - o->seg_t) / (double)o->seg_bytes;
-      if (o->part)
-        o->nt = !o->nt;                /* into the trial (round 4), out of it (round 8) */
-    }
-    o->seg_t = now;
-    o->seg_bytes = 0;
-    if (r == AL_SHM_PART_AT + AL_SHM_PART_K)
-      o->seg_t = 0;                    /* (rounds 4-5: the switch's, unmeasured) */
-  }
-  if (o->seg_t != 0)
-    o->seg_bytes += bytes;
-}
-
-/* The backoff whose trials cost at most AL_SHM_TRIAL_SHARE of a class's time where a trial's
- * kind costs `ratio` times the choice's: `calls` calls' worth of it at (ratio - 1) extra, every
- * AL_SHM_EXPLORE << backoff calls (at most al_shm_backoff_max).  Trials of AL_SHM_TRIAL calls:
- * 1.1x: 0 (every 32 calls); 1.2x: 1 (64); 1.35x: 2 (128); from 1.5x: 3 (256).  Trials within a
- * call of 64 rounds (4 of them the other kind's: 1/16 of a call): 0 up to 6x. */
-static inline int al_shm_trial_spacing(double ratio, double calls) {
-  int b = 0;
-  while (b < al_shm_backoff_max &&
-         calls * (ratio - 1.0) > AL_SHM_TRIAL_SHARE * (double)(AL_SHM_EXPLORE << b))
-    b++;
-  return b;
-}
-
-/* A measurement `x` (ticks per byte) of kind `nt` into class `a`'s recent ones, and the
- * surprise rule's count (a trial's measurements, `trial`, reset it). */
-static inline void al_shm_stores_note(struct al_shm_adapt *a, int nt, double x, size_t bytes,
-                                      int trial) {
-  double *r = a->recent[nt], least = al_shm_stores_cost(a, nt);
-  int i;
-  if (a->seed > 0 && nt == a->seed_nt && a->ops < AL_SHM_SEEDED &&
-      (least == 0 || a->seed < least))
-    least = a->seed;                 /* a new class: the placement may have changed since */
-  if (bytes >= AL_SHM_SURPRISE_BYTES && !trial && nt == a->choice && a->trial_left == 0 &&
-      least > 0 && x > AL_SHM_SURPRISE * least)
-    a->surprised++;                  /* twice in a row: the placement changed, try the other */
+/* The op's slot stores (o->nt) for `bytes` written into this rank's slots. */
+static inline void al_shm_choose_stores(const al_shm_seg *s, al_shm_op *o, size_t bytes) {
+  if (!AL_SHM_CAN_STREAM || s->size < 2 || al_shm_slot_stores == AL_SHM_STORES_CACHED)
+    o->nt = 0;
+  else if (al_shm_slot_stores == AL_SHM_STORES_STREAMED)
+    o->nt = bytes > AL_SHM_INLINE;
   else
-    a->surprised = 0;
-  for (i = AL_SHM_RECENT - 1; i > 0; i--) r[i] = r[i - 1];
-  r[0] = x;
-}
-
-/* A trial of kind `nt` measured, that cost `calls` calls' worth of that kind: the trials' spacing
- * (a new class's first trial, with no cost of the choice yet, leaves its seed's). */
-static inline void al_shm_stores_verdict(struct al_shm_adapt *a, int nt, double calls) {
-  double mine = al_shm_stores_cost(a, !nt);
-  if (mine != 0) {
-    int b = al_shm_trial_spacing(al_shm_stores_cost(a, nt) / mine, calls);
-    a->backoff = b > a->backoff ? a->backoff + 1 : b;
-  }
-}
-
-/* At the op's end: its cost per byte into its class's measurements (if the class's previous
- * call used the same stores). */
-static inline void al_shm_stores_done(al_shm_seg *s, al_shm_op *o, int coll, size_t bytes) {
-  struct al_shm_adapt *a;
-  if (o->cls < 0 || bytes == 0)
-    return;
-  a = &s->adapt[coll & 7][o->cls];
-  if (o->rounds > 0) {               /* measured in rounds: the call's kind, and in a trial the
-                                        other one (al_shm_part_boundary) */
-    if (o->part_x[o->nt] > 0)
-      al_shm_stores_note(a, o->nt, o->part_x[o->nt], bytes, o->part);
-    if (o->part && o->part_x[!o->nt] > 0) {
-      al_shm_stores_note(a, !o->nt, o->part_x[!o->nt], bytes, 1);
-      al_shm_stores_verdict(a, !o->nt, (double)(AL_SHM_PART_W + AL_SHM_PART_K) / o->rounds);
-    }
-  } else if (a->last == o->nt + 1 && o->t_in != 0) {
-    al_shm_stores_note(a, o->nt, (double)(o->work + (al_shm_ticks() - o->t_in)) / (double)bytes,
-                       bytes, 0);
-    if (o->nt != a->choice && a->trial_left == 0)   /* a trial's last call: its verdict */
-      al_shm_stores_verdict(a, o->nt, AL_SHM_TRIAL);
-  }
-  a->last = o->nt + 1;
-  a->ops++;
-  a->streamed += (uint64_t)o->nt;
-}
-
-/* The collectives' measurement (as the allreduce's: their first copy-in, then from their first
- * full arrive to their end): the tick a copy-in starts (0: not timed), */
-static inline uint64_t al_shm_copy_starts(const al_shm_op *o) {
-  return o->cls >= 0 && o->t_in == 0 ? al_shm_ticks() : 0;
-}
-
-/* ... the copy-in done (t0: al_shm_copy_starts's; a fence first if it streamed), */
-static inline void al_shm_copy_done(al_shm_op *o, uint64_t t0, int nt) {
-  if (nt)
-    al_shm_stream_fence();
-  if (t0 != 0)
-    o->work = al_shm_ticks() - t0;
-}
-
-/* ... a full arrive, */
-static inline void al_shm_arrive_done(al_shm_op *o) {
-  if (o->cls >= 0 && o->t_in == 0)
-    o->t_in = al_shm_ticks();
+    o->nt = bytes >= AL_SHM_STREAM_SLOTS_FROM;
 }
 
 /* dst = src (n bytes) into a slot: streamed if `nt` (no fence: the caller's publish follows
@@ -1225,8 +714,8 @@ static inline void al_shm_slot_copy(char *dst, const char *src, size_t n, int nt
 static int al_shm_reduce_streamed(int dtype, int op, int esize, char *rbuf, char *slot,
                                   const char *const *src, int k, int64_t n, double avg_div,
                                   int stream) {
-  char tile[AL_SHM_TILE_MAX] __attribute__((aligned(64)));
-  int64_t per = (int64_t)(al_shm_tile / (size_t)esize), t, m;
+  char tile[AL_SHM_TILE] __attribute__((aligned(64)));
+  int64_t per = (int64_t)(AL_SHM_TILE / (size_t)esize), t, m;
   int rc = 0;
   for (t = 0; t < n && rc == 0; t += per) {
     size_t off = (size_t)t * esize;
@@ -1257,8 +746,7 @@ typedef struct al_shm_args {
 } al_shm_args;
 
 /* The bytes this rank writes into its slots in an op of a->coll (what its stores are chosen
- * by), or 0 where they are not chosen: a bcast (only its root writes, and never waits to
- * measure) and a barrier write no data that matters. */
+ * by), or 0 where ordinary stores are used whatever the size: a bcast and a barrier. */
 static inline size_t al_shm_written_bytes(const al_shm_seg *s, const al_shm_args *a) {
   size_t es = (size_t)a->esize, sum = 0;
   int j;
@@ -1300,16 +788,10 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   size_t bytes = (size_t)a->count * a->esize;
   memset(o, 0, sizeof(*o));
   o->split = bytes > s->small && s->size > 1;
-  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_from(s);
+  o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_from(s->size);
   o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
-  o->num = s->ops;
-  if (o->split) {                    /* its rounds: the same on every rank (al_shm_chunk) */
-    int64_t per = al_shm_chunk(s, a, 0);
-    int64_t rounds = (a->count + per - 1) / per;
-    o->rounds = rounds < INT_MAX ? (int)rounds : INT_MAX;
-  }
-  al_shm_choose_stores(s, o, 0, bytes);
+  al_shm_choose_stores(s, o, bytes);
 }
 
 /* Split protocol, copy-in: the blocks j != me of the chunk [off, off + chunk) of sendbuf into
@@ -1371,10 +853,7 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* a lazy arrive owed (above) */
-      uint64_t t0 = o->cls >= 0 && o->t_in == 0 ? al_shm_ticks() : 0;
       o->chunk = al_shm_chunk(s, a, o->off);
-      if (o->rounds > 0)
-        al_shm_part_boundary(s, o, o->rnd++, (size_t)(o->chunk * es));
       *al_shm_fpw(s, b, me) = o->fp;
       if (o->split) {
         al_shm_split_in(s, a, b, o->off, o->chunk, o->nt);
@@ -1383,7 +862,6 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
                          (size_t)o->chunk * es, o->nt);
         if (o->nt) al_shm_stream_fence();
       }
-      if (t0 != 0) o->work = al_shm_ticks() - t0;
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
@@ -1393,7 +871,6 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
         o->polls++;
         return 0;
       }
-      if (o->cls >= 0 && o->t_in == 0) o->t_in = al_shm_ticks();
       if (o->split) {
         /* my block: into my slot (the peers copy it out), and into recvbuf: streamed from the
          * slot's tile (in L1) when streaming, else written and then copied to the slot; with
@@ -1436,12 +913,8 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
     /* here only at the end of a round */
     s->round++;
     o->off += o->chunk;
-    if (o->off >= a->count) {
+    if (o->off >= a->count)
       o->phase = AL_SHM_END;
-      if (o->rounds > 0)
-        al_shm_part_boundary(s, o, o->rnd, 0);
-      al_shm_stores_done(s, o, 0, (size_t)a->count * a->esize);
-    }
   }
   return 1;
 }
@@ -1484,7 +957,7 @@ static inline void al_shm_coll_begin(al_shm_seg *s, al_shm_op *o, const al_shm_a
   memset(o, 0, sizeof(*o));
   o->phase = a->count > 0 || a->coll == AL_SHM_BARRIER ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(a->coll, a->dtype, a->rop, a->root, a->count, ++s->ops);
-  al_shm_choose_stores(s, o, a->coll, al_shm_written_bytes(s, a));
+  al_shm_choose_stores(s, o, al_shm_written_bytes(s, a));
 }
 
 /* As al_shm_arrived for peer r alone (a bcast's non-root waits for the root alone). */
@@ -1503,7 +976,6 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
   int bcast = a->coll == AL_SHM_BCAST, root = bcast && me == a->root;
   int64_t es = a->esize, n = a->count, off, c;
   int rc, nt;
-  uint64_t t0;
   size_t span;                       /* bytes of a round per rank: where they go (al_shm_data) */
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
@@ -1517,7 +989,6 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
       span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
       mine = al_shm_data(s, b, me, span);
       nt = o->nt && span > AL_SHM_INLINE;       /* never into the flag's line */
-      t0 = al_shm_copy_starts(o);
       if (a->coll == AL_SHM_ALLGATHER) {
         al_shm_slot_copy(mine, a->sbuf + off * es, (size_t)(c * es), nt);
         if (a->rbuf + (me * n + off) * es != a->sbuf + off * es)
@@ -1530,7 +1001,7 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
             al_shm_slot_copy(mine + j * c * es, a->sbuf + (j * n + off) * es, (size_t)(c * es),
                              nt);
       }
-      al_shm_copy_done(o, t0, nt);
+      if (nt) al_shm_stream_fence();
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
@@ -1553,7 +1024,6 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
         return 0;
       }
       s->owed = 0;                     /* every flag has reached this round's value */
-      al_shm_arrive_done(o);
       if (a->coll == AL_SHM_ALLGATHER) {
         for (j = 0; j < p; j++)
           if (j != me)
@@ -1571,7 +1041,6 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
     o->off += c;
     o->phase = o->off >= n ? AL_SHM_END : AL_SHM_PUT;
   }
-  al_shm_stores_done(s, o, a->coll, al_shm_written_bytes(s, a));
   return 1;
 }
 
@@ -1662,7 +1131,7 @@ static inline void al_shm_v_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args
   }
   o->phase = o->end != 0 ? AL_SHM_PUT : AL_SHM_END;
   o->fp = al_shm_fp(a->coll, a->dtype, 0, 0, key, ++s->ops);
-  al_shm_choose_stores(s, o, a->coll, al_shm_written_bytes(s, a));
+  al_shm_choose_stores(s, o, al_shm_written_bytes(s, a));
 }
 
 /* allgatherv: round [off, off + stride) in, then out (never blocks; 0: wait, 1: complete). */
@@ -1675,7 +1144,6 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     o->chunk = cap;
     if (o->phase == AL_SHM_PUT) {
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }
-      uint64_t t0 = al_shm_copy_starts(o);
       int nt;
       *al_shm_fpw(s, b, me) = o->fp;
       c = al_shm_part(a->rcounts[me], off, cap);
@@ -1685,14 +1153,13 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
       if (a->rbuf + ((int64_t)a->rdispls[me] + off) * es != a->sbuf + off * es)
         memcpy(a->rbuf + ((int64_t)a->rdispls[me] + off) * es, a->sbuf + off * es,
                (size_t)(c * es));
-      al_shm_copy_done(o, t0, nt);
+      if (nt) al_shm_stream_fence();
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
     if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
       return rc;
     s->owed = 0;
-    al_shm_arrive_done(o);
     for (j = 0; j < p; j++) {
       if (j == me || (c = al_shm_part(a->rcounts[j], off, cap)) == 0) continue;
       al_shm_copy_lines(a->rbuf + ((int64_t)a->rdispls[j] + off) * es,
@@ -1702,7 +1169,6 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     o->off += cap;
     o->phase = o->off >= o->end ? AL_SHM_END : AL_SHM_PUT;
   }
-  al_shm_stores_done(s, o, a->coll, al_shm_written_bytes(s, a));
   return 1;
 }
 
@@ -1722,10 +1188,8 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     o->chunk = c;
     if (o->phase == AL_SHM_PUT) {
       char *mine;
-      uint64_t t0;
       int nt;
       if (!al_shm_settled(s, o)) { o->polls++; return 0; }
-      t0 = al_shm_copy_starts(o);
       nt = o->nt && span > AL_SHM_INLINE;      /* never into the flag's line */
       *al_shm_fpw(s, b, me) = o->fp;
       mine = al_shm_data(s, b, me, span) + hdr;
@@ -1747,14 +1211,13 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
           al_shm_copy_lines(a->rbuf + ((v ? (int64_t)a->rdispls[j] : j * n) + off) * es, from,
                             (size_t)(m * es));
       }
-      al_shm_copy_done(o, t0, nt);
+      if (nt) al_shm_stream_fence();
       al_shm_publish(s, o);
       o->phase = AL_SHM_WAIT_IN;
     }
     if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
       return rc;
     s->owed = 0;
-    al_shm_arrive_done(o);
     if (v && off == 0) {             /* the headers: the counts agree, and where the rounds end */
       for (j = 0; j < p; j++) {
         const int32_t *h = (const int32_t *)al_shm_slot(s, b, j);
@@ -1777,7 +1240,6 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     o->off += c;
     o->phase = o->off >= o->end ? AL_SHM_END : AL_SHM_PUT;
   }
-  al_shm_stores_done(s, o, a->coll, al_shm_written_bytes(s, a));
   return 1;
 }
 
