@@ -33,12 +33,13 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
+        AL_SHM_COUNTS_EXPECTED, AL_SHM_COUNTS_ELSEWHERE
     ctypedef struct al_shm_seg:
         char* base
         size_t len
         int rank, size
         size_t slot, small
-        uint64_t seq, round, owed, ops
+        uint64_t seq, round, ops
         size_t chunk, chunk_upto
     ctypedef struct al_shm_op:
         int phase, split, stream

@@ -106,6 +106,25 @@ cdef int shm_mismatch(al_op* op) noexcept nogil:
     comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
     return op_finish(op)
 
+cdef int shm_counts_disagree(al_op* op, int rc) noexcept nogil:
+    """Alltoallv's round 0 found that peer op.shm.waiting expects op.shm.theirs elements from
+    this rank, not the sendcounts this rank sends it (AL_SHM_COUNTS_EXPECTED), or that two other
+    ranks disagree (AL_SHM_COUNTS_ELSEWHERE; ext/shm/vcollectives.h): fail `op` saying so, and
+    break the communicator on every rank (the health word), as a fingerprint mismatch does."""
+    cdef int peer = op.shm.waiting, me = op.comm.rank
+    op.err = -1
+    if rc == AL_SHM_COUNTS_EXPECTED:
+        snprintf(op.errmsg, 256, "rank %d expects %lld elements from rank %d (its recvcounts[%d]), "
+                 "rank %d sends %d (its sendcounts[%d]): the ranks' Alltoallv calls differ; the "
+                 "communicator is now unusable on every rank", peer,
+                 <long long><int64_t>op.shm.theirs, me, me, me, op.v.scounts[peer], peer)
+    else:
+        snprintf(op.errmsg, 256, "two other ranks' Alltoallv counts differ (what one sends the "
+                 "other does not expect): the ranks' Alltoallv calls differ; the communicator is "
+                 "now unusable on every rank")
+    comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
+    return op_finish(op)
+
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
@@ -130,6 +149,8 @@ cdef int shm_step(al_op* op) noexcept nogil:
         return shm_mismatch(op)
     if rc == AL_SHM_COUNTS_DIFFER:
         return shm_counts_differ(op)           # shm_vcollectives.pxi
+    if rc == AL_SHM_COUNTS_EXPECTED or rc == AL_SHM_COUNTS_ELSEWHERE:
+        return shm_counts_disagree(op, rc)
     if rc < 0:
         op.err = -1
         snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
@@ -221,12 +242,10 @@ cdef str shm_describe(al_op* op):
     """Where a running shm op waits (NativeOp.describe, the timeout message)."""
     cdef al_shm_op* s = &op.shm
     # (read while the engine may be running it: a snapshot)
-    settling = s.phase == 0 and op.comm.shm != NULL and op.comm.shm.owed != 0   # al_shm_settled
-    what = ("waiting for the peers to finish the round before" if settling else
-            ("copying in", "waiting for the peers' inputs",
-             "waiting for the peers' reduced blocks", "done")[s.phase])
+    what = ("copying in", "waiting for the peers' inputs",
+            "waiting for the peers' reduced blocks", "done")[s.phase]
     who = (f" (rank {s.waiting} has not published {s.want} yet)"
-           if (s.phase in (1, 2) or settling) and s.waiting < op.comm.size else "")
+           if s.phase in (1, 2) and s.waiting < op.comm.size else "")
     how = (f"{'split' if s.split else 'symmetric'} protocol, " if op.kind == K_SHM_ALLREDUCE
            else "")
     if op.kind >= K_SHM_ALLGATHERV:        # rounds over blocks of per-rank sizes

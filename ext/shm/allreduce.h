@@ -28,7 +28,7 @@ static inline void al_shm_allreduce_begin(al_shm_seg *s, al_shm_op *o, const al_
   memset(o, 0, sizeof(*o));
   o->split = bytes > s->small && s->size > 1;
   o->stream = o->split && AL_SHM_CAN_STREAM && bytes >= al_shm_stream_from(s->size);
-  o->phase = a->count > 0 ? AL_SHM_PUT : AL_SHM_END;
+  o->phase = AL_SHM_PUT;             /* a count of 0 too: its round checks the peers' */
   o->fp = al_shm_fp(0, a->dtype, a->rop, 0, a->count, ++s->ops);
   al_shm_choose_stores(s, o, bytes);
 }
@@ -91,7 +91,6 @@ static int al_shm_allreduce_advance(al_shm_seg *s, al_shm_op *o, const al_shm_ar
   while (o->phase != AL_SHM_END) {
     b = (int)(s->round & 1);
     if (o->phase == AL_SHM_PUT) {
-      if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* a lazy arrive owed (above) */
       o->chunk = al_shm_chunk(s, a, o->off);
       *al_shm_fpw(s, b, me) = o->fp;
       if (o->split) {

@@ -8,20 +8,17 @@
  *
  *   allgather (count: elements per rank): copy my chunk of sendbuf into my slot; copy every
  *     peer's chunk out into its block of recvbuf (my own block straight from sendbuf).
- *   bcast (count: elements of the buffer): the root, once settled, copies the chunk into its
- *     slot and publishes, and is done with the round: it reads nothing, so its arrive is lazy
- *     (owed until its next write).  The others publish, wait for the root's flag alone, copy
- *     the chunk out, and owe the arrive of the other peers.  So a root returns without waiting
- *     for its peers, and runs at most one round ahead of the slowest one (its next write waits
- *     for their publish of this round).
+ *   bcast (count: elements of the buffer): the root copies the chunk into its slot; every
+ *     rank publishes and waits for every peer, checking its fingerprint (the root and the
+ *     count: ranks that disagree on either fail on every rank); the others copy the chunk
+ *     out.
  *   reduce_scatter (count: elements of each rank's result): a round takes `chunk` elements of
  *     each of the p blocks (p * chunk fit one slot); I copy the blocks j != me into my slot
  *     (block j at j * chunk); I reduce my block, in rank order, from my sendbuf and the peers'
  *     slots into recvbuf (AVG: divided in the last pass).  In place (recvbuf == sendbuf, the
  *     result in its first `count` elements) works: round k writes recvbuf[off, off + chunk)
  *     after copying those elements of block 0 in, and reads nothing there afterwards.
- *   barrier (count 0): one round that writes nothing, with a full arrive (it settles whatever
- *     was owed: every flag has reached this round's value).
+ *   barrier (count 0): one round that writes nothing.
  */
 #ifndef AL_SHM_COLLECTIVES_H
 #define AL_SHM_COLLECTIVES_H
@@ -37,7 +34,7 @@ static inline int64_t al_shm_coll_cap(const al_shm_seg *s, const al_shm_args *a)
 
 static inline void al_shm_coll_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   memset(o, 0, sizeof(*o));
-  o->phase = a->count > 0 || a->coll == AL_SHM_BARRIER ? AL_SHM_PUT : AL_SHM_END;
+  o->phase = AL_SHM_PUT;             /* a count of 0 too: its round checks the peers' */
   o->fp = al_shm_fp(a->coll, a->dtype, a->rop, a->root, a->count, ++s->ops);
   al_shm_choose_stores(s, o, al_shm_written_bytes(s, a));
 }
@@ -56,7 +53,6 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
     if (o->phase == AL_SHM_PUT) {
       int64_t cap = al_shm_coll_cap(s, a);
       char *mine;
-      if (!al_shm_settled(s, o)) { o->polls++; return 0; }   /* every round: the fingerprint */
       c = o->chunk = n - off < cap ? n - off : cap;
       *al_shm_fpw(s, b, me) = o->fp;
       span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
@@ -80,35 +76,21 @@ static int al_shm_coll_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a
     }
     c = o->chunk;
     span = (size_t)(c * es) * (a->coll == AL_SHM_REDUCE_SCATTER ? (size_t)p : 1);
-    if (root) {
-      s->owed = s->seq;                /* the lazy arrive: nothing to read */
-    } else if (bcast) {
-      if ((rc = al_shm_arrived_from(s, o, a->root, b)) != 1) {
-        if (rc < 0) return rc;
-        o->polls++;
-        return 0;
-      }
-      s->owed = s->seq;                /* the other peers' flags are not known to be there */
+    if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
+      return rc;
+    if (bcast && !root) {
       al_shm_copy_lines(a->rbuf + off * es, al_shm_data(s, b, a->root, span), (size_t)(c * es));
-    } else {
-      if ((rc = al_shm_arrived(s, o, b)) != 1) {
-        if (rc < 0) return rc;
-        o->polls++;
-        return 0;
-      }
-      s->owed = 0;                     /* every flag has reached this round's value */
-      if (a->coll == AL_SHM_ALLGATHER) {
-        for (j = 0; j < p; j++)
-          if (j != me)
-            al_shm_copy_lines(a->rbuf + (j * n + off) * es, al_shm_data(s, b, j, span),
-                              (size_t)(c * es));
-      } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
-        for (j = 0; j < p; j++)
-          src[j] = j == me ? a->sbuf + (me * n + off) * es : al_shm_data(s, b, j, span) + me * c * es;
-        if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + off * es, src, p, c, a->avg_div,
-                          NULL) != 0)
-          return -1;
-      }
+    } else if (a->coll == AL_SHM_ALLGATHER) {
+      for (j = 0; j < p; j++)
+        if (j != me)
+          al_shm_copy_lines(a->rbuf + (j * n + off) * es, al_shm_data(s, b, j, span),
+                            (size_t)(c * es));
+    } else if (a->coll == AL_SHM_REDUCE_SCATTER) {
+      for (j = 0; j < p; j++)
+        src[j] = j == me ? a->sbuf + (me * n + off) * es : al_shm_data(s, b, j, span) + me * c * es;
+      if (al_shm_reduce(a->dtype, a->rop, a->esize, a->rbuf + off * es, src, p, c, a->avg_div,
+                        NULL) != 0)
+        return -1;
     }
     s->round++;
     o->off += c;

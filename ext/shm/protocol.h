@@ -1,5 +1,5 @@
-/* The shm transport's protocol: rounds, flags, fingerprints and the lazy arrive, with the
- * argument that they need no closing barrier (ext/al_shm.h includes every part).
+/* The shm transport's protocol: rounds, flags and fingerprints, with the argument that they
+ * need no closing barrier (ext/al_shm.h includes every part).
  *
  * The protocol.  Every rank makes the same sequence of "rounds" (one chunk of one op per round;
  * ops on a communicator run one at a time in call order, see shm_gate in shm.pxi), and round m
@@ -42,21 +42,12 @@
  * that every peer it reads wrote the same (al_shm_arrived).  Ranks whose calls differ (a count,
  * a dtype, the order of two calls, a call one rank skipped) fail the op at their first common
  * round instead of combining data of different calls (AL_SHM_MISMATCH; shm.pxi names both
- * calls).  The word is in the flag's cache line: no extra transfer.  It has the lifetime of
- * the round's data, so every round settles before writing it (below), even one that writes no
- * data (a bcast's non-root, a barrier): a peer may still check the word of round m until this
- * rank has seen it publish round m + 1.
- *
- * Lazy arrive.  A rank that reads nothing a peer wrote in round k (a bcast's root) skips
- * that round's arrive and completes the round right after its publish, recording in `owed`
- * the value v(k) it did not wait for; a rank that reads one peer only (a bcast's non-root
- * reads the root) waits for that peer's flag alone and records v(k) the same way; a round
- * with a full arrive sets `owed` to 0.  So at the start of any round k every peer's flag is
- * known to have reached v(k - 1), or `owed` is v(k - 1).  Before it writes into a buffer in
- * round k a rank waits until every peer's flag has reached `owed` (al_shm_settled, then
- * `owed` is 0): that is the rule above.  Every round writes at least its fingerprint, so every
- * round settles first (a bcast's non-root and a barrier included).  Nothing waits in a cycle: a rank settling in round k waits for
- * publishes of round k - 1, which need nothing of round k.
+ * calls).  The word is in the flag's cache line: no extra transfer.  Every rank waits for,
+ * and checks, every peer in every round, even where it reads no peer's data (a bcast's root,
+ * a barrier): so a mismatch fails the op on every rank of it, in the call, and a rank whose
+ * count is 0 still makes its op's one round (a peer whose count is not fails with it).  The
+ * word has the lifetime of the round's data: a peer may still check the word of round m until
+ * this rank has seen it publish round m + 1, which the rule above waits for.
  *
  * The memory traffic of the split protocol per rank and per element of the message is the
  * minimum for any algorithm that cannot read a peer's private memory (docs/performance.md):
@@ -74,6 +65,8 @@
 
 #define AL_SHM_MISMATCH (-2)         /* an advance's result: a peer's fingerprint differs */
 #define AL_SHM_COUNTS_DIFFER (-3)    /* alltoallv: a peer sends another count than expected */
+#define AL_SHM_COUNTS_EXPECTED (-4)  /* alltoallv: a peer expects another count than sent */
+#define AL_SHM_COUNTS_ELSEWHERE (-5) /* alltoallv: two other ranks' counts disagree */
 
 /* Where one op stands (al_op.shm); zero is "not started". */
 enum { AL_SHM_PUT = 0, AL_SHM_WAIT_IN = 1, AL_SHM_WAIT_OUT = 2, AL_SHM_END = 3 };
@@ -150,23 +143,6 @@ static inline void al_shm_publish(al_shm_seg *s, al_shm_op *o) {
   o->polls = 0;
 }
 
-/* The lazy arrive (see the protocol): 1 once every peer's flag has reached s->owed, after
- * which nothing is owed; else 0 with the first peer short of it in o->waiting and the value in
- * o->want (the timeout message).  Never blocks; rescans every peer (a poll is p loads). */
-static inline int al_shm_settled(al_shm_seg *s, al_shm_op *o) {
-  int r;
-  if (s->owed == 0)
-    return 1;
-  for (r = 0; r < s->size; r++)
-    if (r != s->rank && __atomic_load_n(al_shm_flag(s, r), __ATOMIC_ACQUIRE) < s->owed) {
-      o->want = s->owed;
-      o->waiting = r;
-      return 0;
-    }
-  s->owed = 0;
-  return 1;
-}
-
 /* 1 once every peer's flag has reached o->want, and every peer's fingerprint of buffer b is
  * this op's; AL_SHM_MISMATCH (o->waiting: the peer, o->theirs: its fingerprint) if one is
  * not; else 0 (never blocks). */
@@ -182,15 +158,6 @@ static inline int al_shm_arrived(const al_shm_seg *s, al_shm_op *o, int b) {
     o->waiting++;
   }
   return 1;
-}
-
-/* As al_shm_arrived for peer r alone (a bcast's non-root waits for the root alone). */
-static inline int al_shm_arrived_from(const al_shm_seg *s, al_shm_op *o, int r, int b) {
-  o->waiting = r;
-  if (__atomic_load_n(al_shm_flag(s, r), __ATOMIC_ACQUIRE) < o->want)
-    return 0;
-  o->theirs = *al_shm_fpw(s, b, r);
-  return o->theirs == o->fp ? 1 : AL_SHM_MISMATCH;
 }
 
 /* al_shm_arrived, counting an unsuccessful poll (1: arrived, 0: wait, < 0: a mismatch). */

@@ -48,8 +48,6 @@ typedef struct al_shm_seg {
   size_t small;                      /* messages of at most this many bytes: symmetric protocol */
   uint64_t seq;                      /* the last value this rank published */
   uint64_t round;                    /* rounds so far (buffer = round % 2) */
-  uint64_t owed;                     /* 0, or the value every peer's flag must reach before this
-                                        rank writes again (a lazy arrive: al_shm_settled) */
   uint64_t ops;                      /* ops begun on the segment (the fingerprints' number) */
   size_t chunk;                      /* bytes of a split allreduce's round when the allreduce
                                         is under chunk_upto bytes (at most the slot): rank 0's,

@@ -1,7 +1,7 @@
 /* The shm allgatherv, alltoall and alltoallv (ext/al_shm.h includes every part).
  *
  * The same rounds as the collectives of ext/shm/collectives.h (one publish per round, a full
- * arrive, every round settled first and fingerprinted), over blocks of per-rank sizes.  A round covers elements
+ * arrive, every round fingerprinted), over blocks of per-rank sizes.  A round covers elements
  * [off, off + stride) of every block; `end` (al_shm_op) is where the rounds stop, the same on
  * every rank.
  *
@@ -10,7 +10,7 @@
  *     my block into my slot (inline area when it is at most AL_SHM_INLINE bytes; the reader
  *     knows my count, so it knows where), and into my block of recvbuf unless sendbuf is
  *     already there (in place: sendbuf is recvbuf + displs[me]); after the arrive I copy every
- *     peer's part out to its block.  end = max(counts): no round when every count is 0.
+ *     peer's part out to its block.  end = max(counts); one round when every count is 0.
  *     The fingerprint's count is a hash of the counts: ranks whose counts differ fail.
  *   alltoall (count: elements per block, block j of sendbuf goes to rank j, block j of recvbuf
  *     comes from rank j): as reduce_scatter's rounds, `chunk` elements of each of the p - 1
@@ -19,13 +19,18 @@
  *     peer's slot out; my own block goes straight from sendbuf to recvbuf.
  *   alltoallv (scounts[j], sdispls[j]: what I send rank j; rcounts[j], rdispls[j]: what I
  *     receive from it): the counts are not known across ranks (I know my row and column of
- *     the matrix only), so my slot starts with a header of p + 1 int32 words, written in round
- *     0: my scounts, then their maximum.  After round 0's arrive every rank checks that each
- *     peer sends it what it expects (header word `me` == rcounts[peer], else
- *     AL_SHM_COUNTS_DIFFER: the op fails and breaks the segment, as a fingerprint mismatch) and
- *     takes end = the largest maximum, the same on every rank.  Round 0 always runs (it carries
- *     the header); the data follows the header, a fixed `cap` elements per block (the block for
- *     rank j at header + al_shm_a2a_pos(me, j) * cap).  A block shorter than the round's range moves nothing in it.
+ *     the matrix only), so my slot starts with a header, written in round 0: my scounts, my
+ *     rcounts, the scounts' maximum (int32 words), then two sums over my row and my column
+ *     of a 64-bit mix of (sender, receiver, count) (al_shm_vmix).  After round 0's arrive
+ *     every rank reads every header: each peer must send it what it expects (else
+ *     AL_SHM_COUNTS_DIFFER) and expect what it sends (else AL_SHM_COUNTS_EXPECTED), and the
+ *     sums of the row sums and of the column sums over every rank must be equal (else a pair
+ *     of other ranks disagrees: AL_SHM_COUNTS_ELSEWHERE).  Every rank reads the same headers,
+ *     so where any pair disagrees every rank fails the op (and breaks the segment, as a
+ *     fingerprint mismatch); else it takes end = the largest maximum, the same on every
+ *     rank.  Round 0 always runs (it carries the header); the data follows the header, a
+ *     fixed `cap` elements per block (the block for rank j at header + al_shm_a2a_pos(me, j)
+ *     * cap).  A block shorter than the round's range moves nothing in it.
  *   In place (alltoall(v): sendbuf == recvbuf with recvbuf's layout, which MPI requires): a
  *     round copies elements [off, off + stride) of my blocks into my slot before it overwrites
  *     the same elements of recvbuf with the peers' data, and later rounds read only later
@@ -36,8 +41,19 @@
 
 #include "copy.h"
 
-/* The bytes of an alltoallv slot's header (p + 1 int32 words, whole cache lines). */
-static inline size_t al_shm_vheader(int p) { return al_shm_round_up((size_t)(p + 1) * 4, 64); }
+/* Where an alltoallv slot's header has its two sums (after 2p + 1 int32 words, 8-aligned), and
+ * the header's bytes (whole cache lines). */
+static inline size_t al_shm_vsums(int p) { return al_shm_round_up((size_t)(2 * p + 1) * 4, 8); }
+static inline size_t al_shm_vheader(int p) { return al_shm_round_up(al_shm_vsums(p) + 16, 64); }
+
+/* A 64-bit mix of one entry of the count matrix: `from` sends `to` `count` elements
+ * (splitmix64's finaliser): a pair whose two ranks disagree changes the sums of one side. */
+static inline uint64_t al_shm_vmix(int from, int to, int32_t count) {
+  uint64_t z = (uint64_t)from << 48 ^ (uint64_t)to << 32 ^ (uint32_t)count;
+  z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ z >> 27) * 0x94d049bb133111ebULL;
+  return z ^ z >> 31;
+}
 
 /* Elements of each block per round of an alltoall(v) of `esize`-byte elements (p - 1 blocks
  * a slot; alltoallv: after the header); 0 when not one fits (the entry refuses such an op). */
@@ -68,7 +84,7 @@ static inline void al_shm_v_begin(al_shm_seg *s, al_shm_op *o, const al_shm_args
   } else {
     o->end = -1;                     /* round 0 tells */
   }
-  o->phase = o->end != 0 ? AL_SHM_PUT : AL_SHM_END;
+  o->phase = AL_SHM_PUT;             /* every count 0 too: its round checks the peers' */
   o->fp = al_shm_fp(a->coll, a->dtype, 0, 0, key, ++s->ops);
   al_shm_choose_stores(s, o, al_shm_written_bytes(s, a));
 }
@@ -82,7 +98,6 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     off = o->off;
     o->chunk = cap;
     if (o->phase == AL_SHM_PUT) {
-      if (!al_shm_settled(s, o)) { o->polls++; return 0; }
       int nt;
       *al_shm_fpw(s, b, me) = o->fp;
       c = al_shm_part(a->rcounts[me], off, cap);
@@ -98,7 +113,6 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
     }
     if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
       return rc;
-    s->owed = 0;
     for (j = 0; j < p; j++) {
       if (j == me || (c = al_shm_part(a->rcounts[j], off, cap)) == 0) continue;
       al_shm_copy_lines(a->rbuf + ((int64_t)a->rdispls[j] + off) * es,
@@ -112,7 +126,9 @@ static int al_shm_allgatherv_advance(al_shm_seg *s, al_shm_op *o, const al_shm_a
 }
 
 /* alltoall (a->scounts NULL: a->count per block) and alltoallv: as allgatherv's advance;
- * AL_SHM_COUNTS_DIFFER: peer o->waiting sends o->theirs elements, not rcounts[o->waiting]. */
+ * AL_SHM_COUNTS_DIFFER: peer o->waiting sends o->theirs elements, not rcounts[o->waiting];
+ * AL_SHM_COUNTS_EXPECTED: it expects o->theirs, not scounts[o->waiting];
+ * AL_SHM_COUNTS_ELSEWHERE: two other ranks disagree. */
 static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_args *a) {
   int p = s->size, me = s->rank, j, rc, v = a->coll == AL_SHM_ALLTOALLV;
   int64_t es = a->esize, n = a->count, cap = al_shm_a2a_cap(s, a->esize, v), off, c;
@@ -128,17 +144,21 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     if (o->phase == AL_SHM_PUT) {
       char *mine;
       int nt;
-      if (!al_shm_settled(s, o)) { o->polls++; return 0; }
       nt = o->nt && span > AL_SHM_INLINE;      /* never into the flag's line */
       *al_shm_fpw(s, b, me) = o->fp;
       mine = al_shm_data(s, b, me, span) + hdr;
       if (v && off == 0) {
         int32_t *h = (int32_t *)al_shm_slot(s, b, me), most = 0;
+        uint64_t *sums = (uint64_t *)((char *)h + al_shm_vsums(p));
+        sums[0] = sums[1] = 0;
         for (j = 0; j < p; j++) {
           h[j] = a->scounts[j];
+          h[p + j] = a->rcounts[j];
           if (a->scounts[j] > most) most = a->scounts[j];
+          sums[0] += al_shm_vmix(me, j, a->scounts[j]);
+          sums[1] += al_shm_vmix(j, me, a->rcounts[j]);
         }
-        h[p] = most;
+        h[2 * p] = most;
       }
       for (j = 0; j < p; j++) {
         int64_t m = v ? al_shm_part(a->scounts[j], off, cap) : c;
@@ -156,17 +176,26 @@ static int al_shm_alltoall_advance(al_shm_seg *s, al_shm_op *o, const al_shm_arg
     }
     if ((rc = al_shm_arrive_poll(s, o, b)) != 1)
       return rc;
-    s->owed = 0;
     if (v && off == 0) {             /* the headers: the counts agree, and where the rounds end */
+      uint64_t sent = 0, expected = 0;
       for (j = 0; j < p; j++) {
         const int32_t *h = (const int32_t *)al_shm_slot(s, b, j);
+        const uint64_t *sums = (const uint64_t *)((const char *)h + al_shm_vsums(p));
+        o->waiting = j;
         if (j != me && h[me] != a->rcounts[j]) {
-          o->waiting = j;
           o->theirs = (uint64_t)(int64_t)h[me];
           return AL_SHM_COUNTS_DIFFER;
         }
-        if (h[p] > o->end) o->end = h[p];
+        if (j != me && h[p + me] != a->scounts[j]) {
+          o->theirs = (uint64_t)(int64_t)h[p + me];
+          return AL_SHM_COUNTS_EXPECTED;
+        }
+        if (h[2 * p] > o->end) o->end = h[2 * p];
+        sent += sums[0];
+        expected += sums[1];
       }
+      if (sent != expected)
+        return AL_SHM_COUNTS_ELSEWHERE;
     }
     for (j = 0; j < p; j++) {
       int64_t m = v ? al_shm_part(a->rcounts[j], off, cap) : c;
