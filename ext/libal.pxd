@@ -33,7 +33,7 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
-        AL_SHM_COUNTS_EXPECTED, AL_SHM_COUNTS_ELSEWHERE
+        AL_SHM_COUNTS_EXPECTED, AL_SHM_COUNTS_ELSEWHERE, AL_SHM_DIED
     ctypedef struct al_shm_seg:
         char* base
         size_t len
@@ -41,6 +41,7 @@ cdef extern from "al_shm.h" nogil:
         size_t slot, small
         uint64_t seq, round, ops
         size_t chunk, chunk_upto
+        uint64_t pidns
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk
@@ -80,6 +81,9 @@ cdef extern from "al_shm.h" nogil:
     char* al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot, uint64_t nonce,
                             int* named_instead, char* err, size_t errlen)
     void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
+    void al_shm_ident_write(char* base, int rank, uint64_t* pidns)
+    int al_shm_dead_peer(al_shm_seg* s, const al_shm_op* o)
+    void al_shm_mark_dead(al_shm_seg* s, int r)
     void al_shm_allreduce_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     void al_shm_coll_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)

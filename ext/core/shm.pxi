@@ -125,6 +125,16 @@ cdef int shm_counts_disagree(al_op* op, int rc) noexcept nogil:
     comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
     return op_finish(op)
 
+cdef int shm_peer_died(al_op* op) noexcept nogil:
+    """Fail `op` (1) if the peer it waits for has died (its process is gone: al_shm_dead_peer,
+    ext/shm/segment.h, looked at every few dozen milliseconds of a wait), after storing that in
+    the health word, so every rank waiting on the segment fails with it (shm_broken); else 0."""
+    cdef int dead = al_shm_dead_peer(op.comm.shm, &op.shm)
+    if dead < 0:
+        return 0
+    al_shm_mark_dead(op.comm.shm, dead)
+    return shm_broken(op)
+
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
@@ -141,7 +151,7 @@ cdef int shm_step(al_op* op) noexcept nogil:
         rc = al_shm_alltoall_advance(op.comm.shm, &op.shm, &a)
     else:
         rc = al_shm_coll_advance(op.comm.shm, &op.shm, &a)
-    if rc == 0 and shm_broken(op):
+    if rc == 0 and (shm_broken(op) or shm_peer_died(op)):
         return op_finish(op)
     if rc == 0:
         return 0
@@ -343,7 +353,7 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     cdef int fd = -1, unsupported = 0, named_instead = 0
     cdef long pid = 0
     cdef size_t length = 0
-    cdef uint64_t nonce = 0
+    cdef uint64_t nonce = 0, pidns = 0
     cdef char err[SHM_MSG]
     cdef char* base = NULL
     cdef al_shm_seg* seg
@@ -412,6 +422,8 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
                 base = al_shm_open(cname, length, size, slot, nonce, err, SHM_MSG)
         elif rank != 0:
             snprintf(err, SHM_MSG, "rank 0 could not create the segment")
+        if base != NULL:                   # who this rank is, for its peers' waits
+            al_shm_ident_write(base, rank, &pidns)
         # a report: the error (empty: mapped), then in the last byte whether the named path
         # may work where the memory file did not
         mine = np.zeros(SHM_MSG, dtype=np.uint8)
@@ -442,6 +454,7 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     al_shm_init(seg, base, length, rank, size, slot, small)
     seg.chunk = <size_t>params[7]
     seg.chunk_upto = <size_t>params[8]
+    seg.pidns = pidns
     cs.c.shm = seg
     return 0
 

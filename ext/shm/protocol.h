@@ -160,6 +160,25 @@ static inline int al_shm_arrived(const al_shm_seg *s, al_shm_op *o, int b) {
   return 1;
 }
 
+/* The peer an op waits for (o->waiting), if its process is gone, else -1: looked at every
+ * AL_SHM_CHECK_POLLS unsuccessful polls and at most every AL_SHM_CHECK_EVERY seconds per
+ * segment (a read of /proc: microseconds), so that a survivor names a dead peer well within a
+ * second and a long wait spends next to nothing on it. */
+#define AL_SHM_CHECK_POLLS 64
+#define AL_SHM_CHECK_EVERY 0.05
+static inline int al_shm_dead_peer(al_shm_seg *s, const al_shm_op *o) {
+  struct timespec t;
+  double now;
+  if (o->polls % AL_SHM_CHECK_POLLS != 0 || o->waiting < 0 || o->waiting >= s->size)
+    return -1;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  now = (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+  if (now < s->next_check)
+    return -1;
+  s->next_check = now + AL_SHM_CHECK_EVERY;
+  return al_shm_peer_gone(s, o->waiting) ? o->waiting : -1;
+}
+
 /* al_shm_arrived, counting an unsuccessful poll (1: arrived, 0: wait, < 0: a mismatch). */
 static inline int al_shm_arrive_poll(const al_shm_seg *s, al_shm_op *o, int b) {
   int rc = al_shm_arrived(s, o, b);

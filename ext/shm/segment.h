@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -53,6 +54,9 @@ typedef struct al_shm_seg {
                                         is under chunk_upto bytes (at most the slot): rank 0's,
                                         sent to every rank at setup (al_shm_chunk) */
   size_t chunk_upto;
+  uint64_t pidns;                    /* this process's PID namespace (al_shm_ident_write) */
+  double next_check;                 /* when a wait may next look for a dead peer (seconds,
+                                        CLOCK_MONOTONIC; al_shm_dead_peer) */
 } al_shm_seg;
 
 static inline size_t al_shm_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -302,7 +306,8 @@ static inline uint64_t *al_shm_health(const al_shm_seg *s) { return (uint64_t *)
 /* Why a rank broke the segment (the health word's high half). */
 enum { AL_SHM_ABANDONED = 0,         /* it gave up an op at its hang timeout */
        AL_SHM_REFUSED = 1,           /* it refused a call (another thread's: commstate.pxi) */
-       AL_SHM_MISMATCHED = 2 };      /* the ranks' calls differ (fingerprints) */
+       AL_SHM_MISMATCHED = 2,        /* the ranks' calls differ (fingerprints) */
+       AL_SHM_DIED = 3 };            /* its process is gone (stored by a survivor) */
 
 static inline void al_shm_mark_broken_why(al_shm_seg *s, int why) {
   uint64_t healthy = 0;
@@ -313,6 +318,14 @@ static inline void al_shm_mark_broken_why(al_shm_seg *s, int why) {
 
 static inline void al_shm_mark_broken(al_shm_seg *s) { al_shm_mark_broken_why(s, AL_SHM_ABANDONED); }
 
+/* Rank r's process is gone: a survivor stores that in the health word (r + 1, AL_SHM_DIED). */
+static inline void al_shm_mark_dead(al_shm_seg *s, int r) {
+  uint64_t healthy = 0;
+  __atomic_compare_exchange_n(al_shm_health(s), &healthy,
+                              (uint64_t)AL_SHM_DIED << 32 | ((uint64_t)r + 1), 0,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
 /* The rank that broke the segment, or -1 while it is usable. */
 static inline int al_shm_broken_by(const al_shm_seg *s) {
   return (int)(__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) & 0xffffffffULL) - 1;
@@ -321,6 +334,74 @@ static inline int al_shm_broken_by(const al_shm_seg *s) {
 /* Why (AL_SHM_ABANDONED ...), once al_shm_broken_by is >= 0. */
 static inline int al_shm_broken_why(const al_shm_seg *s) {
   return (int)(__atomic_load_n(al_shm_health(s), __ATOMIC_ACQUIRE) >> 32);
+}
+
+/* ---- dead peers ----
+ * A peer whose process is gone never publishes again.  Each rank records who it is in the
+ * second line of its flag's line pair at setup (al_shm_ident_write: its pid, the start time
+ * /proc gives it, its PID namespace), and a rank that waits for a peer looks, every few dozen
+ * milliseconds, whether that process still exists (al_shm_peer_gone: /proc/<pid>/stat gone, a
+ * zombie, or another process under the same pid), and fails the op naming the dead rank
+ * (al_shm_dead_peer, shm.pxi).  A peer in another PID namespace, or where /proc cannot be
+ * read, is not looked at: its death is left to the hang timeout. */
+static inline uint64_t *al_shm_ident(const al_shm_seg *s, int r) {
+  return (uint64_t *)((char *)al_shm_flag(s, r) + 64);
+}
+
+/* Process `pid`'s state in /proc: 1 alive (its start time, in clock ticks since boot, in
+ * *start), 0 gone (no such process, a zombie, or dead), -1 unknown (/proc unreadable). */
+static int al_shm_proc_start(long pid, uint64_t *start) {
+  char path[64], buf[1024], *p;
+  ssize_t n;
+  int fd, field;
+  snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT || errno == ESRCH ? 0 : -1;
+  n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0)
+    return n == 0 || errno == ESRCH ? 0 : -1;
+  buf[n] = 0;
+  p = strrchr(buf, ')');              /* the command may hold spaces and parentheses */
+  if (p == NULL || p[1] != ' ')
+    return -1;
+  p += 2;                             /* field 3, the state */
+  if (*p == 'Z' || *p == 'X' || *p == 'x')
+    return 0;
+  for (field = 3; field < 22 && *p; field++) {
+    p = strchr(p, ' ');
+    if (p == NULL)
+      return -1;
+    p++;
+  }
+  *start = strtoull(p, NULL, 10);     /* field 22, the start time */
+  return 1;
+}
+
+/* Record this rank's identity in its flag's line pair of the mapping `base` of `size` ranks
+ * (at setup, before the ranks report: every peer sees it once the setup is done).  pid 0
+ * (nothing to look at) where /proc does not tell the start time. */
+static void al_shm_ident_write(char *base, int rank, uint64_t *pidns) {
+  uint64_t *w = (uint64_t *)(base + (size_t)(rank + 1) * AL_SHM_LINE + 64), start = 0;
+  struct stat st;
+  long pid = (long)getpid();
+  *pidns = stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+  w[0] = al_shm_proc_start(pid, &start) == 1 ? (uint64_t)pid : 0;
+  w[1] = start;
+  w[2] = *pidns;
+}
+
+/* 1 when rank r's process is gone (al_shm_ident_write's pid no longer runs the process that
+ * wrote it), else 0 (alive, or not known). */
+static int al_shm_peer_gone(const al_shm_seg *s, int r) {
+  const uint64_t *w = al_shm_ident(s, r);
+  uint64_t start = 0;
+  int state;
+  if (r == s->rank || w[0] == 0 || w[2] != s->pidns)
+    return 0;
+  state = al_shm_proc_start((long)w[0], &start);
+  return state == 0 || (state == 1 && start != w[1]);
 }
 
 #endif  /* AL_SHM_SEGMENT_H */
