@@ -245,12 +245,11 @@ SHM_SLOT_STORES = ("auto", "cached", "streamed")
 
 
 def shm_slot_stores() -> int:
-    """AL_SHM_SLOT_STORES: how an "shm" allreduce writes the slots its peers read: ``auto``
-    (default: each rank measures both kinds per size class from 4 KiB up and uses the cheaper,
-    trying the other in one call of 8: al_shm.h, docs/performance.md), ``cached`` (ordinary
-    stores: peers read them from a cache they share) or ``streamed`` (streaming stores: peers
-    read them from memory).  An index into SHM_SLOT_STORES.  Need not be the same on every
-    rank."""
+    """AL_SHM_SLOT_STORES: how the "shm" collectives write the slots their peers read: ``auto``
+    (default: streaming stores where an op writes 4 KiB or more into a rank's slots, ordinary
+    ones below: al_shm.h, "the slots' stores"), ``cached`` (ordinary stores: peers read them
+    from a cache they share) or ``streamed`` (streaming stores: peers read them from memory).
+    An index into SHM_SLOT_STORES.  Need not be the same on every rank."""
     v = _raw("AL_SHM_SLOT_STORES")
     if v is None:
         return 0
@@ -437,16 +436,14 @@ def cuda_driver() -> str:
     return cuda_library() or CUDA_DRIVER
 
 
-def shm_test_faults() -> tuple[int, int, int]:
+def shm_test_faults() -> tuple[int, int]:
     """TESTING AIDS ONLY, read at each shared-memory setup (``_core.shm_attach``'s `faults`):
-    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE, AL_SHM_TEST_LATE_PROBE), the rank that
-    calls ``os._exit`` in the middle of the setup (tests/test_shm_segment.py), the rank that
-    expects another nonce than rank 0 sent, as if it had opened a file that is not rank 0's
-    segment (tests/mpi/test_hostile.py), and the rank that comes to the placement probe 20 ms
-    late (tests/mpi/test_shm_stores.py); -1: none."""
+    (AL_SHM_TEST_DIE_IN_SETUP, AL_SHM_TEST_BAD_NONCE), the rank that calls ``os._exit`` in the
+    middle of the setup (tests/test_shm_segment.py) and the rank that expects another nonce
+    than rank 0 sent, as if it had opened a file that is not rank 0's segment
+    (tests/mpi/test_hostile.py); -1: none."""
     return (_count("AL_SHM_TEST_DIE_IN_SETUP", -1, 0, MAX_INT, "ranks"),
-            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"),
-            _count("AL_SHM_TEST_LATE_PROBE", -1, 0, MAX_INT, "ranks"))
+            _count("AL_SHM_TEST_BAD_NONCE", -1, 0, MAX_INT, "ranks"))
 
 
 def cuda_standin_dir() -> str | None:

@@ -33,20 +33,15 @@ cdef extern from "al_shm.h" nogil:
         AL_SHM_ALLGATHER, AL_SHM_BCAST, AL_SHM_REDUCE_SCATTER, AL_SHM_BARRIER
         AL_SHM_MISMATCH, AL_SHM_ABANDONED, AL_SHM_REFUSED, AL_SHM_MISMATCHED
         AL_SHM_ALLGATHERV, AL_SHM_ALLTOALL, AL_SHM_ALLTOALLV, AL_SHM_COUNTS_DIFFER
-    cdef struct al_shm_adapt:
-        double recent[2][4]
-        uint64_t ops, streamed
-        int backoff
+        AL_SHM_COUNTS_EXPECTED, AL_SHM_COUNTS_ELSEWHERE, AL_SHM_DIED
     ctypedef struct al_shm_seg:
         char* base
         size_t len
         int rank, size
         size_t slot, small
-        uint64_t seq, round, owed, ops
-        al_shm_adapt adapt[8][16]
-        int prefer, prefer_backoff
-        double round_trip_ns
+        uint64_t seq, round, ops
         size_t chunk, chunk_upto
+        uint64_t pidns
     ctypedef struct al_shm_op:
         int phase, split, stream
         int64_t off, chunk
@@ -55,10 +50,7 @@ cdef extern from "al_shm.h" nogil:
         long polls
         uint64_t fp, theirs
         int64_t end
-        int nt, cls
-        uint64_t work, t_in
-        int rounds, part
-        double part_x[2]
+        int nt
     ctypedef struct al_shm_args:
         int dtype, rop, esize
         const char* sbuf
@@ -77,21 +69,9 @@ cdef extern from "al_shm.h" nogil:
     size_t al_shm_stream_bytes
     size_t al_shm_cache_bytes
     size_t AL_SHM_STREAM_BY_CACHE
-    size_t al_shm_stream_from(const al_shm_seg* s) nogil
-    double al_shm_round_trip(al_shm_seg* s, int batches, double budget) nogil
-    double AL_SHM_FAR_NS
+    size_t al_shm_stream_from(int size) nogil
     int al_shm_slot_stores
-    double al_shm_stores_cost(const al_shm_adapt* a, int nt)
-    void al_shm_choose_own(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
-    void al_shm_stores_done(al_shm_seg* s, al_shm_op* o, int coll, size_t nbytes)
-    uint64_t al_shm_ticks()
-    int al_shm_stores_class(size_t nbytes)
-    int al_shm_backoff_max
-    int al_shm_part_trials
-    int al_shm_line_copies
-    size_t al_shm_tile
-    enum:
-        AL_SHM_STORE_CLASSES, AL_SHM_STORE_MIN_LOG2, AL_SHM_RECENT, AL_SHM_TILE_MAX
+    size_t AL_SHM_STREAM_SLOTS_FROM
     char* al_shm_create(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
                         char* err, size_t errlen)
     char* al_shm_open(const char* name, size_t len, int size, size_t slot, uint64_t nonce,
@@ -101,6 +81,9 @@ cdef extern from "al_shm.h" nogil:
     char* al_shm_open_memfd(long pid, int fd, size_t len, int size, size_t slot, uint64_t nonce,
                             int* named_instead, char* err, size_t errlen)
     void al_shm_init(al_shm_seg*, char* base, size_t len, int rank, int size, size_t slot, size_t small)
+    void al_shm_ident_write(char* base, int rank, uint64_t* pidns)
+    int al_shm_dead_peer(al_shm_seg* s, const al_shm_op* o)
+    void al_shm_mark_dead(al_shm_seg* s, int r)
     void al_shm_allreduce_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)
     int al_shm_allreduce_advance(al_shm_seg*, al_shm_op*, const al_shm_args*)
     void al_shm_coll_begin(al_shm_seg*, al_shm_op*, const al_shm_args*)

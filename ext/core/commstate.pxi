@@ -65,6 +65,9 @@ cdef void shm_broken_message(al_shm_seg* seg, int who, char* out) noexcept nogil
         snprintf(out, WHY, "rank %d refused a call on this communicator from a thread that does "
                  "not own it (the threading rule: docs/semantics.md), so the ranks' calls are "
                  "out of step for good; use a new Communicator", who)
+    elif why == AL_SHM_DIED:
+        snprintf(out, WHY, "rank %d died (its process is gone) while a call over the "
+                 "communicator's shared-memory segment waited for it; use a new Communicator", who)
     elif why == AL_SHM_MISMATCHED:
         snprintf(out, WHY, "rank %d found that the ranks' calls on this communicator differ "
                  "(collective fingerprints: count, dtype, op, root or call order); use a new "

@@ -30,8 +30,9 @@ def set_shm_stream_bytes(nbytes, size_t cache_bytes=0):
         al_shm_cache_bytes = cache_bytes
 
 def set_shm_slot_stores(int mode):
-    """How the "shm" collectives write the slots: 0 measured per collective and size class, 1
-    ordinary (cached) stores, 2 streaming stores (al_shm.h; AL_SHM_SLOT_STORES)."""
+    """How the "shm" collectives write the slots: 0 by size (streaming stores from
+    AL_SHM_STREAM_SLOTS_FROM bytes written), 1 ordinary (cached) stores, 2 streaming stores
+    (al_shm.h, "the slots' stores"; AL_SHM_SLOT_STORES)."""
     global al_shm_slot_stores
     al_shm_slot_stores = mode
 
@@ -105,6 +106,35 @@ cdef int shm_mismatch(al_op* op) noexcept nogil:
     comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
     return op_finish(op)
 
+cdef int shm_counts_disagree(al_op* op, int rc) noexcept nogil:
+    """Alltoallv's round 0 found that peer op.shm.waiting expects op.shm.theirs elements from
+    this rank, not the sendcounts this rank sends it (AL_SHM_COUNTS_EXPECTED), or that two other
+    ranks disagree (AL_SHM_COUNTS_ELSEWHERE; ext/shm/vcollectives.h): fail `op` saying so, and
+    break the communicator on every rank (the health word), as a fingerprint mismatch does."""
+    cdef int peer = op.shm.waiting, me = op.comm.rank
+    op.err = -1
+    if rc == AL_SHM_COUNTS_EXPECTED:
+        snprintf(op.errmsg, 256, "rank %d expects %lld elements from rank %d (its recvcounts[%d]), "
+                 "rank %d sends %d (its sendcounts[%d]): the ranks' Alltoallv calls differ; the "
+                 "communicator is now unusable on every rank", peer,
+                 <long long><int64_t>op.shm.theirs, me, me, me, op.v.scounts[peer], peer)
+    else:
+        snprintf(op.errmsg, 256, "two other ranks' Alltoallv counts differ (what one sends the "
+                 "other does not expect): the ranks' Alltoallv calls differ; the communicator is "
+                 "now unusable on every rank")
+    comm_break(op.comm, AL_SHM_MISMATCHED, op.errmsg)
+    return op_finish(op)
+
+cdef int shm_peer_died(al_op* op) noexcept nogil:
+    """Fail `op` (1) if the peer it waits for has died (its process is gone: al_shm_dead_peer,
+    ext/shm/segment.h, looked at every few dozen milliseconds of a wait), after storing that in
+    the health word, so every rank waiting on the segment fails with it (shm_broken); else 0."""
+    cdef int dead = al_shm_dead_peer(op.comm.shm, &op.shm)
+    if dead < 0:
+        return 0
+    al_shm_mark_dead(op.comm.shm, dead)
+    return shm_broken(op)
+
 cdef int shm_step(al_op* op) noexcept nogil:
     """Advance the protocol until it would wait for a peer (0) or the op is complete (1).
     Never blocks and never yields: the loop that steps the op (run_inline, the engine) applies
@@ -121,7 +151,7 @@ cdef int shm_step(al_op* op) noexcept nogil:
         rc = al_shm_alltoall_advance(op.comm.shm, &op.shm, &a)
     else:
         rc = al_shm_coll_advance(op.comm.shm, &op.shm, &a)
-    if rc == 0 and shm_broken(op):
+    if rc == 0 and (shm_broken(op) or shm_peer_died(op)):
         return op_finish(op)
     if rc == 0:
         return 0
@@ -129,6 +159,8 @@ cdef int shm_step(al_op* op) noexcept nogil:
         return shm_mismatch(op)
     if rc == AL_SHM_COUNTS_DIFFER:
         return shm_counts_differ(op)           # shm_vcollectives.pxi
+    if rc == AL_SHM_COUNTS_EXPECTED or rc == AL_SHM_COUNTS_ELSEWHERE:
+        return shm_counts_disagree(op, rc)
     if rc < 0:
         op.err = -1
         snprintf(op.errmsg, 256, "shm %s: op %d is not defined for dtype %d",
@@ -220,12 +252,10 @@ cdef str shm_describe(al_op* op):
     """Where a running shm op waits (NativeOp.describe, the timeout message)."""
     cdef al_shm_op* s = &op.shm
     # (read while the engine may be running it: a snapshot)
-    settling = s.phase == 0 and op.comm.shm != NULL and op.comm.shm.owed != 0   # al_shm_settled
-    what = ("waiting for the peers to finish the round before" if settling else
-            ("copying in", "waiting for the peers' inputs",
-             "waiting for the peers' reduced blocks", "done")[s.phase])
+    what = ("copying in", "waiting for the peers' inputs",
+            "waiting for the peers' reduced blocks", "done")[s.phase]
     who = (f" (rank {s.waiting} has not published {s.want} yet)"
-           if (s.phase in (1, 2) or settling) and s.waiting < op.comm.size else "")
+           if s.phase in (1, 2) and s.waiting < op.comm.size else "")
     how = (f"{'split' if s.split else 'symmetric'} protocol, " if op.kind == K_SHM_ALLREDUCE
            else "")
     if op.kind >= K_SHM_ALLGATHERV:        # rounds over blocks of per-rank sizes
@@ -281,7 +311,7 @@ def _shm_test_nonce(int rank, nonce, faults):
     return nonce ^ 1 if faults[1] == rank else nonce
 
 def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeout,
-               bint named=False, tuple faults=(-1, -1, -1), size_t chunk=0):
+               bint named=False, tuple faults=(-1, -1), size_t chunk=0):
     """Create and map the communicator's segment (at construction: collective over
     `node_comm`, an MPI communicator of the same ranks in the same order, all on one node; no
     other traffic uses it).  Rank 0 creates an anonymous memory file (memfd_create), every rank
@@ -293,7 +323,7 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
     once every rank has reported (al_shm.h).  Rank 0's `slot` (bytes per rank per buffer, a
     multiple of 4096) and `small` (the symmetric protocol's limit) are used by all, and so is
     its `chunk`: the bytes of a split allreduce's round below the size from which recvbuf is
-    streamed (al_shm_chunk; 0 or more than the slot: the slot), sent with the probe's result.  Raises
+    streamed (al_shm_chunk; 0 or more than the slot: the slot), with that size.  Raises
     aluminum_py.Error naming every rank's failure, or TimeoutError after `timeout` seconds
     (< 0: none).  `faults`: testing aids (``aluminum_py.config.shm_test_faults``)."""
     cdef int size = cs.c.size, rank = cs.c.rank
@@ -307,56 +337,11 @@ def shm_attach(CommState cs, node_comm, size_t slot, size_t small, double timeou
                     f"{size}")
     import time
     deadline = time.monotonic() + timeout if timeout >= 0 else None
-    if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults) == SHM_NAMED:
-        _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults)
-    _shm_placement_probe(cs, node_comm, timeout, deadline, chunk, faults)
-
-def _shm_placement_probe(CommState cs, node_comm, double timeout, deadline, size_t chunk=0,
-                         tuple faults=(-1, -1, -1)):
-    """Where the host runs the ranks, found once the segment is mapped (al_shm_round_trip):
-    ranks 0 and 1 pass a cache line back and forth for at most 5 ms; rank 0's least round trip
-    goes to every rank, and above AL_SHM_FAR_NS (the ranks share no cache) the segment's size
-    classes start with streamed slot stores instead of cached ones (al_shm.h, "the slots'
-    stores": a class then measures both kinds and keeps the cheaper).  Without it a new class
-    ran its first calls, which AL_AUTO_LEARN times, with cached stores, 1.5-2x slower than
-    streamed ones in the far placement, and learning chose Rabenseifner at 256 KiB where shm
-    was 3x faster once its stores had settled (issue 31, set J).
-
-    Where ranks outnumber cores (AL_ENGINE_YIELD) the probe says nothing: it took 530-630 ns
-    at 4 ranks on the 2-core reference VM in both placements (a waiting rank yields to the
-    others), against 56-63 ns (near) and 337-373 ns (far) between two pinned threads.  There
-    the classes start streamed, the better worst case: at 4 ranks, 4-64 MiB, cached stores
-    were 1.5-2.7x slower than streamed ones in the far placement, streamed 1.0-1.24x slower
-    than cached in the near one (bench/results/issue31_shm_stores_4ranks.txt); each class's
-    trials then find the cheaper.
-
-    A probe that got no answer (rank 1 not at it within AL_SHM_PROBE_JOIN, 1 s; rank 0 waits
-    for its first answer before the 5 ms start) says nothing either: streamed, round_trip_ns 0.
-
-    Rank 0's `chunk` and the size from which it streams recvbuf (al_shm_stream_from) go to
-    every rank with the result (al_shm_chunk: every rank must make the same rounds)."""
-    import numpy as np
-    cdef al_shm_seg* seg = cs.c.shm
-    cdef double rt = 0
-    if cs.c.size < 2:
-        return
-    if g_yield_every <= 0:
-        if faults[2] == cs.c.rank:     # TESTING AID (AL_SHM_TEST_LATE_PROBE)
-            import time
-            time.sleep(0.02)
-        with nogil:
-            rt = al_shm_round_trip(seg, 64, 0.005)
-    got = np.array([rt, <double>(chunk if 0 < chunk < seg.slot else seg.slot),
-                    <double>al_shm_stream_from(seg)])
-    _shm_finish(node_comm.Ibcast(got, root=0), deadline, timeout,
-                "the placement probe's round trip")
-    seg.chunk = <size_t>got[1]
-    seg.chunk_upto = <size_t>got[2]
-    seg.round_trip_ns = got[0]             # 0: no probe (ranks outnumber cores) or no answer
-    seg.prefer = 1 if got[0] > AL_SHM_FAR_NS or got[0] == 0 else 0
+    if _shm_try(cs, node_comm, slot, small, timeout, deadline, mode, faults, chunk) == SHM_NAMED:
+        _shm_try(cs, node_comm, slot, small, timeout, deadline, SHM_NAMED, faults, chunk)
 
 cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double timeout, deadline,
-                  int mode, tuple faults) except -1:
+                  int mode, tuple faults, size_t chunk) except -1:
     """One attempt of shm_attach in `mode` (rank 0's: it may fall back to SHM_NAMED by itself
     when memfd_create is missing).  Returns 0 with the segment attached, or SHM_NAMED on every
     rank (they all see the same reports) when the memory file failed only where the named path
@@ -368,7 +353,7 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     cdef int fd = -1, unsupported = 0, named_instead = 0
     cdef long pid = 0
     cdef size_t length = 0
-    cdef uint64_t nonce = 0
+    cdef uint64_t nonce = 0, pidns = 0
     cdef char err[SHM_MSG]
     cdef char* base = NULL
     cdef al_shm_seg* seg
@@ -377,7 +362,9 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
     err[0] = 0
 
     # rank 0 creates; how to open it (or rank 0's error) and its parameters go to every rank
-    params = np.zeros(7, dtype=np.uint64)    # slot, small, created, mode, pid, fd, nonce
+    # (its rounds too: al_shm_chunk, every rank must make the same rounds)
+    params = np.zeros(9, dtype=np.uint64)    # slot, small, created, mode, pid, fd, nonce,
+                                             # chunk, chunk_upto
     name = np.zeros(SHM_MSG, dtype=np.uint8)
     rounded = (<object>slot + 4095) // 4096 * 4096       # (a Python int: never wraps)
     if rank == 0 and slot == 0:
@@ -407,7 +394,8 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
             cname = bname
             with nogil:
                 base = al_shm_create(cname, length, size, slot, nonce, err, SHM_MSG)
-        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0), nonce)
+        params[:] = (slot, small, base != NULL, mode, os.getpid(), max(fd, 0), nonce,
+                     chunk if 0 < chunk < slot else slot, al_shm_stream_from(size))
         name[:len(bname)] = np.frombuffer(bname, np.uint8)
         _shm_test_die(rank, faults)
     try:
@@ -434,6 +422,8 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
                 base = al_shm_open(cname, length, size, slot, nonce, err, SHM_MSG)
         elif rank != 0:
             snprintf(err, SHM_MSG, "rank 0 could not create the segment")
+        if base != NULL:                   # who this rank is, for its peers' waits
+            al_shm_ident_write(base, rank, &pidns)
         # a report: the error (empty: mapped), then in the last byte whether the named path
         # may work where the memory file did not
         mine = np.zeros(SHM_MSG, dtype=np.uint8)
@@ -462,6 +452,9 @@ cdef int _shm_try(CommState cs, node_comm, size_t slot, size_t small, double tim
         munmap(base, length)
         raise MemoryError()
     al_shm_init(seg, base, length, rank, size, slot, small)
+    seg.chunk = <size_t>params[7]
+    seg.chunk_upto = <size_t>params[8]
+    seg.pidns = pidns
     cs.c.shm = seg
     return 0
 
@@ -476,136 +469,19 @@ def shm_detach(CommState cs):
     """Unmap the communicator's segment, if it has one (Free; nothing may be pending)."""
     shm_release(cs.c)
 
-SHM_COLL_NAMES = tuple(n.decode().lower() for n in _COLL_CALLS)    # al_shm_fp's codes
-
-def _set_shm_trial_backoff(int most):
-    """The slot stores' trials back off to at most 2**most times their spacing (al_shm.h;
-    3 unless set; 0: they never back off).  For benchmarks that compare the two; returns the
-    value before."""
-    global al_shm_backoff_max
-    before = al_shm_backoff_max
-    al_shm_backoff_max = most
-    return before
-
-
-def _set_shm_tile(size_t nbytes):
-    """Bytes the shm reductions reduce at a time (al_shm.h al_shm_tile; a power of two from 64
-    to AL_SHM_TILE_MAX, 8192).  For benchmarks that compare tile sizes; returns the value
-    before."""
-    global al_shm_tile
-    if nbytes < 64 or nbytes > AL_SHM_TILE_MAX or nbytes & (nbytes - 1):
-        raise ValueError(f"tile of {nbytes} bytes: a power of two from 64 to {AL_SHM_TILE_MAX}")
-    before = al_shm_tile
-    al_shm_tile = nbytes
-    return before
-
-
-def _set_shm_part_trials(int on):
-    """The slot stores' trials of calls of AL_SHM_PART_ROUNDS rounds or more: within the call
-    (al_shm.h al_shm_part_boundary; 1 unless set) or of 3 whole calls, as smaller ones (0).
-    For benchmarks that compare the two; returns the value before."""
-    global al_shm_part_trials
-    before = al_shm_part_trials
-    al_shm_part_trials = 1 if on else 0
-    return before
-
-
-def _set_shm_prefer(CommState cs, int kind):
-    """Set the segment's latest verdict on the slots' stores (al_shm.h s->prefer: 0 cached, 1
-    streamed; the kind a new size class starts from) on this rank, as one made before the
-    host moved the ranks would leave it.  For benchmarks (bench/learn_stale_verdict.py);
-    returns the value before (None without a segment)."""
-    cdef al_shm_seg* s = cs.c.shm
-    if s == NULL:
-        return None
-    before = s.prefer
-    s.prefer = 1 if kind else 0
-    return before
-
-
-def _set_shm_line_copies(int on):
-    """Copies between the slots and a user's buffer placed differently in a cache line use
-    16-byte vectors (al_shm.h al_shm_copy_lines; 1 unless set) or memcpy (0).  For benchmarks
-    that compare the two; returns the value before."""
-    global al_shm_line_copies
-    before = al_shm_line_copies
-    al_shm_line_copies = on
-    return before
-
-
-def _stores_schedule(costs, size_t nbytes=1 << 20, int prefer=0, int prefer_backoff=0,
-                     int rounds=0):
-    """Rank 0's choice of the slot stores (al_shm.h, "the slots' stores", al_shm_choose_own:
-    the kind every rank uses) on a segment of its own, with made-up costs: call k, an
-    allreduce of `nbytes` (or costs[k][2] bytes, of collective costs[k][3]: al_shm_fp's code),
-    costs costs[k][:2] = (cached, streamed) ticks per byte with each kind; the segment starts
-    with `prefer` (1: streamed) and `prefer_backoff`.  Returns, per call, the kind it used (1:
-    streamed) and its class's backoff after it.  With `rounds`, the allreduces are of that many
-    rounds (trials within a call from AL_SHM_PART_ROUNDS: al_shm_part_boundary measures each
-    kind at its cost), and each call's entry has a third item: whether it was such a trial.
-    The calls take microseconds: the half-second rule never applies."""
-    global al_shm_slot_stores
-    cdef al_shm_seg* s = <al_shm_seg*>calloc(1, sizeof(al_shm_seg))
-    cdef al_shm_op o
-    cdef int saved = al_shm_slot_stores, coll
-    if s == NULL:
-        raise MemoryError()
-    s.size = 2
-    s.prefer = prefer
-    s.prefer_backoff = prefer_backoff
-    out = []
-    al_shm_slot_stores = 0
-    try:
-        for cost in costs:
-            n = cost[2] if len(cost) > 2 else nbytes
-            coll = cost[3] if len(cost) > 3 else 0
-            memset(&o, 0, sizeof(o))
-            o.rounds = rounds if coll == 0 else 0
-            al_shm_choose_own(s, &o, coll, n)
-            if o.rounds > 0:
-                o.part_x[o.nt] = cost[o.nt]
-                if o.part:
-                    o.part_x[1 - o.nt] = cost[1 - o.nt]
-            else:
-                o.work = <uint64_t>(cost[o.nt] * n)
-                o.t_in = al_shm_ticks()
-            al_shm_stores_done(s, &o, coll, n)
-            entry = (o.nt, s.adapt[coll & 7][al_shm_stores_class(n)].backoff)
-            out.append(entry + (bool(o.part),) if rounds else entry)
-    finally:
-        al_shm_slot_stores = saved
-        free(s)
-    return out
-
 
 def shm_info(CommState cs):
     """The segment as this rank sees it (None without one: one rank, or none could be made): its
     length, slot and symmetric-protocol limit in bytes, the rounds and flag value so far, the
-    rank that made it unusable (None while it is usable: shm_broken), and "stores": per
-    collective and size class measured (its smallest size in bytes: what the op writes into
-    the slots) the calls, how many wrote the slots with streaming stores, each kind's cost
-    in ticks per byte (al_shm.h; 0: none), "recent": each kind's last AL_SHM_RECENT
-    measurements (newest first, 0: none; the cost is their least) and the trials' backoff (they
-    come AL_SHM_EXPLORE << backoff calls apart), "round_trip_ns": the placement probe's figure
-    (0: none) and "far_ns" the figure above which new size classes started streamed."""
+    rank that made it unusable (None while it is usable: shm_broken), the least allreduce that
+    streams recvbuf ("stream_from"), the least bytes written into the slots that stream them
+    ("stream_slots_from", by AL_SHM_SLOT_STORES: 0 always, None never) and the split
+    allreduce's rounds ("chunk" bytes below "chunk_upto", else a slot)."""
     cdef al_shm_seg* s = cs.c.shm
-    cdef int c, k, i
     if s == NULL:
         return None
     who = al_shm_broken_by(s)
-    stores = {}
-    for k in range(8):
-        for c in range(AL_SHM_STORE_CLASSES):
-            if s.adapt[k][c].ops:
-                stores.setdefault(SHM_COLL_NAMES[k], {})[1 << (c + AL_SHM_STORE_MIN_LOG2)] = {
-                    "calls": s.adapt[k][c].ops, "streamed": s.adapt[k][c].streamed,
-                    "backoff": s.adapt[k][c].backoff,
-                    "cost": (al_shm_stores_cost(&s.adapt[k][c], 0),
-                             al_shm_stores_cost(&s.adapt[k][c], 1)),
-                    "recent": ([s.adapt[k][c].recent[0][i] for i in range(AL_SHM_RECENT)],
-                               [s.adapt[k][c].recent[1][i] for i in range(AL_SHM_RECENT)])}
+    slots_from = (AL_SHM_STREAM_SLOTS_FROM, None, 0)[al_shm_slot_stores]
     return {"bytes": s.len, "slot": s.slot, "small": s.small, "rounds": s.round, "seq": s.seq,
-            "broken_by": who if who >= 0 else None, "stores": stores,
-            "round_trip_ns": s.round_trip_ns, "far_ns": AL_SHM_FAR_NS,
-            "prefer": ("cached", "streamed")[s.prefer],
-            "stream_from": al_shm_stream_from(s), "chunk": s.chunk, "chunk_upto": s.chunk_upto}
+            "broken_by": who if who >= 0 else None, "stream_from": al_shm_stream_from(s.size),
+            "stream_slots_from": slots_from, "chunk": s.chunk, "chunk_upto": s.chunk_upto}

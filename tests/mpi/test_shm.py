@@ -10,6 +10,8 @@ import pytest
 
 import aluminum_py as al
 from aluminum_py import _core
+from aluminum_py.testing.internals import (STORES_CACHED, STORES_STREAMED, set_shm_slot_stores,
+                                           set_shm_stream_bytes, shm_info)
 from conftest import (DTYPES, WORLD, all_ranks_ok, every_rank, gather_all, make_input, ramp,
                       ramp_reference, reference, wait_for, differences)
 from test_allreduce import matrix_failures, run_allreduce
@@ -63,7 +65,7 @@ def test_matrix(comm, dtype):
 @pytest.mark.parametrize("dtype", ["int8", "float16", "float32", "float64", "complex128"])
 def test_matrix_tiny_slots(tiny, dtype):
     """Counts above the slot: many chunks, both protocols, uneven last chunks and blocks."""
-    info = _core.shm_info(tiny._state)
+    info = shm_info(tiny._state)
     if tiny.size > 1:
         assert (info["slot"], info["small"]) == (4096, 1024)
     failures = matrix_failures(tiny, "shm", [dtype], TINY_SIZES)
@@ -77,22 +79,22 @@ def test_rounds_of_rank_0s_chunk():
     blocks on both sides of the limit."""
     env = {"AL_SHM_SLOT_BYTES": "16384", "AL_SHM_SMALL_BYTES": "1024",
            "AL_SHM_CHUNK_BYTES": "4096" if WORLD.rank == 0 else "8192"}
-    _core.set_shm_stream_bytes(32768)          # rank 0's at the setup is the limit
+    set_shm_stream_bytes(32768)          # rank 0's at the setup is the limit
     try:
         c = with_env(env, al.Communicator)
     finally:
-        _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+        set_shm_stream_bytes(al.config.shm_stream_bytes())
     try:
         if c.size < 2:
             pytest.skip("no segment at one rank")
-        info = _core.shm_info(c._state)
+        info = shm_info(c._state)
         failures = [] if (info["chunk"], info["chunk_upto"]) == (4096, 32768) else [
             f"chunk {info['chunk']}, up to {info['chunk_upto']}"]
         for count, rounds in ((4000, 4), (8191, 8), (8192, 2), (10001, 3)):   # float32
             x = np.full(count, c.rank + 1, np.float32)
-            before = _core.shm_info(c._state)["rounds"]
+            before = shm_info(c._state)["rounds"]
             c.Allreduce(x, algorithm="shm")
-            got = _core.shm_info(c._state)["rounds"] - before
+            got = shm_info(c._state)["rounds"] - before
             if got != rounds or not np.all(x == c.size * (c.size + 1) // 2):
                 failures.append(f"{count} float32: {got} rounds (expected {rounds}), "
                                 f"result {x[:3]}")
@@ -107,9 +109,9 @@ def test_rounds_of_rank_0s_chunk():
 def streaming():
     """Every split-protocol allreduce of this process writes recvbuf with streaming stores
     (al_shm.h; AL_SHM_STREAM_BYTES=0) until the test ends."""
-    _core.set_shm_stream_bytes(0)
+    set_shm_stream_bytes(0)
     yield
-    _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+    set_shm_stream_bytes(al.config.shm_stream_bytes())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -120,29 +122,17 @@ def test_streaming_matrix(tiny, streaming, dtype):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
-@pytest.mark.parametrize("stores", [1, 2])
-@pytest.mark.parametrize("tile", [64, 256, 8192])
+@pytest.mark.parametrize("stores", [STORES_CACHED, STORES_STREAMED])
 @pytest.mark.parametrize("dtype", ["int8", "float16", "float32", "complex128"])
-def test_tiles(tiny, streaming, tile, stores, dtype):
-    """Other tile sizes (al_shm_tile; bench/shm_tiles.py sets them) give the same results: tiles
-    of one or two vectors, or a whole 4 KiB slot, every op, streamed recvbuf, slots written with
-    ordinary (1) or streaming (2) stores."""
-    before = _core._set_shm_tile(tile)
-    _core.set_shm_slot_stores(stores)
+def test_both_slot_stores_streamed_recvbuf(tiny, streaming, stores, dtype):
+    """Slots written with ordinary or streaming stores, recvbuf streamed: every op, many rounds
+    of 4 KiB slots, each reduced in 2 KiB tiles (AL_SHM_TILE), the last one short."""
+    set_shm_slot_stores(stores)
     try:
         failures = matrix_failures(tiny, "shm", [dtype], [1025, 9001])
     finally:
-        _core._set_shm_tile(before)
-        _core.set_shm_slot_stores(al.config.shm_slot_stores())
-    assert before == 2048
+        set_shm_slot_stores(al.config.shm_slot_stores())
     assert all_ranks_ok(not failures), every_rank(failures)
-
-
-def test_tile_out_of_range_is_refused():
-    for bad in (0, 32, 3000, 16384):
-        with pytest.raises(ValueError, match="power of two from 64 to 8192"):
-            _core._set_shm_tile(bad)
-    assert _core._set_shm_tile(2048) == 2048
 
 
 GUARD = 6                              # elements around each buffer that must stay untouched
@@ -192,7 +182,7 @@ def test_streaming_unaligned(comm, tiny, streaming, comm_name):
 def test_streaming_threshold(comm):
     """Allreduces just below, at and above AL_SHM_STREAM_BYTES (256 KiB here): the ordinary and
     the streaming path side by side, in place and not."""
-    _core.set_shm_stream_bytes(256 << 10)
+    set_shm_stream_bytes(256 << 10)
     failures = []
     try:
         for k, n in enumerate((65535, 65536, 65537)):
@@ -202,7 +192,7 @@ def test_streaming_threshold(comm):
                 failures += differences(f"n={n} inplace={inplace}", got,
                                         ramp_reference(n, k, comm.size))
     finally:
-        _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+        set_shm_stream_bytes(al.config.shm_stream_bytes())
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
@@ -277,12 +267,12 @@ def test_streaming_starts_where_the_ranks_buffers_fill_the_cache(comm):
         pytest.skip("no segment at one rank")
     cache = al.config.last_level_cache_bytes()
     try:
-        _core.set_shm_stream_bytes(None, cache)
-        got = _core.shm_info(comm._state)["stream_from"]
-        _core.set_shm_stream_bytes(3 << 20)
-        given = _core.shm_info(comm._state)["stream_from"]
+        set_shm_stream_bytes(None, cache)
+        got = shm_info(comm._state)["stream_from"]
+        set_shm_stream_bytes(3 << 20)
+        given = shm_info(comm._state)["stream_from"]
     finally:
-        _core.set_shm_stream_bytes(al.config.shm_stream_bytes())
+        set_shm_stream_bytes(al.config.shm_stream_bytes())
     failures = [] if got == cache // (2 * comm.size) else [f"by the cache: {got}"]
     failures += [] if given == 3 << 20 else [f"given 3 MiB: {given}"]
     assert all_ranks_ok(not failures), every_rank(failures)
@@ -365,18 +355,18 @@ def test_two_communicators(comm, tiny):
 
 def test_segment_made_with_the_communicator_and_freed():
     c = al.Communicator()
-    info = _core.shm_info(c._state)
+    info = shm_info(c._state)
     failures = []
     if (info is None) != (c.size == 1) or (info and info["rounds"] != 0):
         failures.append(f"segment of a new communicator: {info}")
     x = ramp(100, 1, c.rank)
     c.Allreduce(x, algorithm="shm")
-    info = _core.shm_info(c._state)
+    info = shm_info(c._state)
     failures += differences("first op", x, ramp_reference(100, 1, c.size))
     if c.size > 1 and (info is None or info["rounds"] != 1):
         failures.append(f"segment after one op: {info}")
     c.Free()
-    if _core.shm_info(c._state) is not None:
+    if shm_info(c._state) is not None:
         failures.append("segment still mapped after Free")
     assert all_ranks_ok(not failures), every_rank(failures)
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import aluminum_py as al
-from aluminum_py import _core, config
+from aluminum_py import config
+from aluminum_py.testing.internals import shm_info
 from aluminum_py import host_transfer as ht
 from conftest import WORLD, all_ranks_ok, wait_for
 
@@ -48,7 +49,7 @@ def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, mo
     monkeypatch.setattr(config, "_hang_timeout", 5.0)
     if not stream.synchronize(timeout=60):
         problems.append("the stream was not released")
-    info = _core.shm_info(comm._state)
+    info = shm_info(comm._state)
     if info["broken_by"] != 0:
         problems.append(f"shm_info: {info}")
     # rank 0: its own timeout; the peers: the mark rank 0 left, seen while they waited

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import aluminum_py as al
-from aluminum_py import _core
+from aluminum_py.testing.internals import shm_info
 from conftest import WORLD, all_ranks_ok, gather_all
 
 pytestmark = pytest.mark.mpi
@@ -52,7 +52,7 @@ def test_auto_runs_shm_on_one_node_without_a_table(no_table):
     everyone = WORLD.allgather([(ch.algorithm, ch.source) for ch in choices])
     assert all(e == everyone[0] for e in everyone)
     problems = []
-    info = _core.shm_info(c._state)
+    info = shm_info(c._state)
     if c.size == 1:                           # no segment, nothing to exchange: the tie rule
         assert info is None and {ch.algorithm for ch in choices} == {"recursive_doubling"}
     else:
@@ -60,10 +60,10 @@ def test_auto_runs_shm_on_one_node_without_a_table(no_table):
             if ch.algorithm != "shm" or ch.source != "model" or "shm sync=" not in ch.detail:
                 problems.append(f"{n} B: {ch}")
     for n in SIZES:
-        before = info and _core.shm_info(c._state)["rounds"]
+        before = info and shm_info(c._state)["rounds"]
         run_auto(c, n, problems)
         if info is not None:
-            got = _core.shm_info(c._state)["rounds"] - before
+            got = shm_info(c._state)["rounds"] - before
             if got != 2 * rounds(n, info):                  # Allreduce, then Iallreduce
                 problems.append(f"{n} B: the segment made {got} rounds, expected "
                                 f"{2 * rounds(n, info)}")
@@ -78,7 +78,7 @@ def test_auto_never_runs_shm_across_nodes(no_table, monkeypatch):
     monkeypatch.setenv("AL_NODE_LAYOUT", ",".join(map(str, range(WORLD.size))))
     c = al.Communicator()
     problems = []
-    assert _core.shm_info(c._state) is None
+    assert shm_info(c._state) is None
     for n in SIZES:
         ch = c.explain(n)
         if ch.algorithm == "shm" or "shm" in ch.detail:
