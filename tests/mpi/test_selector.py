@@ -123,7 +123,6 @@ def linear_table(tmp_path_factory, monkeypatch, buffer, prefix=""):
     path = tmp_path_factory.mktemp(f"table{WORLD.rank}") / "tuning.json"
     tuning.save(tuning.merge(tuning.empty_table(), entry), str(path))
     monkeypatch.setenv("AL_TUNING_FILE", str(path))
-    monkeypatch.setenv("AL_AUTO_LEARN", "0")    # the table's choice, not one learned in use
 
 
 def cases_input(nbytes: int) -> np.ndarray:

@@ -28,7 +28,6 @@ def no_table(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AL_TUNING_FILE", str(tmp_path_factory.mktemp("none") / "missing.json"))
     for name in ("AL_SHM_SYNC", "AL_SHM_BYTE", "AL_ALPHA", "AL_BETA", "AL_GAMMA"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AL_AUTO_LEARN", "0")    # the model's choice, not one learned in use
 
 
 def run_auto(c, nbytes: int, problems: list) -> None:
