@@ -56,7 +56,7 @@ def test_auto_runs_shm_on_one_node_without_a_table(no_table):
         assert info is None and {ch.algorithm for ch in choices} == {"recursive_doubling"}
     else:
         for n, ch in zip(SIZES, choices):
-            if ch.algorithm != "shm" or ch.source != "model" or "shm sync=" not in ch.detail:
+            if ch.algorithm != "shm" or ch.source != "model" or "shm formula" not in ch.detail:
                 problems.append(f"{n} B: {ch}")
     for n in SIZES:
         before = info and _core.shm_info(c._state)["rounds"]
