@@ -39,8 +39,8 @@ from mpi4py import MPI
 
 import aluminum_py as al
 from aluminum_py import _core
-from aluminum_py.bench.timing import (interleaved_orders, iterations, parse_bytes, recvbuf_like,
-                                      shm_stores_class, size_sweep, time_interleaved)
+from aluminum_py.bench.timing import (iterations, parse_bytes, recvbuf_like, size_sweep,
+                                      time_interleaved)
 from peers_summary import paired_worst  # noqa: E402  (bench/, the script's directory)
 
 
@@ -84,50 +84,6 @@ def gloo_allreduce(world):
         t = torch.from_numpy(send.copy())
         return contender(lambda: dist.all_reduce(t), t.numpy)
     return factory
-
-
-def learn(world, comm, calls: dict, nbytes: int, salt: int) -> dict:
-    """Run the contenders `calls` as the timing does (interleaved in random order, a barrier
-    before each) until the "auto" contender's size class has committed (AL_AUTO_LEARN:
-    aluminum_py.learning): the table shows auto as it runs in a long program, having learned
-    in the conditions it is timed in.  (Learning from `auto` alone, called back to back, chose
-    Rabenseifner at 256 KiB-1 MiB, where in the interleaved timing recursive doubling and shm
-    were 1.5-2x faster: issue 31.)  The row records what learning cost: learn_calls (auto's
-    calls), learn_us (their total time on this rank) and, for a power-of-two size, learned:
-    the learner's prior, choice, rounds (decided on), state_change (the round from which they
-    were taken, where the machine changed state during learning; None), shifts (every shift
-    the state-change test saw: round, seconds after it, taken or let go), in_doubt (the
-    contenders still tied with the prior at the longest schedule), medians (us), the
-    challengers' rounds won, times_us (each contender's sample per round) and shm_stores (shm's slot stores in the size's class
-    once learning is over: calls, streamed, cost per kind, backoff; see al_shm.h)."""
-    auto = calls.get("auto")
-    if auto is None or comm._host.learning is None:
-        return {}
-    names, spent, n, rounds = list(calls), 0.0, 0, 0
-    orders = interleaved_orders(len(names), 2000, salt=(salt, 7))   # drawn before any call
-    while comm.explain(nbytes).source != "learned" and n < 2000:
-        for i in orders[rounds]:
-            world.Barrier()
-            t0 = time.perf_counter()
-            calls[names[i]]()
-            if names[i] == "auto":
-                spent += time.perf_counter() - t0
-                n += 1
-        rounds += 1
-    out = {"learn_calls": n, "learn_us": spent * 1e6}
-    for r in comm._host.learning.learned():     # what learning saw: for a run that goes wrong
-        if r["bytes"] == nbytes and r["itemsize"] == 4:
-            out["learned"] = {"prior": r["prior"], "choice": r["choice"], "rounds": r["rounds"],
-                              "state_change": r["state_change"], "shifts": r["shifts"],
-                              "in_doubt": r["in_doubt"],
-                              "medians_us": {a: t * 1e6 for a, t in r["medians"].items()},
-                              "wins": r["wins"],
-                              "times_us": {a: [round(t * 1e6, 1) if t == t else None for t in ts]
-                                           for a, ts in r["times"].items()}}
-    info = _core.shm_info(comm._state)          # shm's slot stores in this size's class then
-    if info is not None and "learned" in out:
-        out["learned"]["shm_stores"] = shm_stores_class(info, nbytes)
-    return out
 
 
 def memory_bound(nbytes: int, p: int, copy_bw: float, add_bw: float) -> float:
@@ -237,7 +193,7 @@ def main(argv=None) -> int:
                          "environment's, else 1)")
     ap.add_argument("--run-length", type=int, default=1,
                     help="calls of a contender in a row per turn, the last one timed (1: single "
-                         "calls, each after another contender's; 3: as learning times them)")
+                         "calls, each after another contender's; 3: as a loop of one size runs them)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.run_length < 1:
@@ -292,7 +248,6 @@ def main(argv=None) -> int:
         wrong = check(world, calls, n // 4, skipped)
         factories = {k: f for k, f in factories.items() if k in calls}
         wrong_any = wrong_any or bool(wrong)
-        learning = learn(world, comm, calls, n, salt=n)
         lo = args.large_min_iters if n >= large else args.min_iters
         iters = iterations(world, calls, args.budget / args.run_length, lo=lo)
         samples = time_interleaved(world, calls, iters, salt=n, run=args.run_length)
@@ -300,7 +255,7 @@ def main(argv=None) -> int:
         row = {"bytes": n, "iterations": iters,
                **{k: v * 1e6 for k, v in med.items()},
                **{f"{k}_min": float(v.min()) * 1e6 for k, v in samples.items()},
-               "algorithm": comm.explain(n).algorithm, "wrong": wrong, **learning,
+               "algorithm": comm.explain(n).algorithm, "wrong": wrong,
                # where each contender's recvbuf starts in its page, and the sendbuf's (this
                # rank's): a copy's speed depends on the two (docs/performance.md, "A recvbuf
                # just ahead of the sendbuf")
@@ -346,17 +301,6 @@ def main(argv=None) -> int:
                 print(f"# auto over each contender, paired by iteration (median of the ratios): "
                       f"worst {worst[0]:.2f}x at {worst[1]} B (against {worst[2]}); within 1.10x "
                       f"at {sum(p[0] <= 1.10 for p in paired)} of {len(paired)} sizes")
-            learned = [r for r in rows if "learn_calls" in r]
-            if learned:
-                print(f"# auto learned in use before the timing (AL_AUTO_LEARN): "
-                      f"{sum(r['learn_calls'] for r in learned)} calls at {len(learned)} sizes, "
-                      f"{sum(r['learn_us'] for r in learned) / 1e3:.1f} ms in all on rank 0")
-            for r in (comm._host.learning.learned() if comm._host.learning else ()):
-                if r["choice"] != r["prior"]:
-                    medians = ", ".join(f"{a} {t * 1e6:.1f}" for a, t in
-                                        sorted(r["medians"].items(), key=lambda kv: kv[1]))
-                    print(f"#   learned at {r['bytes']} B: {r['prior']} -> {r['choice']} (medians "
-                          f"us: {medians}; rounds won: {r['wins']})")
         print(f"# memory bandwidth (one core): copy {copy_bw / 1e9:.2f} GB/s, add (output) "
               f"{add_bw / 1e9:.2f} GB/s; bound at {big['bytes']} B: {bound:.0f} us; "
               + "; ".join(f"{k} {big[k]:.0f} us = {big[k] / bound:.2f}x" for k in columns
