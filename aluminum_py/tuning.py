@@ -291,41 +291,47 @@ class Override(NamedTuple):
 
 
 def verdicts(sizes, passes: list, model: list, usable) -> list:
-    """Per measured size, the best alternative to `model` (the model's choice per size) among
-    the `usable` algorithms timed in every one of `passes`: the one with the largest margin
-    among those beyond noise, else the largest margin; None where nothing compares (fewer
-    than MIN_PASSES passes, the model's choice not timed)."""
+    """Per measured size, every alternative to `model` (the model's choice per size) among the
+    `usable` algorithms timed in each of `passes`, as Verdicts, the best first (beyond noise,
+    then the largest margin); an empty list where nothing compares (fewer than MIN_PASSES
+    passes, the model's choice not timed)."""
     out = []
     for i in range(len(sizes)):
-        m = model[i]
-        if len(passes) < MIN_PASSES or m not in passes[0]:
-            out.append(None)
-            continue
-        tm = [p[m][i] for p in passes]
-        vs = []
-        for a in passes[0]:
-            if a != m and a in usable:
-                ta = [p[a][i] for p in passes]
-                vs.append(Verdict(a, m, min(x / y for x, y in zip(tm, ta)),
-                                  max(max(tm) / min(tm), max(ta) / min(ta)) - 1))
-        out.append(max(vs, key=lambda v: (v.beyond_noise, v.margin), default=None))
+        m, vs = model[i], []
+        if len(passes) >= MIN_PASSES and m in passes[0]:
+            tm = [p[m][i] for p in passes]
+            for a in passes[0]:
+                if a != m and a in usable:
+                    ta = [p[a][i] for p in passes]
+                    vs.append(Verdict(a, m, min(x / y for x, y in zip(tm, ta)),
+                                      max(max(tm) / min(tm), max(ta) / min(ta)) - 1))
+        out.append(sorted(vs, key=lambda v: (v.beyond_noise, v.margin), reverse=True))
     return out
 
 
 def overrides(sizes, found: list) -> list:
-    """The ranges of `found` (:func:`verdicts`) where one alternative is beyond noise at
-    MIN_RUN or more neighbouring sizes; a single size is an island, not a range."""
-    out, run = [], []
-    for i, v in enumerate(found + [None]):
-        if run and (v is None or not v.beyond_noise or v.algorithm != found[run[0]].algorithm):
-            if len(run) >= MIN_RUN:
-                vs = [found[j] for j in run]
-                out.append(Override(vs[0].algorithm, vs[0].model, sizes[run[0]], sizes[run[-1]],
-                                    min(v.margin for v in vs), max(v.spread for v in vs)))
-            run = []
-        if v is not None and v.beyond_noise:
-            run.append(i)
-    return out
+    """The ranges where one alternative is beyond noise (:func:`verdicts`) at MIN_RUN or more
+    neighbouring sizes (a single size is an island, not a range); where two such ranges
+    overlap, the longer (then the one of larger margin) is kept."""
+    runs = []
+    for a in {v.algorithm for vs in found for v in vs}:
+        at = [next((v for v in vs if v.algorithm == a and v.beyond_noise), None) for vs in found]
+        i = 0
+        while i < len(at):
+            j = i
+            while j < len(at) and at[j] is not None:
+                j += 1
+            if j - i >= MIN_RUN:
+                vs = at[i:j]
+                runs.append((i, j, Override(a, vs[0].model, sizes[i], sizes[j - 1],
+                                            min(v.margin for v in vs),
+                                            max(v.spread for v in vs))))
+            i = j + 1
+    taken = []
+    for i, j, o in sorted(runs, key=lambda r: (r[0] - r[1], -r[2].margin, r[2].algorithm)):
+        if all(j <= ti or i >= tj for ti, tj, _ in taken):
+            taken.append((i, j, o))
+    return [o for _, _, o in sorted(taken, key=lambda r: r[0])]
 
 
 # ---- the rule

@@ -304,15 +304,25 @@ def test_verdicts_and_overrides():
     model = ["a"] * 5
     passes = [{"a": [1.0] * 5, "b": [2, 0.5, 0.5, 2, 0.5], "c": [2, 0.8, 0.6, 0.6, 2]}] * 3
     found = tuning.verdicts(sizes, passes, model, ("a", "b", "c"))
-    assert [v.algorithm for v in found] == ["b", "b", "b", "c", "b"]
-    assert found[0].margin == 0.5 and not found[0].beyond_noise
+    assert [vs[0].algorithm for vs in found] == ["b", "b", "b", "c", "b"]
+    assert found[0][0].margin == 0.5 and not found[0][0].beyond_noise
+    # c beats the model at 8..32, b at 8..16 and 64 (an island): the longer range is kept
+    assert tuning.overrides(sizes, found) == [tuning.Override("c", "a", 8, 32, 1 / 0.8, 0.0)]
+    found = tuning.verdicts(sizes, passes, model, ("a", "b"))
     assert tuning.overrides(sizes, found) == [tuning.Override("b", "a", 8, 16, 2.0, 0.0)]
-    # c alone: 8..32 (a range of its own), b not usable
-    found = tuning.verdicts(sizes, passes, model, ("a", "c"))
-    [o] = tuning.overrides(sizes, found)
-    assert (o.algorithm, o.min_bytes, o.max_bytes, o.margin) == ("c", 8, 32, 1 / 0.8)
     # the model's choice not timed (GPU "ht_auto"): nothing compares
-    assert tuning.verdicts(sizes, passes, ["x"] * 5, ("a", "b")) == [None] * 5
+    assert tuning.verdicts(sizes, passes, ["x"] * 5, ("a", "b")) == [[]] * 5
+
+
+def test_a_range_is_one_algorithms_even_where_another_wins_a_size_in_it():
+    """mpi 2x faster than the model from 16 KiB to 1 MiB; hierarchical 2.5x at 256 KiB alone:
+    the range is mpi's, whole (per-size winners would leave islands only)."""
+    e = overriding_entry(at=range(6, 10))
+    for p in e["passes"]:
+        p["hierarchical"] = [t * 3 for t in p["mpi"]]
+        p["hierarchical"][8] = p["mpi"][8] / 1.25
+    [o] = chooser_for([e], usable=USABLE + ("hierarchical",)).overrides[4]
+    assert (o.algorithm, o.min_bytes, o.max_bytes) == ("mpi", SIZES[6], SIZES[9])
 
 
 def test_table_of_another_topology_never_serves():
@@ -392,7 +402,7 @@ def test_crossover_describes_where_it_overrides_and_where_it_keeps_the_model():
     model = [cheapest(2, n, PARAMS) for n in SIZES]
     found = tuning.verdicts(SIZES, e["passes"], model, USABLE)
     run = {"sizes": SIZES, "passes": e["passes"],
-           "verdicts": [None if v is None else list(v) for v in found]}
+           "verdicts": [[list(v) for v in vs] for vs in found]}
     text = "\n".join(describe_overrides(run))
     assert f"overrides the model: mpi 64 B..256 B (the model's {model[2]}; at least 2.00x" in text
     assert f"keeps the model at {len(SIZES) - 2} of {len(SIZES)} sizes" in text

@@ -59,8 +59,8 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
     algorithm lists (one value per size) under median / min / max (seconds, over every pass's
     samples) and busbw (bytes/s), fastest (per size, the lowest median), passes (per pass, per
     algorithm, its median per size), model (per size, the choice of auto's rule without a
-    table) and verdicts (per size, tuning.verdicts' best alternative to the model, as a
-    list [algorithm, model, margin, spread], or None).  GPU buffers: every call ends with a
+    table) and verdicts (per size, tuning.verdicts' alternatives to the model, the best
+    first, each a list [algorithm, model, margin, spread]).  GPU buffers: every call ends with a
     stream sync."""
     from .. import tuning
     dt = np.dtype(dtype)
@@ -94,7 +94,7 @@ def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, bud
     model = (tuning.gpu_model if buffer == "cuda" else comm._host.chooser.model)
     run["model"] = [model(n, dt.itemsize).algorithm for n in sizes]
     found = tuning.verdicts(sizes, medians, run["model"], [a for a in algorithms if a != "auto"])
-    run["verdicts"] = [None if v is None else list(v) for v in found]
+    run["verdicts"] = [[list(v) for v in vs] for vs in found]
     return run
 
 
@@ -122,11 +122,11 @@ def _contenders(comm, nbytes, dt, algorithms, nonblocking, buffer, shared_recv) 
     return {a: contender(a) for a in algorithms}
 
 
-def _verdict(v) -> str:
-    """A size's verdict (a list as sweep stores it, or None) in a few characters."""
-    if v is None:
+def _verdict(vs) -> str:
+    """A size's best verdict (sweep's lists) in a few characters."""
+    if not vs:
         return "-"
-    alg, _, margin, spread = v
+    alg, _, margin, spread = vs[0]
     return f"{alg} {margin:.2f}x/{spread:.0%}"
 
 
@@ -158,16 +158,17 @@ def describe_overrides(run: dict) -> list[str]:
     if len(run["passes"]) < MIN_PASSES:
         return [f"# {len(run['passes'])} passes: the table overrides the model only with "
                 f"{MIN_PASSES} or more; auto keeps the model at every size"]
-    found = [None if v is None else Verdict(*v) for v in run["verdicts"]]
+    found = [[Verdict(*v) for v in vs] for vs in run["verdicts"]]
     ranges = overrides(sizes, found)
+    best = [vs[0] if vs else None for vs in found]
     lines = [f"# overrides the model: {o.algorithm} {human(o.min_bytes)}..{human(o.max_bytes)} "
              f"(the model's {o.model}; at least {o.margin:.2f}x faster in every pass, spread "
              f"between passes at most {o.spread:.0%})" for o in ranges]
     covered = {i for o in ranges for i, n in enumerate(sizes) if o.min_bytes <= n <= o.max_bytes}
     islands = [f"{v.algorithm} at {human(n)} ({v.margin:.2f}x)" for i, (n, v) in
-               enumerate(zip(sizes, found)) if v is not None and v.beyond_noise and i not in covered]
+               enumerate(zip(sizes, best)) if v is not None and v.beyond_noise and i not in covered]
     noise = [f"{human(n)} ({v.algorithm} {v.margin:.2f}x, spread {v.spread:.0%})"
-             for n, v in zip(sizes, found) if v is not None and not v.beyond_noise and v.margin > 1]
+             for n, v in zip(sizes, best) if v is not None and not v.beyond_noise and v.margin > 1]
     kept = len(sizes) - len(covered)
     lines.append(f"# keeps the model at {kept} of {len(sizes)} sizes" + (":" if kept else ""))
     if islands:
