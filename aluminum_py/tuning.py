@@ -10,6 +10,7 @@ inputs give the same choice.  The file format is in docs/tuning.md.
 """
 from __future__ import annotations
 
+import bisect
 import datetime
 import json
 import math
@@ -280,7 +281,8 @@ class Verdict(NamedTuple):
 
 
 class Override(NamedTuple):
-    """A range of measured sizes where the table's algorithm replaces the model's choice."""
+    """A range of neighbouring measured sizes where one algorithm beat the model's choice
+    beyond noise at every size: the table may run it there."""
 
     algorithm: str
     model: str          # the model's choice at the range's first size
@@ -288,6 +290,7 @@ class Override(NamedTuple):
     max_bytes: int
     margin: float       # the least margin over the range's sizes
     spread: float       # the largest spread over them
+    margins: tuple = ()     # the margin at each measured size of the range
 
 
 def verdicts(sizes, passes: list, model: list, usable) -> list:
@@ -310,11 +313,12 @@ def verdicts(sizes, passes: list, model: list, usable) -> list:
 
 
 def overrides(sizes, found: list) -> list:
-    """The ranges where one alternative is beyond noise (:func:`verdicts`) at MIN_RUN or more
-    neighbouring sizes (a single size is an island, not a range); where two such ranges
-    overlap, the longer (then the one of larger margin) is kept."""
-    runs = []
-    for a in {v.algorithm for vs in found for v in vs}:
+    """Every range where one alternative is beyond noise (:func:`verdicts`) at MIN_RUN or
+    more neighbouring sizes (a single size is an island, not a range), by algorithm, then
+    size.  Ranges of several algorithms may overlap: :meth:`Chooser.explain` takes, at each
+    size, the one of the largest margin there."""
+    out = []
+    for a in sorted({v.algorithm for vs in found for v in vs}):
         at = [next((v for v in vs if v.algorithm == a and v.beyond_noise), None) for vs in found]
         i = 0
         while i < len(at):
@@ -323,15 +327,11 @@ def overrides(sizes, found: list) -> list:
                 j += 1
             if j - i >= MIN_RUN:
                 vs = at[i:j]
-                runs.append((i, j, Override(a, vs[0].model, sizes[i], sizes[j - 1],
-                                            min(v.margin for v in vs),
-                                            max(v.spread for v in vs))))
+                out.append(Override(a, vs[0].model, sizes[i], sizes[j - 1],
+                                    min(v.margin for v in vs), max(v.spread for v in vs),
+                                    tuple(v.margin for v in vs)))
             i = j + 1
-    taken = []
-    for i, j, o in sorted(runs, key=lambda r: (r[0] - r[1], -r[2].margin, r[2].algorithm)):
-        if all(j <= ti or i >= tj for ti, tj, _ in taken):
-            taken.append((i, j, o))
-    return [o for _, _, o in sorted(taken, key=lambda r: r[0])]
+    return out
 
 
 # ---- the rule
@@ -431,9 +431,13 @@ class Chooser:
             base.detail += (f"; no tuning entry for {self.topology} and {dtype_size}-byte "
                             f"elements{other}")
             return base
-        for o in self.overrides[dtype_size]:
-            if o.min_bytes <= nbytes <= o.max_bytes:
-                return Choice(o.algorithm, "table",
+        covering = [o for o in self.overrides[dtype_size] if o.min_bytes <= nbytes <= o.max_bytes]
+        if covering:
+            # the largest margin at the measured size at or below nbytes (in every covering range)
+            sizes = entry["sizes"]
+            at = sizes.index(sizes[bisect.bisect_right(sizes, nbytes) - 1])
+            o = max(covering, key=lambda o: o.margins[at - sizes.index(o.min_bytes)])
+            return Choice(o.algorithm, "table",
                               f"the tuning entry for {self.topology}, {dtype_size}-byte "
                               f"elements, overrides the model's {o.model} from {o.min_bytes} "
                               f"to {o.max_bytes} B: at least {o.margin:.2f}x faster in each "

@@ -306,10 +306,15 @@ def test_verdicts_and_overrides():
     found = tuning.verdicts(sizes, passes, model, ("a", "b", "c"))
     assert [vs[0].algorithm for vs in found] == ["b", "b", "b", "c", "b"]
     assert found[0][0].margin == 0.5 and not found[0][0].beyond_noise
-    # c beats the model at 8..32, b at 8..16 and 64 (an island): the longer range is kept
-    assert tuning.overrides(sizes, found) == [tuning.Override("c", "a", 8, 32, 1 / 0.8, 0.0)]
-    found = tuning.verdicts(sizes, passes, model, ("a", "b"))
-    assert tuning.overrides(sizes, found) == [tuning.Override("b", "a", 8, 16, 2.0, 0.0)]
+    # b beats the model at 8..16 (and 64: an island), c at 8..32: both ranges, which overlap
+    assert tuning.overrides(sizes, found) == [
+        tuning.Override("b", "a", 8, 16, 2.0, 0.0, (2.0, 2.0)),
+        tuning.Override("c", "a", 8, 32, 1.25, 0.0, (1.25, 1 / 0.6, 1 / 0.6))]
+    # where they overlap, the larger margin at the measured size at or below
+    entry = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, passes)
+    c = Chooser(lambda n, ds: tuning.Choice("a", "model", "m"), {4: entry}, ("a", "b", "c"))
+    assert [c.choose(n, 4) for n in (4, 8, 12, 16, 24, 32, 48, 64)] == \
+        ["a", "b", "b", "b", "c", "c", "a", "a"]
     # the model's choice not timed (GPU "ht_auto"): nothing compares
     assert tuning.verdicts(sizes, passes, ["x"] * 5, ("a", "b")) == [[]] * 5
 
