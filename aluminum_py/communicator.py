@@ -108,9 +108,13 @@ class Communicator:
         a GPU buffer, else the host backend."""
         if buf is None or type(buf) is _ndarray or not is_gpu_buffer(buf):
             return self._host
-        _core.check_not_forked(f"{name} is a GPU buffer")    # before any CUDA or NCCL call
+        return self._gpu_backend(f"{name} is a GPU buffer")
+
+    def _gpu_backend(self, what: str) -> GpuBackend:
+        """The GPU backend, made on first use (on the default stream)."""
+        _core.check_not_forked(what)        # before any CUDA or NCCL call
         if self._gpu is None:
-            require_cuda(f"{name} is a GPU buffer")
+            require_cuda(what)
             self._gpu = self._make_gpu(None)
         return self._gpu
 
@@ -491,6 +495,15 @@ class Communicator:
                   sendtag: int | None = None, recvtag: int | None = None) -> Request:
         return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False, sendtag, recvtag,
                               None)
+
+    def p2p_group(self):
+        """``with comm.p2p_group(): ...``: the nonblocking point-to-point calls on GPU buffers
+        in the block (Isend, Irecv, Isendrecv) launch as one NCCL group when it ends; inside
+        it, waiting for their requests or any other GPU operation on the communicator raises
+        aluminum_py.Error. Without it, consecutive such calls are one group already, launched
+        at the first Wait/Test of one of them or the next other GPU operation (docs/gpu.md,
+        "Point-to-point: one NCCL group per batch"). Needs a CUDA device."""
+        return self._gpu_backend("p2p_group").p2p_group()
 
     # ------------------------------------------------------------------ scans (issue 29)
     def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):

@@ -389,7 +389,7 @@ def shm_model_params() -> tuple[float, float]:
     cost every algorithm pays is not in either).  Rank 0's values are used.
 
     Defaults, on the reference 2-core machine (docs/tuning.md, "The shm formula"): AL_SHM_BYTE
-    fitted by least squares to a quiet 2-rank run, bench/results/shm_2ranks.json; AL_SHM_SYNC,
+    fitted by least squares to a quiet 2-rank run, docs/data/shm_2ranks.json; AL_SHM_SYNC,
     which that fit puts at 0 (below what it resolves), the round trip of a cache line between
     two processes (a C ping-pong)."""
     return (_model("AL_SHM_SYNC", 2.0e-7), _model("AL_SHM_BYTE", 2.7e-11))

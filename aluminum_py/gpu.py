@@ -225,11 +225,14 @@ class GpuRequest:
     of the op's host part (al.MPIError, or al.TimeoutError after AL_HANG_TIMEOUT) once it is
     known; ``Wait(timeout=t)`` waits at most `t` seconds for the host part to finish. The op's
     buffers are kept alive until it has completed on the device, whether or not the request
-    is kept."""
+    is kept. A point-to-point request whose batch is not launched yet (no event) launches it
+    at its first ``Wait`` or ``Test``."""
 
-    def __init__(self, backend, event: int, algorithm: str, host_request=None):
+    def __init__(self, backend, event: int | None, algorithm: str, host_request=None,
+                 batch=None):
         self._b, self._event, self.algorithm = backend, event, algorithm
         self._host = host_request
+        self._batch, self._failure = batch, None
 
     def Wait(self, timeout: float | None = None) -> None:
         """Make the bound stream wait for the op (the host does not block).
@@ -243,6 +246,8 @@ class GpuRequest:
             aluminum_py.MPIError: the host part failed.
         """
         _core.check_not_forked("GpuRequest.Wait")          # before any driver call
+        if self._event is None:
+            self._b.launch_request(self, "GpuRequest.Wait")
         if self._host is not None:
             if timeout is not None:
                 try:
@@ -265,11 +270,15 @@ class GpuRequest:
     def Test(self) -> bool:
         """True once the op has completed on the device (raises its host part's failure)."""
         _core.check_not_forked("GpuRequest.Test")
+        if self._event is None:
+            self._b.launch_request(self, "GpuRequest.Test")
         if self._host is not None and self._host.done:
             self._b.report(self._host, 0.0)
         return self._b.device.event_query(self._event)
 
     def __del__(self):
+        if self._event is None:
+            return
         try:
             self._b.device.event_destroy(self._event)
         except Exception:

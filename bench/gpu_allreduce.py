@@ -404,10 +404,10 @@ def main(argv=None) -> int:
     bench = Bench(args, world, native, comm, stream, cupy_comm)
     sizes = sizes_pow4(args.min_bytes, args.max_bytes)
     names = ["nccl"] + HT + ["auto", "inccl"] + (["cupy"] if cupy_comm is not None else []) + ["naive"]
-    info = {"ranks": world.Get_size(), "ranks_per_gpu": sharing,
+    import harness          # bench/: the run's stamp (date, command, MPI library, load)
+    info = {**harness.stamp(world), "ranks_per_gpu": sharing,
             "device": device_name(cp, index),
             "nccl": ".".join(map(str, al.nccl.get_version())), "cupy": cp.__version__,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
             "nccl_hostid_set_here": set_here, "quick": q, "budget_s": args.budget}
     if cupy_comm is not None:
         from cupy.cuda import nccl as cn
@@ -415,6 +415,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"# GPU allreduce float32 SUM out of place, {info['ranks']} ranks on "
               f"{info['device']} ({sharing} rank(s) per GPU{', NCCL_HOSTID set per rank' if set_here else ''})")
+        print(f"# {info['command']}; {info['date']}, load {info['load']} on {info['cpus']} CPUs")
         print(f"# NCCL {info['nccl']}, CuPy {info['cupy']}"
               f"{' (its NCCL ' + info['cupy_nccl'] + ')' if 'cupy_nccl' in info else ''}, {info['mpi']}")
         if cupy_why:

@@ -1,41 +1,37 @@
-"""`hierarchical` over the nodes' segments: its two forms at every size, next to its point-to-point
-form and MPICH, same run, interleaved (docs/algorithms.md, "Hierarchical").
+"""``hierarchical`` over the nodes' segments: its two forms at every size, next to its
+point-to-point form and mpi4py's Allreduce (the peer), one run, interleaved (docs/algorithms.md,
+"Hierarchical").
 
-    mpiexec -n 4 python bench/hierarchical_forms.py [--min-bytes 4] [--max-bytes 16MiB]
-        [--dtype float32] [--iters N]
+    AL_NODE_LAYOUT=0,0,1,1 mpiexec -n 4 python bench/hierarchical_forms.py [--sizes 4:16MiB]
+        [--dtype float32] [--iters N | --budget S] [--json F] [--csv F]
 
-Needs several nodes with several ranks each, emulated (``bench cluster --nodes 2``, or
-``AL_NODE_LAYOUT=0,0,1,1``).  Contenders: ``tree`` (shm allreduce in the node, leaders'
-allreduce, shm bcast: the first form at every size), ``split`` (shm reduce-scatter, allreduce
-of each rank's block between nodes, shm allgather: the second form at every size),
-``hierarchical`` (what the library runs: the first form below ``HIER_SHM_SPLIT_FROM``
-elements), ``hierarchical_p2p`` (point-to-point inside the nodes too) and mpi4py's
-``Allreduce``.  Each form is a Communicator whose node segments are told where the second form
-starts (``NodeSegments.split_from``, the same on every rank).  Same table as
-``allreduce_vs_mpi.py``: the median of the slowest rank's times, microseconds, ratio to mpi4py.
+Needs several nodes with several ranks each, real or emulated (``bench cluster --nodes 2``, or
+``AL_NODE_LAYOUT``).  Contenders: ``tree`` (shm allreduce in the node, the leaders' allreduce,
+shm bcast: the first form at every size), ``split`` (shm reduce-scatter, an allreduce of each
+rank's block between nodes, shm allgather: the second form at every size), ``hierarchical``
+(what the library runs: the first form below ``HIER_SHM_SPLIT_FROM`` elements, the second
+from there), ``hierarchical_p2p`` (point to point inside the nodes too) and ``mpi4py``.  Each
+form is a Communicator whose node segments are told where the second form starts (the same on
+every rank).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
-from aluminum_py.bench.timing import parse_bytes, size_sweep, time_interleaved
+
+import harness
 
 FORMS = {"tree": 1 << 62, "split": 0}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--min-bytes", default="4")
-    ap.add_argument("--max-bytes", default="16MiB")
+    ap = harness.options(__doc__, sizes="4:16MiB", budget=0.5)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--iters", type=int, default=0, help="iterations per size (0: by size)")
-    args = ap.parse_args(argv)
-
+    args = harness.parse(ap, argv)
     world = MPI.COMM_WORLD
     native = world.Dup()
     comms = {"hierarchical": al.Communicator()}
@@ -48,37 +44,32 @@ def main(argv=None) -> int:
             return 2
         segments.split_from = split_from
     dtype = np.dtype(args.dtype)
-    names = ["mpi4py", "hierarchical_p2p", "tree", "split", "hierarchical"]
-    if world.rank == 0:
-        print(f"# allreduce {args.dtype} SUM, {world.size} ranks, layout "
-              f"{comms['tree']._host.layout}, {MPI.Get_library_version().splitlines()[0]}")
-        print("# median over iterations of the max over ranks, microseconds; ratio = time / mpi4py")
-        print(f"{'bytes':>10} {'mpi4py':>10}" + "".join(f" {n:>20}" for n in names[1:]))
-    for nbytes in size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes),
-                             dtype.itemsize):
-        send = np.ones(nbytes // dtype.itemsize, dtype=dtype)
-        recv = np.empty_like(send)
-        iters = args.iters or int(min(300, max(5, (256 << 20) // max(nbytes, 1) // 8)))
-
-        def run(name):
+    report = harness.Report(world, args, f"allreduce {args.dtype} SUM, layout "
+                            f"{comms['tree']._host.layout}", keys=["bytes"],
+                            ours=["hierarchical", "tree", "split", "hierarchical_p2p"],
+                            peers=["mpi4py"])
+    for nbytes in harness.sizes(args.sizes, dtype.itemsize):
+        send = (np.arange(nbytes // dtype.itemsize) % 7 + world.rank).astype(dtype)
+        fns = {}
+        for name in ("mpi4py", "hierarchical", "tree", "split", "hierarchical_p2p"):
+            recv = np.empty_like(send)
             if name == "mpi4py":
-                return lambda: native.Allreduce(send, recv, op=MPI.SUM)
-            c = comms["hierarchical" if name == "hierarchical_p2p" else name]
-            alg = "hierarchical_p2p" if name == "hierarchical_p2p" else "hierarchical"
-            return lambda: c.Allreduce(send, recv, algorithm=alg)
-
-        fns = {name: run(name) for name in names}
-        for f in fns.values():          # warm-up
-            f()
-        samples = time_interleaved(world, fns, iters)
-        med = [float(np.median(samples[n])) * 1e6 for n in names]
-        if world.rank == 0:
-            print(f"{nbytes:>10} {med[0]:>10.1f}"
-                  + "".join(f" {m:>11.1f} ({m / med[0]:4.2f}x)" for m in med[1:]), flush=True)
+                call = (lambda r=recv: native.Allreduce(send, r, op=MPI.SUM))
+            else:
+                c = comms["hierarchical" if name == "hierarchical_p2p" else name]
+                alg = "hierarchical_p2p" if name == "hierarchical_p2p" else "hierarchical"
+                call = (lambda c=c, a=alg, r=recv: c.Allreduce(send, r, algorithm=a))
+            call.result = (lambda r=recv: r)
+            fns[name] = call
+        fns["mpi4py"]()
+        wrong, _ = harness.check(world, fns, dict.fromkeys(fns, fns["mpi4py"].result().copy()))
+        samples = harness.measure(world, fns, args.iters, args.budget, salt=nbytes)
+        report.row({"bytes": nbytes}, harness.medians_us(samples), wrong)
+    rc = report.finish()
     for c in comms.values():
         c.Free()
     native.Free()
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

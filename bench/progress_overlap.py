@@ -1,18 +1,21 @@
-"""Does the progress engine progress while the caller computes, and what does it cost the caller?
+"""Does a nonblocking allreduce progress while the caller computes, and what does it cost the
+caller?  Ours (the progress engine thread) against mpi4py's ``Iallreduce`` (the peer), one run,
+interleaved.
 
-    mpiexec -n 2 python bench/progress_overlap.py [--mib 16] [--algorithm auto] [--iters 15]
+    mpiexec -n 2 python bench/progress_overlap.py [--sizes 16MiB] [--algorithm auto]
+        [--iters N | --budget S] [--json F] [--csv F]
 
-1. t_op: median time of a blocking Allreduce of the message.
-2. Iallreduce, then the caller sleeps for 3 t_op (time.sleep) or spins in pure Python for 3 t_op
-   (holding the GIL), then Waits: reports the time left to wait as a fraction of t_op (0 means
-   the op completed entirely in the background).
-3. Polling cost to a GIL-holding caller: pure-Python work done in the 3 t_op window that starts
-   with the Iallreduce, and loop throughput while the op is in flight, both relative to the
-   same loop with no op in flight.
+``t_op`` is the median time of our blocking Allreduce of the message.  Then, per mode, each
+contender starts its Iallreduce, the caller works for 3 t_op (``sleep``: ``time.sleep``, the GIL
+released; ``spin``: a pure-Python loop holding the GIL) and Waits; a sample is the slowest
+rank's time from the start to the end of the Wait.  With a perfect overlap it is 3 t_op; with
+none (MPI's progress only inside its calls), 4 t_op.  ``left_pct`` is each contender's median
+time left to Wait after the work, in percent of t_op.  The last line gives the pure-Python
+work done while our op is in flight, in percent of the same loop with no op in flight (the
+cost of the engine thread to a GIL-holding caller).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -21,11 +24,12 @@ from mpi4py import MPI
 
 import aluminum_py as al
 
+import harness
+
 
 def spin(seconds: float) -> int:
-    """Pure-Python busy loop (holds the GIL); returns iterations done."""
-    n = 0
-    end = time.perf_counter() + seconds
+    """A pure-Python busy loop (holds the GIL); returns the iterations done."""
+    n, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         for _ in range(100):
             n += 1
@@ -33,72 +37,62 @@ def spin(seconds: float) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=float, default=16)
+    ap = harness.options(__doc__, sizes="16MiB", budget=2.0)
     ap.add_argument("--algorithm", default="auto")
-    ap.add_argument("--iters", type=int, default=15)
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
     world = MPI.COMM_WORLD
     comm = al.Communicator()
-    x = np.ones(int(args.mib * (1 << 20)) // 4, dtype=np.float32)
-    y = np.empty_like(x)
+    native = world.Dup()
+    report = harness.Report(world, args, f"Iallreduce float32 SUM, algorithm={args.algorithm}, "
+                            "then 3 t_op of work, then Wait", keys=["bytes", "mode"],
+                            ours=["aluminum_py"], peers=["mpi4py"])
+    for nbytes in harness.sizes(args.sizes, 4):
+        x = np.ones(nbytes // 4, dtype=np.float32)
+        ys = {k: np.empty_like(x) for k in ("aluminum_py", "mpi4py")}
+        t = harness.measure(world, {"t_op": lambda: comm.Allreduce(x, ys["aluminum_py"],
+                                                                    algorithm=args.algorithm)},
+                            args.iters, args.budget, salt=nbytes)["t_op"]
+        t_op = float(np.median(t))
+        for mode in ("sleep", "spin"):
+            work = (lambda: time.sleep(3 * t_op)) if mode == "sleep" else (lambda: spin(3 * t_op))
+            left = {k: [] for k in ys}
 
-    def max_over_ranks(v: float) -> float:
-        return world.allreduce(v, op=MPI.MAX)
-
-    t = []
-    for _ in range(args.iters):
-        world.Barrier()
-        t0 = time.perf_counter()
-        comm.Allreduce(x, y, algorithm=args.algorithm)
-        t.append(max_over_ranks(time.perf_counter() - t0))
-    t_op = float(np.median(t))
-
-    results = {}
-    window_work, idle_work = [], []
-    for mode in ("sleep", "spin"):
-        left = []
-        for _ in range(args.iters):
+            def overlapped(name):
+                def call():
+                    if name == "aluminum_py":
+                        req = comm.Iallreduce(x, ys[name], algorithm=args.algorithm)
+                    else:
+                        req = native.Iallreduce(x, ys[name], op=MPI.SUM)
+                    work()
+                    t1 = time.perf_counter()
+                    req.Wait()
+                    left[name].append(time.perf_counter() - t1)
+                return call
+            samples = harness.measure(world, {k: overlapped(k) for k in ys}, args.iters,
+                                      args.budget, salt=nbytes)
+            left_pct = {k: world.allreduce(float(np.median(v)), op=MPI.MAX) / t_op * 100
+                        for k, v in left.items()}
+            report.row({"bytes": nbytes, "mode": mode}, harness.medians_us(samples),
+                       t_op_us=t_op * 1e6, left_pct=left_pct)
+            report.say(f"{nbytes} B, {mode}: t_op {t_op * 1e6:.0f} us; left to Wait after the "
+                       "work: " + ", ".join(f"{k} {v:.0f}%" for k, v in left_pct.items()))
+        idle, busy = [], []
+        for _ in range(5):
             world.Barrier()
-            if mode == "spin":
-                idle_work.append(spin(3 * t_op))
-                world.Barrier()
-            req = comm.Iallreduce(x, y, algorithm=args.algorithm)
-            if mode == "sleep":
-                time.sleep(3 * t_op)
-            else:
-                window_work.append(spin(3 * t_op))
-            t1 = time.perf_counter()
+            idle.append(spin(max(3 * t_op, 0.05)))
+            world.Barrier()
+            req = comm.Iallreduce(x, ys["aluminum_py"], algorithm=args.algorithm)
+            t0, n = time.perf_counter(), 0
+            while not req.done:
+                n += spin(0.001)
+            busy.append(n / (time.perf_counter() - t0) * max(3 * t_op, 0.05))
             req.Wait(timeout=60)
-            left.append(max_over_ranks(time.perf_counter() - t1))
-        results[mode] = float(np.median(left)) / t_op
-
-    # polling cost: Python throughput with the engine busy vs idle (same duration)
-    dur = max(3 * t_op, 0.05)
-    idle, busy = [], []
-    for _ in range(args.iters):
-        world.Barrier()
-        idle.append(spin(dur))
-        world.Barrier()
-        req = comm.Iallreduce(x, y, algorithm=args.algorithm)
-        t0 = time.perf_counter()
-        n = 0
-        while not req.done:
-            n += spin(0.001)
-        busy_time = time.perf_counter() - t0
-        busy.append(n / busy_time * dur)
-        req.Wait(timeout=60)
-    ratio = float(np.median(busy) / np.median(idle))
-    if comm.rank == 0:
-        print(f"# {comm.size} ranks, {args.mib:g} MiB float32, algorithm={args.algorithm}, "
-              f"{MPI.Get_library_version().splitlines()[0]}")
-        print(f"blocking Allreduce time t_op:                 {t_op * 1e3:8.2f} ms")
-        print(f"left to Wait after sleeping 3 t_op:          {results['sleep'] * 100:8.1f} % of t_op")
-        print(f"left to Wait after spinning in Python 3 t_op: {results['spin'] * 100:8.1f} % of t_op")
-        print(f"Python work done in the 3 t_op window:        "
-              f"{np.median(window_work) / np.median(idle_work) * 100:8.1f} % of idle")
-        print(f"Python loop throughput while op in flight:    {ratio * 100:8.1f} % of idle")
-    return 0
+        report.say(f"{nbytes} B: Python loop throughput while our op is in flight: "
+                   f"{np.median(busy) / np.median(idle) * 100:.0f}% of idle")
+    rc = report.finish()
+    native.Free()
+    comm.Free()
+    return rc
 
 
 if __name__ == "__main__":

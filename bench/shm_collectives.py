@@ -1,102 +1,82 @@
-"""allgather, bcast, reduce_scatter and barrier: ``algorithm="shm"`` against the MPI library's
-own calls, through mpi4py and through aluminum_py (``algorithm="mpi"``), same run, interleaved.
+"""Allgather, Bcast, Reduce_scatter and Barrier: ``algorithm="shm"`` against the MPI library's
+own calls, through mpi4py (the peer) and through ours (``algorithm="mpi"``), one run, interleaved.
 
     mpiexec -n 2 python bench/shm_collectives.py [--sizes 4,64KiB,16MiB] [--dtype float32]
-        [--nonblocking] [--iters N] [--json FILE]
+        [--nonblocking] [--iters N | --budget S] [--json F] [--csv F]
 
-The bytes of a row are one rank's contribution: allgather's sendbuf (recvbuf is size times
-larger), bcast's buffer, reduce_scatter's result block (sendbuf is size times larger); barrier
-has one row.  Timing as bench/allreduce_vs_mpi.py: every iteration runs the contenders in a
-fresh random order, each after a barrier; a sample is the max over ranks of one call; the table
-shows the median in microseconds and the ratio to mpi4py's call (lower is better).
+The bytes of a row are one rank's contribution: Allgather's sendbuf (its recvbuf is size times
+larger), Bcast's buffer, Reduce_scatter's result block (its sendbuf is size times larger);
+Barrier has one row.  ``--nonblocking`` times ``I<op>(...).Wait()`` on both sides.  Every
+contender's first call at each size is checked against mpi4py's result.
 """
 from __future__ import annotations
-
-import argparse
-import json
 
 import numpy as np
 from mpi4py import MPI
 
 import aluminum_py as al
-from aluminum_py.bench.timing import parse_bytes, time_interleaved
-from allreduce_vs_mpi import default_iters
 
-CONTENDERS = ("mpi4py", "mpi", "shm")
+import harness
 
 
 def calls(comm, native, what: str, nbytes: int, dtype, nonblocking: bool) -> dict:
-    """The three contenders' calls of collective `what` on `nbytes` per rank."""
-    n = max(nbytes // dtype.itemsize, 1)
-    p = comm.size
-
-    def ours(f, *args):
-        if nonblocking:
-            g = getattr(comm, "I" + f.__name__.lower())
-            return lambda a: g(*args, algorithm=a).Wait()
-        return lambda a: f(*args, algorithm=a)
-
-    if what == "allgather":
-        s, r = np.ones(n, dtype), np.empty(n * p, dtype)
-        mine, theirs = ours(comm.Allgather, s, r), lambda: native.Allgather(s, r)
-    elif what == "bcast":
-        b = np.ones(n, dtype)
-        mine, theirs = ours(comm.Bcast, b, 0), lambda: native.Bcast(b, root=0)
-    elif what == "reduce_scatter":
-        s, r = np.ones(n * p, dtype), np.empty(n, dtype)
-        mine = ours(comm.Reduce_scatter, s, r, al.SUM)
-        theirs = lambda: native.Reduce_scatter_block(s, r, op=MPI.SUM)   # noqa: E731
-    else:
-        mine, theirs = ours(comm.Barrier), native.Barrier
-    if nonblocking:
-        theirs = {"allgather": lambda: native.Iallgather(s, r).Wait(),
-                  "bcast": lambda: native.Ibcast(b, root=0).Wait(),
-                  "reduce_scatter": lambda: native.Ireduce_scatter_block(s, r, op=MPI.SUM).Wait(),
-                  "barrier": lambda: native.Ibarrier().Wait()}[what]
-    return {"mpi4py": theirs, "mpi": lambda: mine("mpi"), "shm": lambda: mine("shm")}
+    """{name: call with .result()} for collective `what` at `nbytes` per rank: each contender
+    has buffers of its own."""
+    n, p = max(nbytes // dtype.itemsize, 1), comm.size
+    out = {}
+    for name in ("mpi4py", "mpi", "shm"):
+        if what == "allgather":
+            s, r = np.full(n, comm.rank + 1, dtype), np.empty(n * p, dtype)
+            args, theirs = (s, r), ("Allgather", (s, r), {})
+        elif what == "bcast":
+            r = np.full(n, comm.rank + 1, dtype)
+            args, theirs = (r, 0), ("Bcast", (r,), {"root": 0})
+        elif what == "reduce_scatter":
+            s, r = np.arange(n * p, dtype=dtype) + comm.rank, np.empty(n, dtype)
+            args, theirs = (s, r, al.SUM), ("Reduce_scatter_block", (s, r), {"op": MPI.SUM})
+        else:
+            r = np.zeros(1, dtype)
+            args, theirs = (), ("Barrier", (), {})
+        if name == "mpi4py":
+            f, a, kw = getattr(native, ("I" + theirs[0].lower()) if nonblocking else theirs[0]), \
+                theirs[1], theirs[2]
+        else:
+            f = getattr(comm, ("I" + theirs[0].split("_block")[0].lower()) if nonblocking
+                        else theirs[0].split("_block")[0])
+            a, kw = args, {"algorithm": name}
+        call = (lambda f=f, a=a, kw=kw: f(*a, **kw).Wait()) if nonblocking else \
+            (lambda f=f, a=a, kw=kw: f(*a, **kw))
+        call.result = (lambda r=r: r)
+        out[name] = call
+    return out
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="4,64KiB,16MiB")
+    ap = harness.options(__doc__, sizes="4,64KiB,16MiB", budget=0.5)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--nonblocking", action="store_true", help="time I<op> + Wait")
-    ap.add_argument("--iters", type=int, default=0, help="iterations per size (0: by size)")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-
+    args = harness.parse(ap, argv)
     world = MPI.COMM_WORLD
     comm = al.Communicator()
     native = world.Dup()
     dtype = np.dtype(args.dtype)
-    sizes = [parse_bytes(s) for s in args.sizes.split(",") if s]
-    rows = []
-    if comm.rank == 0:
-        print(f"# {args.dtype}, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}"
-              f"{', nonblocking (I<op> + Wait)' if args.nonblocking else ''}")
-        print("# median over iterations of the max over ranks, us; ratio = time / mpi4py")
-        print(f"{'collective':>15} {'bytes':>10} {'mpi4py':>10} {'mpi':>18} {'shm':>18}")
+    report = harness.Report(world, args, f"{args.dtype}"
+                            f"{', nonblocking (I<op> + Wait)' if args.nonblocking else ''}",
+                            keys=["collective", "bytes"], ours=["mpi", "shm"], peers=["mpi4py"])
     for what in ("allgather", "bcast", "reduce_scatter", "barrier"):
-        for nbytes in (sizes if what != "barrier" else [0]):
+        for nbytes in (harness.sizes(args.sizes, dtype.itemsize) if what != "barrier" else [0]):
             fns = calls(comm, native, what, nbytes, dtype, args.nonblocking)
-            for f in fns.values():          # warm-up
-                f()
-            iters = args.iters or max(20, default_iters(max(nbytes, 4) * comm.size))
-            samples = time_interleaved(world, fns, iters)
-            med = {k: float(np.median(v)) * 1e6 for k, v in samples.items()}
-            rows.append({"collective": what, "bytes": nbytes, "iters": iters, **med})
-            if comm.rank == 0:
-                cells = "".join(f" {med[k]:>9.1f} ({med[k] / med['mpi4py']:4.2f}x)"
-                                for k in CONTENDERS[1:])
-                print(f"{what:>15} {nbytes:>10} {med['mpi4py']:>10.1f}{cells}", flush=True)
-    if comm.rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ranks": comm.size, "dtype": args.dtype, "nonblocking": args.nonblocking,
-                       "mpi": MPI.Get_library_version().splitlines()[0], "rows": rows}, f,
-                      indent=1)
+            fns["mpi4py"]()
+            expected = fns["mpi4py"].result().copy()
+            wrong, dropped = harness.check(world, fns, dict.fromkeys(fns, expected))
+            for name, why in dropped.items():
+                report.skip(f"{what} {name}", why)
+            samples = harness.measure(world, fns, args.iters, args.budget, salt=nbytes)
+            report.row({"collective": what, "bytes": nbytes}, harness.medians_us(samples), wrong)
+    rc = report.finish()
     native.Free()
     comm.Free()
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

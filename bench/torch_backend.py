@@ -3,7 +3,7 @@ interleaved: per-call collectives, DDP training steps, FSDP2 steps and a tensor-
 inference block.
 
     mpiexec -n 2 python bench/torch_backend.py [--parts collectives,ddp,fsdp,tp] [--quick]
-        [--out FILE] [--backend aluminum] [--max-bytes 64MiB] [--budget 0.5] [--steps 20]
+        [--json FILE] [--backend aluminum] [--max-bytes 64MiB] [--budget 0.5] [--steps 20]
         [--no-deepspeed] [--no-comm]
 
 The default group is ``init_process_group("aluminum", init_method="mpi://")`` (``--backend
@@ -31,16 +31,14 @@ peer is ``dist.new_group(backend="gloo")`` over the same ranks.  Parts (``--part
 
 Timing: ``aluminum_py.bench.timing.time_interleaved``: per repetition the contenders run in a
 fresh random order, each call after a barrier; a sample is the max over ranks; medians are
-quoted.  Progress and tables on rank 0; ``--out`` writes every figure as JSON.  Exit status 1
+quoted.  Progress and tables on rank 0; ``--json`` writes the stamp and every figure as JSON.  Exit status 1
 if any result is wrong.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -55,8 +53,10 @@ from mpi4py import MPI  # noqa: E402
 import aluminum_py as al  # noqa: E402
 from aluminum_py.bench.timing import human, iterations, parse_bytes, time_interleaved  # noqa: E402
 
+import harness  # noqa: E402  (bench/: the stamp and the result check)
+
 import torch_ddp  # noqa: E402  (bench/: its models and trainer)
-from peers import check_input, checked  # noqa: E402
+from peers import check_input  # noqa: E402
 
 # torch 2.13 prefers all_gather_single / reduce_scatter_single; the names users know are timed
 warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor)` is "
@@ -68,8 +68,8 @@ COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
 SHORT = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
          "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "alltoall",
          "broadcast": "broadcast"}
-TARGETS = "at 2 ranks: collectives >= 2x gloo up to 64 KiB and never slower; DDP >= gloo+hook; " \
-          "FSDP2 >= 1.3x gloo; TP block >= 3x gloo and faster than DeepSpeed"
+GOALS = "at 2 ranks: collectives >= 2x gloo up to 64 KiB and never slower; DDP >= gloo+hook; " \
+        "FSDP2 >= 1.3x gloo; TP block >= 3x gloo and faster than DeepSpeed"
 
 
 def say(world, *text):
@@ -93,13 +93,8 @@ def init_groups(world, backend: str):
     return dist.group.WORLD, dist.new_group(backend="gloo")
 
 
-def machine_state() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
-    return {"utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-            "load": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "commit": commit.stdout.strip() or "?", "torch": torch.__version__,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+def machine_state(world) -> dict:
+    return {**harness.stamp(world), "torch": torch.__version__}
 
 
 def medians(samples: dict) -> dict:
@@ -176,8 +171,10 @@ def part_collectives(world, groups: dict, comm, args, skipped: dict) -> tuple[li
             calls = {k: torch_collective(name, g, inp, out) for k, g in groups.items()}
             if comm is not None:
                 calls["comm"] = comm_collective(name, comm, inp, out)
-            wrong = checked(world, calls, {k: expected for k in calls}, skipped,
-                            f"{name} {nbytes} B")
+            wrong, dropped = harness.check(world, calls, {k: expected for k in calls})
+            for k, why in dropped.items():
+                skipped[f"{name} {nbytes} B {k}"] = why
+                say(world, f"# {name} {nbytes} B {k}: left out, {why}")
             wrong_any = wrong_any or bool(wrong)
             if name == "all_reduce":            # repeated in-place sums of zeros stay zero
                 for c in calls.values():
@@ -524,8 +521,8 @@ def layers(world, group, gloo, comm, nbytes: int, iters: int) -> dict:
 
 # ------------------------------------------------------------------------------------ main
 
-def targets(world, results: dict, first: str) -> list[str]:
-    """One line per issue-30 target: the measured figure and whether it is met."""
+def goals(world, results: dict, first: str) -> list[str]:
+    """One line per goal (GOALS): the measured figure and whether it is met."""
     lines = []
     coll = results.get("collectives")
     if coll and any("ratio" in r for r in coll):
@@ -579,7 +576,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ",".join(PARTS))
     ap.add_argument("--quick", action="store_true", help="a smoke run: few sizes, small models")
-    ap.add_argument("--out", help="write every figure here as JSON (rank 0)")
+    ap.add_argument("--json", help="write the stamp and every figure here as JSON (rank 0)")
     ap.add_argument("--backend", default="aluminum", choices=("aluminum", "gloo"),
                     help="the default group's backend (gloo: debug the script without ours)")
     ap.add_argument("--max-bytes", default="64MiB", help="largest collective size")
@@ -616,12 +613,11 @@ def main(argv=None) -> int:
     first = args.backend if args.backend != "gloo" else "default"
     groups = {first: default, "gloo": gloo}
     comm = al.Communicator()
-    state = machine_state()
-    say(world, f"# bench/torch_backend.py {' '.join(sys.argv[1:])}: {world.size} ranks, default "
-               f"group '{args.backend}' vs a gloo group, {state['utc']} UTC, load "
-               f"{state['load']}, {state['cpus']} cpus, commit {state['commit']}, torch "
-               f"{state['torch']}, {state['mpi']}, 1 torch thread per rank")
-    say(world, f"# issue 30 targets {TARGETS}")
+    state = machine_state(world)
+    say(world, f"# {state['command']}: {world.size} ranks, default group '{args.backend}' vs a "
+               f"gloo group, {state['date']}, load {state['load']} on {state['cpus']} CPUs, "
+               f"torch {state['torch']}, {state['mpi']}, 1 torch thread per rank")
+    say(world, f"# goals: {GOALS}")
     results, skipped, wrong = {"ranks": world.size, "backend": args.backend, **state,
                                "args": vars(args)}, {}, False
     if "collectives" in parts:
@@ -648,16 +644,16 @@ def main(argv=None) -> int:
                 results["layers"][nbytes] = row
                 say(world, f"{nbytes:>7} B: " + "  ".join(f"{k} {v:.1f}" for k, v in row.items()))
     results["skipped"] = skipped
-    results["targets"] = targets(world, results, first) if args.backend != "gloo" else [
+    results["goals"] = goals(world, results, first) if args.backend != "gloo" else [
         "none checked: the default group is gloo (--backend gloo)"]
-    say(world, "\n## against issue 30's targets" + (" (2 ranks)" if world.size == 2 else
-                                                     f" (set for 2 ranks; here {world.size})"))
-    for line in results["targets"]:
+    say(world, "\n## against the goals" + (" (2 ranks)" if world.size == 2 else
+                                            f" (set for 2 ranks; here {world.size})"))
+    for line in results["goals"]:
         say(world, "  " + line)
     if wrong:
         say(world, "# WRONG results (marked !): exit status 1")
-    if world.rank == 0 and args.out:
-        with open(args.out, "w") as f:
+    if world.rank == 0 and args.json:
+        with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     dist.destroy_process_group()
     return 1 if wrong else 0

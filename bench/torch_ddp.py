@@ -46,6 +46,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 import aluminum_py as al  # noqa: E402
 import aluminum_py.torch as alt  # noqa: E402
 
+import harness  # noqa: E402  (bench/: the run's stamp)
+
 TRAINERS = ("gloo", "hook", "sync")
 EXTRA = ("local", "nocomm")     # --local: the same step without any gradient averaging
 
@@ -229,15 +231,17 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     init_process_group(world)
     comm = al.Communicator()
+    stamp = harness.stamp(world)
     if world.rank == 0:
-        print(f"# {world.size} ranks, torch {torch.__version__}, 1 thread per rank, "
+        print(f"# {stamp['command']}: {world.size} ranks, {stamp['date']}, load {stamp['load']} "
+              f"on {stamp['cpus']} CPUs, torch {torch.__version__}, 1 thread per rank, "
               f"{args.rounds} rounds x {args.steps} steps per trainer", flush=True)
     results = [bench_model(m, args, world, comm) for m in args.models.split(",")]
     if world.rank == 0:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": world.size, "torch": torch.__version__,
-                           "results": results}, f, indent=1)
+                json.dump({**stamp, "torch": torch.__version__, "results": results}, f,
+                          indent=1)
         if args.plot:
             plot(results, args.plot)
     dist.destroy_process_group()

@@ -19,11 +19,12 @@ SCRIPT = os.path.join(REPO, "bench", "torch_backend.py")
 def test_quick_run_every_part(tmp_path):
     out = tmp_path / "run.json"
     cmd = launcher() + ["-n", "2", sys.executable, SCRIPT, "--quick", "--no-deepspeed",
-                        "--out", str(out)]
+                        "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = json.loads(out.read_text())
     assert run["ranks"] == 2 and run["backend"] == "aluminum"
+    assert run["date"].endswith("UTC") and "torch_backend.py --quick" in run["command"]
     rows = run["collectives"]
     assert {(r["collective"], r["bytes"]) for r in rows} == {
         (c, n) for c in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -51,4 +52,4 @@ def test_quick_run_every_part(tmp_path):
         ms = r["block_ms"]
         assert r["speedup"]["gloo"] == pytest.approx(ms["gloo"] / ms["aluminum"])
     assert run["skipped"] == {"deepspeed": "--no-deepspeed"}
-    assert len(run["targets"]) == 8 and "against issue 30's targets" in proc.stdout
+    assert len(run["goals"]) == 8 and "against the goals" in proc.stdout

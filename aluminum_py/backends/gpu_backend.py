@@ -59,6 +59,9 @@ class GpuBackend:
         self._ctl = None                    # control traffic (NCCL id, tuning data)
         self._unreported: list = []         # Requests of blocking host-transfer ops
         self._check = config.check()        # AL_CHECK: v-collectives agree across ranks first
+        self._batch: P2PBatch | None = None  # nonblocking point-to-point calls not launched yet
+        self._group_depth = 0               # nesting of p2p_group() blocks
+        self._batch_lock = threading.Lock()  # launches may come from Wait in another thread
 
     def _arr(self, obj, name: str, writable: bool = False) -> GpuArray:
         """as_gpu_array with this backend's stream (DLPack producers sync to it); device memory
@@ -85,12 +88,16 @@ class GpuBackend:
                 _retain_if_abandoned(r)
             raise
 
-    def usable(self, name: str) -> None:
+    def usable(self, name: str, joins: bool = False) -> None:
         """At every GPU operation: the communicator's rules (the owner thread calls, not freed,
-        not broken: CommState.check_usable), then check()."""
+        not broken: CommState.check_usable), then check(); then, unless the op `joins` the
+        point-to-point batch, the batch is launched first (inside p2p_group: refused)."""
         if self._state.freed or self._state.owner != threading.get_ident() or self._state.marked:
             self._state.check_usable(name)
         self.check()
+        if not joins and (self._batch is not None or self._group_depth):
+            self._refuse_in_group(name)
+            self.flush()
 
     def check(self) -> None:
         """At every GPU operation on the communicator: release the buffers of completed ops,
@@ -172,8 +179,14 @@ class GpuBackend:
         communicators, the internal stream (CUDA releases it once its queued work has run) and
         the control communicator; buffers of ops still running on the device stay referenced
         until they complete; the device's pinned pool is freed if no host-transfer op is in
-        flight on it. Returns the first unreported failure of a blocking host-transfer op (or of
+        flight on it. A pending point-to-point batch is launched first. Returns the first
+        unreported failure of a blocking host-transfer op (or of launching the batch, or of
         freeing the pool), for Free to raise once everything is released."""
+        launched = None
+        try:
+            self.flush()
+        except Error as e:
+            launched = e
         self.inflight.retire()
         if self.inflight.pending:
             retire_later(self.inflight)         # released at a later GPU op, once complete
@@ -190,7 +203,7 @@ class GpuBackend:
         if self._ctl is not None:
             self._ctl.Free()
             self._ctl = None
-        failure = None
+        failure = launched
         if self.device.pinned_stats()["taken"] == 0:
             try:            # no host-transfer op in flight on the device: free the pool
                 self.device.release_pinned()
@@ -422,13 +435,15 @@ class GpuBackend:
         dest = rank_arg(dest, "dest", self.size)
         nccl_rules.check_p2p_args(tag, None, self._any_source)
         b = self._arr(buf, "buf")
-        return self.exchange([(dest, b.ptr, b.count, str(b.dtype))], [], blocking, (b.obj,))
+        return self._point_to_point("send", [(dest, b.ptr, b.count, str(b.dtype))], [],
+                                    blocking, (b.obj,))
 
     def recv(self, buf, source: int, tag, blocking: bool):
         source = source_arg(source, self.size)
         nccl_rules.check_p2p_args(tag, source, self._any_source, self._any_tag)
         b = self._arr(buf, "buf", writable=True)
-        return self.exchange([], [(source, b.ptr, b.count, str(b.dtype))], blocking, (b.obj,))
+        return self._point_to_point("recv", [], [(source, b.ptr, b.count, str(b.dtype))],
+                                    blocking, (b.obj,))
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag, blocking: bool):
         dest = rank_arg(dest, "dest", self.size)
@@ -439,8 +454,100 @@ class GpuBackend:
         s, r = self._pair(sendbuf, recvbuf)
         if s.ptr == r.ptr and s.nbytes and r.nbytes:
             raise ValueError("recvbuf: Sendrecv needs separate send and receive buffers")
-        return self.exchange([(dest, s.ptr, s.count, str(s.dtype))],
-                             [(source, r.ptr, r.count, str(r.dtype))], blocking, (s.obj, r.obj))
+        return self._point_to_point("sendrecv", [(dest, s.ptr, s.count, str(s.dtype))],
+                                    [(source, r.ptr, r.count, str(r.dtype))], blocking,
+                                    (s.obj, r.obj))
+
+    # -- point-to-point batches: one NCCL group per batch (docs/gpu.md, "Point-to-point: one
+    # NCCL group per batch"). Launched one group per call, a rank's receive would wait on the
+    # stream behind its own send, which waits for the peer's receive, behind the peer's send.
+    def _point_to_point(self, name: str, sends, recvs, blocking: bool, keep):
+        """A point-to-point call: nonblocking ones join the batch and return a GpuRequest that
+        is not launched yet; a blocking one joins a pending batch as its last member and
+        launches it on the bound stream, or, without one, is a group of its own there."""
+        if blocking:
+            self._refuse_in_group(name)
+            if self._batch is None:
+                return self.exchange(sends, recvs, True, keep)
+        self.usable(name, joins=True)
+        comm = self.nccl_comm()             # collective on first use, as for any NCCL op
+        with self._batch_lock:
+            b = self._batch
+            if b is None:
+                b = self._batch = P2PBatch(comm)
+            b.add(self.device, self.stream, sends, recvs, keep)
+            if blocking:
+                self._batch = None
+                self._launch(b, self.stream)
+                return None
+            req = GpuRequest(self, None, "nccl", batch=b)
+            b.requests.append(req)
+            return req
+
+    def _refuse_in_group(self, name: str) -> None:
+        if self._group_depth:
+            raise Error(f"{name}: inside comm.p2p_group() only nonblocking point-to-point calls "
+                        f"on GPU buffers (Isend, Irecv, Isendrecv) may run: the group launches "
+                        f"at the end of the with block, and this call would wait for it")
+
+    def flush(self) -> None:
+        """Launch the pending point-to-point batch, if any, as one NCCL group on the internal
+        stream (at the next other GPU op, at a Wait or Test of one of its requests, at the end
+        of p2p_group, at Free)."""
+        with self._batch_lock:
+            b, self._batch = self._batch, None
+            if b is not None:
+                self._launch(b, self.internal_stream())
+
+    def launch_request(self, req, what: str) -> None:
+        """`req` (a GpuRequest of a batch) is waited for or tested: launch its batch if it is
+        still pending. Raises aluminum_py.Error inside p2p_group, or if the batch failed to
+        launch (its failure was raised by the call that launched it)."""
+        with self._batch_lock:
+            if req._event is None and req._batch is not None and req._batch is self._batch:
+                if self._group_depth:
+                    raise Error(f"{what} inside comm.p2p_group(): its NCCL group launches at "
+                                f"the end of the with block; wait for its requests after it")
+                self._batch = None
+                self._launch(req._batch, self.internal_stream())
+        if req._event is None:
+            raise Error(f"{what}: the NCCL group of this request failed to launch "
+                        f"({req._failure!r})") from req._failure
+
+    def _launch(self, b: "P2PBatch", st: int) -> None:
+        """Enqueue batch `b` on stream `st` as one NCCL group, after the work queued on the
+        streams of its calls up to each call; then each request's completion event."""
+        dev, t_call = self.device, time.monotonic()
+        try:
+            for s, ev in b.ready.items():
+                if s != st:
+                    dev.stream_wait_event(st, ev)
+            with nccl.group():
+                for is_send, peer, ptr, count, dt in b.members:
+                    (b.comm.send if is_send else b.comm.recv)(ptr, count, dt, peer, st)
+        except BaseException as e:
+            for r in b.requests:
+                r._failure, r._batch = e, None
+            try:                            # part of the group may be enqueued: keep its buffers
+                self.inflight.track(st, tuple(b.keep))
+            except Error:
+                pass
+            raise
+        finally:
+            for ev in b.ready.values():
+                dev.event_destroy(ev)       # CUDA releases them once the waits are satisfied
+            b.ready = {}
+        self.inflight.track(st, tuple(b.keep))
+        if timeline.recording():
+            timeline.record_enqueued("exchange", t_call, st)
+        for r in b.requests:
+            ev = dev.event_create()
+            dev.event_record(ev, st)
+            r._event, r._batch = ev, None
+        b.requests = []
+
+    def p2p_group(self) -> "P2PGroup":
+        return P2PGroup(self)
 
     # ==================================================================================
     # Issue 29: Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
@@ -700,3 +807,52 @@ class GpuBackend:
     def exscan(self, sendbuf, recvbuf, op, blocking: bool, algorithm="auto"):
         """Unavailable: aluminum_py.UnavailableError, on every rank before anything runs."""
         self._no_scan("Exscan")
+
+
+class P2PBatch:
+    """Point-to-point calls of one communicator waiting to be launched as one NCCL group:
+    members (is_send, peer, ptr, count, dtype) in call order, the buffers they use, the
+    requests to complete, and per stream an event recorded at the latest call (the work the
+    group must follow)."""
+
+    __slots__ = ("comm", "members", "keep", "requests", "ready")
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.members: list = []
+        self.keep: list = []
+        self.requests: list = []
+        self.ready: dict = {}
+
+    def add(self, device, stream: int, sends, recvs, keep) -> None:
+        ev = self.ready.get(stream)
+        if ev is None:
+            ev = self.ready[stream] = device.event_create()
+        device.event_record(ev, stream)     # re-recorded: the latest call on that stream
+        self.members += [(True, peer, ptr, count, dt) for peer, ptr, count, dt in sends]
+        self.members += [(False, peer, ptr, count, dt) for peer, ptr, count, dt in recvs]
+        self.keep += keep
+
+
+class P2PGroup:
+    """``with comm.p2p_group(): ...``: the nonblocking GPU point-to-point calls of the block
+    launch as one NCCL group when the outermost block ends (also when it ends with an
+    exception, as ncclGroupEnd in a finally). Inside, waiting for or testing their requests,
+    and any other GPU operation on the communicator, raise aluminum_py.Error."""
+
+    __slots__ = ("_b",)
+
+    def __init__(self, backend: GpuBackend):
+        self._b = backend
+
+    def __enter__(self) -> "P2PGroup":
+        self._b.usable("p2p_group", joins=True)
+        self._b._group_depth += 1
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        b = self._b
+        b._group_depth -= 1
+        if b._group_depth == 0:
+            b.flush()
+        return False

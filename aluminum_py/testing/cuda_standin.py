@@ -310,12 +310,14 @@ class HostBackedArray:
 
 NcclLaunch = collections.namedtuple("NcclLaunch", (
     "coll", "count", "dtype", "op", "root", "peer", "min_ctas", "max_ctas", "nranks", "rank",
-    "comm", "stream", "grouped"))
+    "comm", "stream", "grouped", "group"))
 NcclLaunch.__doc__ = """One NCCL launch the stand-in recorded (at the call): ``coll`` ("AllReduce",
 "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv"), ``count`` (elements),
 ``dtype`` (numpy name), ``op`` ("sum", ..., or None), ``root`` and ``peer`` (or None),
 ``min_ctas`` and ``max_ctas`` (the communicator's config; None: unset), ``nranks``, ``rank``,
-``comm`` (an id unique in the process), ``stream`` (the handle), ``grouped`` (inside a group)."""
+``comm`` (an id unique in the process), ``stream`` (the handle), ``grouped`` (inside a group),
+``group`` (the serial number, from 1, of the outermost ncclGroupStart/End it was issued in: one
+per group in the process; 0 outside a group)."""
 
 
 _NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
@@ -338,7 +340,7 @@ def nccl_launches() -> list[NcclLaunch]:
             coll.value.decode(), v[0], _NCCL_DTYPES[v[1]], _NCCL_OPS[v[2]] if v[2] >= 0 else None,
             v[3] if v[3] >= 0 else None, v[4] if v[4] >= 0 else None,
             None if v[5] == _UNSET else v[5], None if v[6] == _UNSET else v[6],
-            v[7], v[8], v[9], v[10] & ((1 << 64) - 1), bool(v[11]))))
+            v[7], v[8], v[9], v[10] & ((1 << 64) - 1), bool(v[11]), v[12])))
     return out
 
 

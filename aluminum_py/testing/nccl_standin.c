@@ -200,14 +200,14 @@ static int mpi_ready(void) {
 /* ------------------------------------------------------------------ launch records */
 struct launch {
   char coll[16]; long count; int dtype, op, root, peer;
-  int min_ctas, max_ctas, nranks, rank; long comm_id; uintptr_t stream; int grouped;
+  int min_ctas, max_ctas, nranks, rank; long comm_id; uintptr_t stream; int grouped; long group;
 };
 static struct launch *g_launches;
 static long g_nlaunches, g_cap;
 static pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void record(const char *coll, size_t count, int dtype, int op, int root, int peer,
-                   const struct scomm *c, CUstream stream, int grouped) {
+                   const struct scomm *c, CUstream stream, int grouped, long group) {
   pthread_mutex_lock(&g_launch_mu);
   if (g_nlaunches == g_cap) {
     long cap = g_cap ? 2 * g_cap : 256;
@@ -220,7 +220,7 @@ static void record(const char *coll, size_t count, int dtype, int op, int root, 
     snprintf(l->coll, sizeof l->coll, "%s", coll);
     l->count = (long)count; l->dtype = dtype; l->op = op; l->root = root; l->peer = peer;
     l->min_ctas = c->cfg_min; l->max_ctas = c->cfg_max; l->nranks = c->nranks; l->rank = c->rank;
-    l->comm_id = c->id; l->stream = (uintptr_t)stream; l->grouped = grouped;
+    l->comm_id = c->id; l->stream = (uintptr_t)stream; l->grouped = grouped; l->group = group;
   }
   pthread_mutex_unlock(&g_launch_mu);
 }
@@ -233,7 +233,7 @@ long standin_nccl_launch_count(void) {
 }
 /* Launch i: its collective name into coll (16 bytes) and 13 integers into v: count, dtype,
  * op, root, peer, minCTAs, maxCTAs (INT_MIN: unset), nranks, rank, comm id, stream, grouped,
- * and 0. Returns 0, or -1 if there is no launch i. */
+ * and the serial number of the outermost group it was issued in (0: none). Returns 0, or -1 if there is no launch i. */
 int standin_nccl_launch_get(long i, char *coll, long *v) {
   pthread_mutex_lock(&g_launch_mu);
   int rc = -1;
@@ -241,7 +241,7 @@ int standin_nccl_launch_get(long i, char *coll, long *v) {
     struct launch *l = &g_launches[i];
     memcpy(coll, l->coll, sizeof l->coll);
     long vals[13] = { l->count, l->dtype, l->op, l->root, l->peer, l->min_ctas, l->max_ctas,
-                      l->nranks, l->rank, l->comm_id, (long)l->stream, l->grouped, 0 };
+                      l->nranks, l->rank, l->comm_id, (long)l->stream, l->grouped, l->group };
     memcpy(v, vals, sizeof vals);
     rc = 0;
   }
@@ -397,8 +397,8 @@ static int run_collective(struct scomm *c, const struct nop *o) {
 static void run_batch(void *arg) {
   struct batch *b = arg;
   struct scomm *c = b->c;
-  MPI_Request reqs[512];
-  int nreq = 0, rc = MPI_SUCCESS;
+  MPI_Request *reqs = malloc(((size_t)b->n + 1) * sizeof *reqs);
+  int nreq = 0, rc = reqs ? MPI_SUCCESS : MPI_ERR_NO_MEM;
   char where[64] = "";
   ticket_wait(c, b->ticket);
   if (c->aborted) goto out;
@@ -407,7 +407,7 @@ static void run_batch(void *arg) {
     size_t bytes = o->count * type_size[o->dtype];
     if (o->kind != K_SEND && o->kind != K_RECV) continue;
     if (!bytes || o->peer == c->rank) continue;         /* to self: copied below */
-    if (nreq == 512 || !BIG_OK(bytes)) { rc = MPI_ERR_COUNT; break; }
+    if (!BIG_OK(bytes)) { rc = MPI_ERR_COUNT; break; }
     rc = o->kind == K_SEND
          ? MPI_Isend(o->send, (int)bytes, MPI_BYTE, o->peer, 0x4e43, c->mpi, &reqs[nreq++])
          : MPI_Irecv(o->recv, (int)bytes, MPI_BYTE, o->peer, 0x4e43, c->mpi, &reqs[nreq++]);
@@ -442,12 +442,15 @@ static void run_batch(void *arg) {
   }
 out:
   ticket_done(c);
+  free(reqs);
   free(b);
 }
 
 /* ------------------------------------------------------------------ groups */
 struct pending { struct scomm *c; CUstream stream; struct nop op; };
 static _Thread_local int t_group_depth;
+static _Thread_local long t_group_serial;          /* of the outermost open group */
+static atomic_long g_groups;                       /* groups opened so far, in the process */
 static _Thread_local struct pending *t_pending;
 static _Thread_local int t_npending, t_cap;
 static _Thread_local ncclResult_t t_group_error;
@@ -493,7 +496,8 @@ static ncclResult_t issue(void *comm, CUstream stream, struct nop o) {
     return fail(ncclInvalidUsage, "%s : the nonblocking communicator is still in progress", name);
   record(name, o.count, o.dtype, o.kind == K_ALLREDUCE || o.kind == K_REDUCE || o.kind == K_REDUCESCATTER ? o.op : -1,
          o.kind == K_BCAST || o.kind == K_REDUCE ? o.root : -1,
-         o.kind == K_SEND || o.kind == K_RECV ? o.peer : -1, c, stream, t_group_depth > 0);
+         o.kind == K_SEND || o.kind == K_RECV ? o.peer : -1, c, stream, t_group_depth > 0,
+         t_group_depth ? t_group_serial : 0);
   if (t_group_depth) {
     if (t_npending == t_cap) {
       int cap = t_cap ? 2 * t_cap : 16;
@@ -510,7 +514,10 @@ static ncclResult_t issue(void *comm, CUstream stream, struct nop o) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclGroupStart(void) { t_group_depth++; return ncclSuccess; }
+ncclResult_t ncclGroupStart(void) {
+  if (t_group_depth++ == 0) t_group_serial = atomic_fetch_add(&g_groups, 1) + 1;
+  return ncclSuccess;
+}
 
 ncclResult_t ncclGroupEnd(void) {
   if (t_group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: not in a group call.");

@@ -1,6 +1,6 @@
 """Checks of issue 28's GPU findings for a lent GPU machine, at 2 ranks sharing one GPU (each
 rank its own NCCL_HOSTID, see tests/gpu/lent_machine.sh, step ``extras``).  Each check prints
-one line on rank 0, ``PASS <check>: ...`` or ``FAIL <check>: ...`` (SKIP where it cannot run):
+one line on rank 0, ``PASS <check>: ...``, ``FAIL <check>: ...`` or ``SKIP <check>: why``:
 
 * ``queued``: a host-transfer op (host part "shm") held back in the engine behind a "shm" op
   whose peer is 4 s late is abandoned at AL_HANG_TIMEOUT (1 s) while it waits, its stream
@@ -13,11 +13,8 @@ one line on rank 0, ``PASS <check>: ...`` or ``FAIL <check>: ...`` (SKIP where i
   nonblocking GPU operations: the file passes aluminum_py.testing.trace_format and has them;
 * ``ddp``: PyTorch DDP on ``cuda:0`` with ``aluminum_py.torch.allreduce_hook`` against gloo's
   DDP: equal parameters after the steps, and both step times.
-* ``torch_backend``: the torch.distributed backend ``"aluminum"`` with CUDA tensors: all_reduce
-  (SUM, AVG; float32, bfloat16), all_gather_into_tensor (also in place), reduce_scatter_tensor,
-  all_to_all_single, broadcast, blocking and async, against values computed on the host from
-  every rank's inputs; then DDP on ``cuda:0`` over the "aluminum" group against the same DDP
-  over a gloo group of the same job (equal parameters after the steps, both step times).
+
+The torch.distributed backend "aluminum" on CUDA tensors is checked by tests/gpu/torch_checks.py.
 
     mpiexec -n 1 -env NCCL_HOSTID a python3 tests/gpu/extras.py [checks] : \\
             -n 1 -env NCCL_HOSTID b python3 tests/gpu/extras.py [checks]
@@ -36,7 +33,7 @@ import tempfile
 import threading
 import time
 
-CHECKS = ("queued", "abandon", "sigint", "timeline", "ddp", "torch_backend")
+CHECKS = ("queued", "abandon", "sigint", "timeline", "ddp")
 if "--standins" in sys.argv:
     sys.argv.remove("--standins")
     from aluminum_py.testing import pytest_standins  # noqa: F401  (sets the libraries, cupy)
@@ -47,21 +44,11 @@ from mpi4py import MPI  # noqa: E402
 
 import aluminum_py as al  # noqa: E402
 from aluminum_py import config  # noqa: E402
+from torch_checks import chosen_checks, ddp_against, report  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK = WORLD.rank
 _BROKEN: list = []      # communicators after an abandoned op: kept, never freed (check_abandon)
-
-
-def report(check: str, problems: list[str], detail: str = "") -> bool:
-    """One line on rank 0 for `check`: PASS unless some rank has problems."""
-    everyone = WORLD.gather(problems, root=0)
-    ok = True
-    if RANK == 0:
-        bad = [f"rank {r}: {p}" for r, ps in enumerate(everyone) for p in ps]
-        ok = not bad
-        print(f"{'PASS' if ok else 'FAIL'} {check}: {'; '.join(bad) if bad else detail}", flush=True)
-    return WORLD.bcast(ok, root=0)
 
 
 def synchronize(stream, seconds: float) -> bool:
@@ -92,7 +79,7 @@ def check_queued() -> bool:
     if not synchronize(stream, 30):
         fail_hard("queued", "the stream did not finish its set-up work")
     if comm.explain(host.nbytes).algorithm != "shm":
-        return report("queued", [], "SKIP: host auto is not shm here")
+        return report("queued", [], skip="host auto is not shm here")
     hang_timeout(1.0)
     WORLD.Barrier()
     if RANK != 0:
@@ -250,28 +237,6 @@ def check_timeline() -> bool:
     return report("timeline", problems, f"{len(trace['traceEvents'])} events in {path}")
 
 
-def train_on_cuda(models: dict, steps: int) -> dict:
-    """`steps` SGD steps of each DDP model on this rank's random batches (the same for every
-    model); the median step time in ms per model, the first step left out."""
-    import torch
-    times = {}
-    for name, model in models.items():
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator(device="cuda").manual_seed(1000 + RANK)
-        took = []
-        for _ in range(steps):
-            inp = torch.randn(64, 256, device="cuda", generator=gen)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            model(inp).square().mean().backward()
-            opt.step()
-            torch.cuda.synchronize()
-            took.append(time.perf_counter() - t0)
-        times[name] = sorted(took[1:])[len(took[1:]) // 2] * 1e3
-    return times
-
-
 def check_ddp(steps: int = 8) -> bool:
     try:
         import torch
@@ -279,9 +244,9 @@ def check_ddp(steps: int = 8) -> bool:
         from torch.nn.parallel import DistributedDataParallel as DDP
         import aluminum_py.torch as alt
     except ImportError as e:
-        return report("ddp", [], f"SKIP: {e}")
+        return report("ddp", [], skip=str(e))
     if not torch.cuda.is_available():
-        return report("ddp", [], "SKIP: torch has no CUDA device")
+        return report("ddp", [], skip="torch has no CUDA device")
     torch.cuda.set_device(0)
     d = WORLD.bcast(tempfile.mkdtemp(prefix="al-ddp-") if RANK == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"file://{d}/rendezvous", rank=RANK,
@@ -294,93 +259,14 @@ def check_ddp(steps: int = 8) -> bool:
     models = {"gloo": DDP(copy.deepcopy(base), device_ids=[0]),
               "hook": DDP(copy.deepcopy(base), device_ids=[0])}
     models["hook"].register_comm_hook(None, alt.allreduce_hook)
-    times = train_on_cuda(models, steps)
-    diff = max(float((a - b).abs().max()) for a, b in
-               zip(models["gloo"].parameters(), models["hook"].parameters()))
-    problems = [] if diff <= 1e-5 else [f"parameters differ from gloo DDP by {diff:g}"]
+    problems, summary = ddp_against(torch, "gloo", models, steps)
     dist.destroy_process_group()
-    return report("ddp", problems, f"{steps} steps, max |hook - gloo| = {diff:.2g}; median step "
-                  f"gloo {times['gloo']:.2f} ms, hook {times['hook']:.2f} ms")
-
-
-def check_torch_backend(steps: int = 8) -> bool:
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        import aluminum_py.torch as alt
-    except ImportError as e:
-        return report("torch_backend", [], f"SKIP: {e}")
-    if not torch.cuda.is_available():
-        return report("torch_backend", [], "SKIP: torch has no CUDA device")
-    torch.cuda.set_device(0)
-    alt.init_process_group()
-    n, r, dev = dist.get_world_size(), dist.get_rank(), torch.device("cuda", 0)
-    problems = []
-
-    def expect(what, got, want, tol=0.0):
-        got = got.float().cpu()
-        if not torch.allclose(got, want.float(), atol=tol, rtol=0):
-            problems.append(f"{what}: got {got.tolist()[:6]}, expected {want.tolist()[:6]}")
-
-    for async_op in (False, True):
-        def done(work):
-            if async_op:
-                work.wait()
-        for dtype, tol in ((torch.float32, 0.0), (torch.bfloat16, 1e-2)):
-            t = torch.full((1000,), float(r + 1), dtype=dtype, device=dev)
-            done(dist.all_reduce(t, async_op=async_op))
-            expect(f"all_reduce SUM {dtype}", t, torch.full((1000,), n * (n + 1) / 2), tol)
-            t = torch.full((1000,), float(r + 1), dtype=dtype, device=dev)
-            done(dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=async_op))
-            expect(f"all_reduce AVG {dtype}", t, torch.full((1000,), (n + 1) / 2), tol)
-        out = torch.empty(3 * n, device=dev)
-        done(dist.all_gather_into_tensor(out, torch.full((3,), float(r), device=dev),
-                                         async_op=async_op))
-        want = torch.arange(n).repeat_interleave(3).float()
-        expect("all_gather_into_tensor", out, want)
-        out = torch.zeros(3 * n, device=dev)
-        out[3 * r:3 * r + 3] = r
-        done(dist.all_gather_into_tensor(out, out[3 * r:3 * r + 3], async_op=async_op))
-        expect("all_gather_into_tensor in place", out, want)
-        rs = torch.empty(2, device=dev)
-        done(dist.reduce_scatter_tensor(rs, torch.arange(2.0 * n, device=dev) + r,
-                                        async_op=async_op))
-        expect("reduce_scatter_tensor", rs,
-               torch.tensor([n * (2 * r + k) + n * (n - 1) / 2 for k in (0, 1)]))
-        a2a = torch.empty(n, device=dev)
-        done(dist.all_to_all_single(a2a, torch.arange(float(n), device=dev) + 10 * r,
-                                    async_op=async_op))
-        expect("all_to_all_single", a2a, torch.tensor([r + 10.0 * i for i in range(n)]))
-        b = torch.full((5,), float(r), device=dev)
-        done(dist.broadcast(b, src=n - 1, async_op=async_op))
-        expect("broadcast", b, torch.full((5,), float(n - 1)))
-    torch.cuda.synchronize()
-
-    gloo = dist.new_group(backend="gloo")
-    torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                               torch.nn.Linear(512, 10)).cuda()
-    import copy
-    models = {"gloo": DDP(copy.deepcopy(base), device_ids=[0], process_group=gloo),
-              "aluminum": DDP(copy.deepcopy(base), device_ids=[0])}
-    times = train_on_cuda(models, steps)
-    diff = max(float((a - b).abs().max()) for a, b in
-               zip(models["gloo"].parameters(), models["aluminum"].parameters()))
-    if diff > 1e-5:
-        problems.append(f"DDP parameters differ from gloo DDP's by {diff:g}")
-    dist.destroy_process_group()
-    return report("torch_backend", problems,
-                  f"collectives x (blocking, async); DDP {steps} steps, max |aluminum - gloo| = "
-                  f"{diff:.2g}; median step gloo {times['gloo']:.2f} ms, aluminum "
-                  f"{times['aluminum']:.2f} ms")
+    return report("ddp", problems, summary)
 
 
 def main() -> int:
-    chosen = [a for a in sys.argv[1:] if not a.startswith("-")] or list(CHECKS)
-    unknown = [c for c in chosen if c not in CHECKS]
-    if unknown:
-        print(f"unknown checks {unknown}; choose from {CHECKS}", file=sys.stderr)
+    chosen = chosen_checks(CHECKS)
+    if chosen is None:
         return 2
     cp.cuda.Device(0).use()
     ok = True

@@ -39,6 +39,8 @@ def counts_of(pattern: str, p: int, salt: int = 0) -> list:
         return [0 if (j + salt) % 2 == 0 else 3 for j in range(p)]
     if pattern == "one":
         return [7 if j == (p - 1 + salt) % p else 0 for j in range(p)]
+    if pattern == "beyond":         # 8 MiB and more of float32 per block
+        return [(2 << 20) + 1000 * j + salt for j in range(p)]
     return [(1 << 14) + 1000 * j + salt for j in range(p)]
 
 
@@ -250,6 +252,17 @@ def test_alltoallv(comm, dtype, pattern, form):
         ck.same(sent, mine, what + ": sendbuf changed")
         ck.same(out, exp, what)
     ck.settle()
+
+
+@pytest.mark.parametrize("call", ["allgatherv", "alltoallv"])
+def test_blocks_beyond_p2p_buffering(comm, call):
+    """Blocks of 8 MiB and more per peer, beyond NCCL's point-to-point buffering (each send
+    then waits for its receive, so a rank's grouped sends and receives must run together):
+    Allgatherv out of place and Alltoallv, float32, with gaps, blocking and nonblocking."""
+    if call == "allgatherv":
+        test_allgatherv(comm, "outofplace", "float32", "beyond", "gaps")
+    else:
+        test_alltoallv(comm, "float32", "beyond", "gaps")
 
 
 # ----------------------------------------------------------------------------- reduction

@@ -267,3 +267,22 @@ def test_destroyed_parent_cannot_split(parent):
     comm.destroy()
     problems = after_destroy_problems(comm, stream.ptr)
     assert all_ranks_ok(not problems), problems
+
+
+def test_launch_records_name_their_group(parent):
+    """Each launch records the serial number of the outermost group it was issued in (nested
+    groups share it; a later group has a larger one) and 0 outside a group: how the tests see
+    that point-to-point batches reach NCCL as one group."""
+    comm, stream, cp = parent
+    x, ptr = on_device(cp, stream, np.arange(8, dtype=np.float32))
+    comm.allreduce(ptr, ptr, 8, "float32", "sum", stream.ptr)
+    with nccl.group():
+        comm.allreduce(ptr, ptr, 8, "float32", "sum", stream.ptr)
+        with nccl.group():
+            comm.broadcast(ptr, ptr, 8, "float32", 0, stream.ptr)
+    with nccl.group():
+        comm.reduce(ptr, ptr, 8, "float32", "max", 0, stream.ptr)
+    stream.synchronize()
+    groups = [launch.group for launch in nccl_launches()]
+    assert groups[0] == 0 and groups[1] == groups[2] > 0 and groups[3] > groups[2], groups
+    assert [launch.grouped for launch in nccl_launches()] == [False, True, True, True]
