@@ -13,12 +13,18 @@ bench/, tests/ and docs/. tests/test_docs.py launches both sessions;
 language that is only shown (``text``, ``json``): tests/test_docs.py checks that none is left
 unnamed.
 """
+import atexit
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from unittest import SkipTest
+
+import pytest
 
 try:
     from sybil import Sybil
@@ -28,6 +34,29 @@ except ImportError:          # sybil comes with the test extra; without it the d
     Sybil = None
 
 ROOT = Path(__file__).resolve().parent
+
+
+def source_tree_is_built() -> bool:
+    """Whether the source tree's aluminum_py holds its compiled core (``setup.py build_ext
+    --inplace``, or an editable install): then the tests import it from there."""
+    return any((ROOT / "aluminum_py" / f"_core{suffix}").exists() for suffix in EXTENSION_SUFFIXES)
+
+
+if not source_tree_is_built():
+    # The tests are of an installed aluminum_py (``pip install '.[test]'``), and the source tree's
+    # package, without its compiled core, must not shadow it: not in this process (``python -m
+    # pytest`` puts the working directory first on sys.path, pytest this file's directory), and
+    # not in the processes the tests start (``python -c`` and ``python -m`` put their working
+    # directory first), which is why the run moves out of the source tree.
+    sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != ROOT]
+    if Path.cwd().resolve() == ROOT:
+        away = tempfile.mkdtemp(prefix="al-tests-")
+        atexit.register(shutil.rmtree, away, ignore_errors=True)
+        os.chdir(away)
+    if importlib.util.find_spec("aluminum_py") is None:
+        raise pytest.UsageError(
+            f"aluminum_py is neither built in {ROOT} (python setup.py build_ext --inplace, or "
+            "pip install -e .) nor installed (pip install .)")
 UNDER_MPI = bool(os.environ.get("AL_DOCS_MPI"))
 SHELL_TIMEOUT = 240          # seconds one shell block may take
 LINKED = ("examples", "bench", "tests", "docs")

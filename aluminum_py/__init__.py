@@ -24,7 +24,7 @@ __all__ = ["Communicator", "Request", "Waitall", "algorithms", "explain", "Choic
            "TuningWarning", "Error", "MPIError", "NcclError",
            "TimeoutError", "UnavailableError", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
            "LXOR", "BAND", "BOR", "BXOR", "AVG", "OPS"]
-# point to point beyond Send/Recv, and the waits of several requests (issue 29)
+# point to point beyond Send/Recv, and the waits of several requests
 __all__ += ["Status", "ANY_SOURCE", "ANY_TAG", "UNDEFINED", "Waitany", "Testany", "Testall",
             "Waitsome"]
 

@@ -5,7 +5,8 @@ here runs first: pending ops get AL_EXIT_GRACE seconds (default 2) to complete, 
 requests are cancelled and freed, so an exiting program never hangs on them. Then the CUDA
 devices' pinned-buffer pools are released (after a device synchronize; never earlier, never on
 the engine's thread). The timeline (AL_TIMELINE) is completed after the engine stopped, so the
-ops that completed or were cancelled in the grace period are in it.
+ops that completed or were cancelled in the grace period are in it.  In a child made by
+os.fork() the handler does nothing: what it would stop and release belongs to the parent.
 """
 import atexit
 
@@ -13,6 +14,8 @@ from . import _core, config, timeline
 
 
 def _shutdown() -> None:
+    if _core.forked():              # a child of os.fork(): the engine, MPI and the devices are
+        return                      # the parent's (engine.pxi stops MPI_Finalize there too)
     with config.deferred():         # a bad AL_EXIT_GRACE: the default (reported at Communicator())
         grace = config.exit_grace()
     _core.shutdown_engine(grace)

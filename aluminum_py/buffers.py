@@ -21,6 +21,8 @@ def as_array(obj, name: str, writable: bool = False) -> np.ndarray:
     if type(obj) is not _ndarray:
         if obj is None:
             raise TypeError(f"{name}: expected a numpy array or buffer, got None")
+        if type(obj) in _MPI_CONSTANTS:
+            not_data(obj, name)
         if is_gpu_buffer(obj):
             if cuda_device_count() == 0:
                 raise UnavailableError(f"{name} is a GPU buffer: no CUDA device is available")
@@ -220,6 +222,21 @@ def vself_counts(sendcounts, recvcounts, rank: int) -> None:
                          f"{r}: what a rank sends itself must be what it receives from itself")
 
 
+def not_data(constant, name: str) -> None:
+    """Raise the TypeError of an mpi4py constant given as the buffer `name`: MPI.BOTTOM and
+    MPI.BUFFER_AUTOMATIC expose an empty buffer, and MPI.IN_PLACE marks the in-place form only
+    where the call has one (read by the parser, msgbuffer.pxi's in_place_form): none of them is
+    ever read as data."""
+    label = _MPI_CONSTANTS[type(constant)]
+    if label == "IN_PLACE":
+        raise TypeError(f"{name}: MPI.IN_PLACE marks an in-place form, which this call does not "
+                        f"take here: it goes in sendbuf (Allreduce, Reduce and Gather at the "
+                        f"root, Reduce_scatter, Allgather, Alltoall, Scan, Exscan and the "
+                        f"v-forms) or in recvbuf (Scatter and Scatterv at the root)")
+    raise TypeError(f"{name}: MPI.{label} is not a buffer (aluminum_py takes numpy arrays and "
+                    f"buffer-protocol objects, not MPI addresses or datatypes)")
+
+
 def unless_in_place(buf):
     """None for an in-place marker (None or MPI.IN_PLACE), else `buf`: how the Communicator's
     v-collectives pass "in place" on to a backend."""
@@ -228,7 +245,12 @@ def unless_in_place(buf):
     return buf
 
 
-from mpi4py.MPI import IN_PLACE as _IN_PLACE  # noqa: E402  (mpi4py is loaded: _core needs it)
+from mpi4py import MPI as _MPI  # noqa: E402  (mpi4py is loaded: _core needs it)
+
+_IN_PLACE = _MPI.IN_PLACE
+# mpi4py's constants that expose a (zero-length) buffer, by type: never data
+_MPI_CONSTANTS = {type(getattr(_MPI, n)): n for n in ("IN_PLACE", "BOTTOM", "BUFFER_AUTOMATIC")
+                  if hasattr(_MPI, n)}
 
 
 def vsame_count(arr: np.ndarray, n: int, name: str, what: str) -> None:

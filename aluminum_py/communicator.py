@@ -8,6 +8,8 @@ one type test, so no other Python runs on the latency-critical path.
 """
 from __future__ import annotations
 
+import time
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,8 +18,8 @@ from . import _core, config, timeline, topology
 from .backends.gpu_backend import GpuBackend
 from .backends.host import HostBackend, rank_arg, source_arg
 from .backends.ht_enqueue import HostTransfer
-from .buffers import unless_in_place, vspec
-from .errors import Error, ThreadLevelWarning
+from .buffers import _IN_PLACE, unless_in_place, vspec
+from .errors import Error, ThreadLevelWarning, TimeoutError
 from .gpu import is_gpu_buffer, require_cuda
 from .ops import SUM
 from .request import Request
@@ -27,6 +29,114 @@ if TYPE_CHECKING:
     from .tuning import Choice
 
 _ndarray = np.ndarray
+
+# The duplicates and requests of constructions that timed out: MPI forbids freeing a pending
+# nonblocking collective's request, and a late rank's duplicate may still match them.
+_TIMED_OUT: list = []
+
+
+def _duplicate(base, timeout: float | None):
+    """Two duplicates of `base` (collective: MPI_Comm_idup, twice), then a barrier over the
+    first, every wait bounded by `timeout` seconds (None: no bound).  The barrier is over the
+    new communicator, which only this construction's ranks use: a rank that comes after the
+    others timed out may complete its duplicates against their abandoned ones, and then times
+    out in the barrier instead of going on alone.  MPI's errors (no communicator left) raise
+    aluminum_py.Error; a wait past `timeout` raises aluminum_py.TimeoutError."""
+    from mpi4py import MPI
+    deadline = None if timeout is None else time.monotonic() + timeout
+    made, reqs = [], []
+    try:
+        for _ in range(2):
+            c, r = base.Idup()
+            made.append(c)
+            reqs.append(r)
+        _bounded(reqs, deadline, timeout, made, "MPI_Comm_idup")
+        reqs = [made[0].Ibarrier()]
+        _bounded(reqs, deadline, timeout, made, "the barrier over the duplicates")
+    except MPI.Exception as e:
+        _TIMED_OUT.append((made, reqs))
+        raise Error(f"Communicator(): MPI could not duplicate the communicator: {e} (MPI has "
+                    f"no communicator left? Free() the Communicators you no longer use)") from None
+    return made
+
+
+def _bounded(reqs, deadline, timeout, made, what) -> None:
+    """Wait for the MPI requests `reqs` until `deadline` (time.monotonic; None: for ever),
+    polling with naps of up to 1 ms (Ctrl-C is raised between them)."""
+    from mpi4py import MPI
+    nap = 0.0
+    while not _test_all(MPI, reqs):
+        if deadline is not None and time.monotonic() > deadline:
+            _TIMED_OUT.append((made, reqs))
+            raise TimeoutError(
+                f"Communicator(): not every rank of the communicator came within "
+                f"AL_HANG_TIMEOUT={timeout:g} s ({what} not complete): a rank is late or does "
+                f"not call Communicator(); the communicator passed is now out of step (its "
+                f"ranks' collectives no longer match), so end the program")
+        time.sleep(nap)
+        nap = min(2 * nap or 1e-5, 1e-3)
+
+
+def _test_all(MPI, reqs) -> bool:
+    """MPI_Testall of `reqs`; a failure raises MPI's error of the failed request (MPICH's
+    "Too many communicators"), not MPI_ERR_IN_STATUS's generic one."""
+    statuses = [MPI.Status() for _ in reqs]
+    try:
+        return MPI.Request.Testall(reqs, statuses)
+    except MPI.Exception as e:
+        codes = [c for c in (st.Get_error() for st in statuses) if c != MPI.SUCCESS]
+        if e.Get_error_class() == MPI.ERR_IN_STATUS and codes:
+            raise MPI.Exception(codes[0]) from None
+        raise
+
+
+class _Held:
+    """What a Communicator holds that Free() releases: kept apart from the Communicator, so
+    that a Communicator dropped without Free() leaves it to :func:`_reclaim`."""
+
+    __slots__ = ("state", "host", "gpu", "check")
+
+    def __init__(self, state):
+        self.state, self.host, self.gpu, self.check = state, None, None, None
+
+    def release(self):
+        """Free everything (nothing pending); the first unreported GPU failure, or None."""
+        failure = self.gpu.close() if self.gpu is not None else None
+        if self.host is not None:
+            self.host.close()
+        else:                       # construction failed before the backend took them
+            self.state.coll_comm.Free()
+            self.state.p2p_comm.Free()
+        if self.check is not None:
+            self.check.Free()
+        return failure
+
+
+_dropped: list = []     # _Held of Communicators dropped without Free(), freed by _reclaim
+
+
+def _reclaim() -> None:
+    """Free what the Communicators dropped without Free() held, at the next construction, once
+    none of their ops is pending (those wait for a later one).  Freeing is local (munmap and
+    MPI_Comm_free, which MPI libraries implement without communication), so ranks that drop a
+    communicator at different times stay safe; the MPI context ids come back for the next
+    duplicates.  One with a GPU backend is kept (NCCL's teardown is not for a collector)."""
+    keep = []
+    while _dropped:
+        held = _dropped.pop()
+        if held.state.pending or held.gpu is not None:
+            keep.append(held)
+            continue
+        held.state.freed = True
+        held.release()
+    _dropped.extend(keep)
+
+
+def _drop(held: _Held) -> None:
+    """A Communicator was collected without Free(): no MPI call here (the collector runs at any
+    point of any thread); :func:`_reclaim` frees it later."""
+    if not held.state.freed:
+        _dropped.append(held)
 
 
 def _warn_thread_level() -> None:
@@ -77,9 +187,27 @@ class Communicator:
             raise TypeError("comm: an intercommunicator is not supported (collectives here run "
                             "within one group); pass an intracommunicator, e.g. "
                             "intercomm.Merge()")
-        self._coll = base.Dup()
-        self._p2p = base.Dup()
+        _reclaim()
+        self._coll, self._p2p = _duplicate(base, config.hang_timeout())
         self._state = _core.CommState(self._coll, self._p2p)
+        held = self._held = _Held(self._state)
+        try:
+            self._construct(base, stream, held)
+        except BaseException:
+            # every rank fails construction at the same point (settings are compared first)
+            self._state.freed = True
+            topo = getattr(self, "_topology", None)
+            node = topo.take_node_comm() if topo is not None else None
+            if node is not None:
+                node.Free()
+            if not self._state.pending:
+                held.release()
+            raise
+        # dropped without Free(): its MPI communicators are freed at a later construction
+        weakref.finalize(self, _drop, held).atexit = False
+
+    def _construct(self, base, stream, held: _Held) -> None:
+        from mpi4py import MPI
         if not _core.thread_multiple():
             _warn_thread_level()
         self.rank: int = self._state.rank
@@ -88,14 +216,17 @@ class Communicator:
         self.local_rank: int = self._topology.local_rank
         self.local_size: int = self._topology.local_size
         self._any_source = MPI.ANY_SOURCE
-        self._host = HostBackend(self._state, base, self._topology, MPI.ANY_SOURCE, MPI.ANY_TAG)
+        held.host = self._host = HostBackend(self._state, base, self._topology, MPI.ANY_SOURCE,
+                                             MPI.ANY_TAG)
         self._calls = self._host.calls           # the native entries: numpy arrays' path
         self._allreduce = self._calls.allreduce
-        self._gpu = None if stream is None else self._make_gpu(stream)
+        self._gpu = None
+        if stream is not None:
+            held.gpu = self._gpu = self._make_gpu(stream)
         self._check = None
         if self._host.check_calls:          # AL_CHECK: a communicator for the signatures
             from .check import CallChecker
-            self._check = base.Dup()
+            held.check = self._check = base.Dup()
             self._host.launcher.checker = CallChecker(self._check, self._state)
         timeline.on_communicator(self)      # recording: the clock sync (collective)
 
@@ -115,14 +246,14 @@ class Communicator:
         _core.check_not_forked(what)        # before any CUDA or NCCL call
         if self._gpu is None:
             require_cuda(what)
-            self._gpu = self._make_gpu(None)
+            self._held.gpu = self._gpu = self._make_gpu(None)
         return self._gpu
 
     def _bind_gpu(self, device, stream: int) -> None:
         """A GPU backend on `device` bound to `stream` (aluminum_py.host_transfer.bind)."""
         if self._gpu is not None:
             raise ValueError("comm: the communicator already has a GPU backend")
-        self._gpu = self._make_gpu(stream, device)
+        self._held.gpu = self._gpu = self._make_gpu(stream, device)
 
     def _host_transfer(self, device) -> HostTransfer:
         """The host-transfer allreduce of this communicator on `device`
@@ -145,7 +276,8 @@ class Communicator:
     @property
     def timeout(self) -> float | None:
         """Seconds this communicator's blocking host calls (and ``Probe``) wait before raising
-        aluminum_py.TimeoutError; None (the default): AL_HANG_TIMEOUT (unset: no limit).
+        aluminum_py.TimeoutError; None (the default): AL_HANG_TIMEOUT (1800 s unless set; 0: no
+        limit).
         ``Request.Wait`` takes its own ``timeout``.  Local: set it on every rank (the torch
         backend sets the process group's timeout here)."""
         return self._calls.timeout
@@ -184,10 +316,7 @@ class Communicator:
         if self._state.pending:
             raise Error(f"Free: {self._state.pending} operations are still pending")
         self._state.freed = True
-        failure = self._gpu.close() if self._gpu is not None else None
-        self._host.close()
-        if self._check is not None:
-            self._check.Free()
+        failure = self._held.release()
         if failure is not None:
             raise failure
 
@@ -227,24 +356,24 @@ class Communicator:
             aluminum_py.TimeoutError: AL_HANG_TIMEOUT passed.  aluminum_py.MPIError: MPI failed.
         """
         (self._allreduce if type(sendbuf) is _ndarray else
-         self._backend_for(sendbuf, "sendbuf").allreduce)(sendbuf, recvbuf, op, algorithm, True,
-                                                          min_ctas, max_ctas)
+         self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").allreduce)(
+            sendbuf, recvbuf, op, algorithm, True, min_ctas, max_ctas)
 
     def Iallreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,
                    max_ctas: int | None = None, min_ctas: int | None = None) -> Request:
         """Nonblocking Allreduce: returns a Request at once; the engine progresses it (GPU
         buffers: a GpuRequest whose Wait makes the bound stream wait)."""
         return (self._allreduce if type(sendbuf) is _ndarray else
-                self._backend_for(sendbuf, "sendbuf").allreduce)(sendbuf, recvbuf, op, algorithm,
-                                                                 False, min_ctas, max_ctas)
+                self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").allreduce)(
+            sendbuf, recvbuf, op, algorithm, False, min_ctas, max_ctas)
 
     # ------------------------------------------------------------------ reduce
     def Reduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> None:
         """Reduce onto `root`. recvbuf matters at root only (None there: in place in sendbuf)."""
-        self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, True)
+        self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").reduce(sendbuf, recvbuf, op, root, True)
 
     def Ireduce(self, sendbuf, recvbuf=None, op=SUM, root: int = 0) -> Request:
-        return self._backend_for(sendbuf, "sendbuf").reduce(sendbuf, recvbuf, op, root, False)
+        return self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").reduce(sendbuf, recvbuf, op, root, False)
 
     # ------------------------------------------------------------------ reduce_scatter
     def Reduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
@@ -259,27 +388,28 @@ class Communicator:
         if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
             self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, True, algorithm)
             return
-        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
+        (self._calls if type(sendbuf) is _ndarray else self._vbackend(sendbuf, "sendbuf", recvbuf,
+                                                                      "recvbuf")
          ).reduce_scatter(sendbuf, recvbuf, op, True, algorithm)
 
     def Ireduce_scatter(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "mpi", *,
                         recvcounts=None) -> Request:
         if recvcounts is not None or isinstance(recvbuf, (list, tuple)):
             return self._reduce_scatterv(sendbuf, recvbuf, op, recvcounts, False, algorithm)
-        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
-                ).reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
+        return (self._calls if type(sendbuf) is _ndarray else
+                self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf")).reduce_scatter(sendbuf, recvbuf, op, False, algorithm)
 
     # ------------------------------------------------------------------ data movement
     def Allgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> None:
         """Every rank gets every rank's sendbuf, concatenated in rank order.
         recvbuf None: in place, sendbuf holds size blocks with this rank's at block `rank`.
         algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
-        (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
-         ).allgather(sendbuf, recvbuf, True, algorithm)
+        (self._calls if type(sendbuf) is _ndarray else
+         self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf")).allgather(sendbuf, recvbuf, True, algorithm)
 
     def Iallgather(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
-        return (self._calls if type(sendbuf) is _ndarray else self._backend_for(sendbuf, "sendbuf")
-                ).allgather(sendbuf, recvbuf, False, algorithm)
+        return (self._calls if type(sendbuf) is _ndarray else
+                self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf")).allgather(sendbuf, recvbuf, False, algorithm)
 
     def Bcast(self, buf, root: int = 0, algorithm: str = "mpi") -> None:
         """Broadcast root's `buf` into `buf` on every rank. algorithm: "mpi" or "shm" (as
@@ -296,26 +426,26 @@ class Communicator:
         None: in place. algorithm: "mpi", "shm" (as Reduce_scatter's) or "auto" ("shm" where
         the communicator has a segment and it measured faster at this size:
         algorithms.shm_preferred)."""
-        self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, True, algorithm)
+        self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").alltoall(sendbuf, recvbuf, True, algorithm)
 
     def Ialltoall(self, sendbuf, recvbuf=None, algorithm: str = "mpi") -> Request:
-        return self._backend_for(sendbuf, "sendbuf").alltoall(sendbuf, recvbuf, False, algorithm)
+        return self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").alltoall(sendbuf, recvbuf, False, algorithm)
 
     def Gather(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Concatenate every rank's sendbuf at root. recvbuf matters at root only; None there:
         in place, sendbuf holds size blocks with root's own at block `root`."""
-        self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, True)
+        self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").gather(sendbuf, recvbuf, root, True)
 
     def Igather(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
-        return self._backend_for(sendbuf, "sendbuf").gather(sendbuf, recvbuf, root, False)
+        return self._vbackend(sendbuf, "sendbuf", recvbuf, "recvbuf").gather(sendbuf, recvbuf, root, False)
 
     def Scatter(self, sendbuf, recvbuf=None, root: int = 0) -> None:
         """Block i of root's sendbuf goes to rank i's recvbuf (whose length sets the count on
         non-roots). At root recvbuf None: in place, root's block stays in sendbuf."""
-        self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, True)
+        self._vbackend(recvbuf, "recvbuf", sendbuf, "sendbuf").scatter(sendbuf, recvbuf, root, True)
 
     def Iscatter(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
-        return self._backend_for(recvbuf, "recvbuf").scatter(sendbuf, recvbuf, root, False)
+        return self._vbackend(recvbuf, "recvbuf", sendbuf, "sendbuf").scatter(sendbuf, recvbuf, root, False)
 
     def Barrier(self, algorithm: str = "mpi") -> None:
         """Wait until every rank called it. algorithm: "mpi" or "shm" (as Reduce_scatter's)."""
@@ -396,8 +526,10 @@ class Communicator:
     # displacements are in elements; displs None: the blocks packed in rank order.
 
     def _vbackend(self, a, aname: str, b, bname: str):
-        """The backend of `a`, or of `b` where `a` is None (in place)."""
-        return self._backend_for(a, aname) if a is not None else self._backend_for(b, bname)
+        """The backend of `a`, or of `b` where `a` is None or MPI.IN_PLACE (in place: the
+        data in `b`)."""
+        return (self._backend_for(a, aname) if a is not None and a is not _IN_PLACE
+                else self._backend_for(b, bname))
 
     def _allgatherv(self, sendbuf, recvbuf, recvcounts, displs, algorithm, blocking):
         rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
@@ -490,7 +622,7 @@ class Communicator:
         return self._vbackend(s, "sendbuf", rbuf, "recvbuf").reduce_scatterv(
             s, rbuf, counts, op, blocking, algorithm=algorithm)
 
-    # ------------------------------------------------------------------ point to point (issue 29)
+    # ------------------------------------------------------------------ point to point
     def Isendrecv(self, sendbuf, dest: int, recvbuf, source: int = ANY_SOURCE, tag: int = 0, *,
                   sendtag: int | None = None, recvtag: int | None = None) -> Request:
         return self._sendrecv(sendbuf, dest, recvbuf, source, tag, False, sendtag, recvtag,
@@ -505,7 +637,7 @@ class Communicator:
         "Point-to-point: one NCCL group per batch"). Needs a CUDA device."""
         return self._gpu_backend("p2p_group").p2p_group()
 
-    # ------------------------------------------------------------------ scans (issue 29)
+    # ------------------------------------------------------------------ scans
     def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
         if unless_in_place(sendbuf) is None:    # mpi4py's form: in place in recvbuf
             sendbuf, recvbuf = recvbuf, None
@@ -531,7 +663,7 @@ class Communicator:
     def Iexscan(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto") -> Request:
         return self._scan("exscan", sendbuf, recvbuf, op, False, algorithm)
 
-    # ------------------------------------------------------------------ probe (issue 29)
+    # ------------------------------------------------------------------ probe
     def _probe(self, source, tag, status, blocking, timeout, name):
         source = self._source(source)
         status_arg(status)
@@ -547,7 +679,7 @@ class Communicator:
 
         Raises:
             aluminum_py.TimeoutError: none came within `timeout` seconds (None:
-                AL_HANG_TIMEOUT; unset: wait forever).
+                AL_HANG_TIMEOUT, 1800 s unless set; 0: wait forever).
         """
         return self._probe(source, tag, status, True, timeout, "Probe")
 

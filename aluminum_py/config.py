@@ -86,18 +86,25 @@ def _model(name: str, default: float) -> float:
     return _number(name, default, 0.0, 1.0, "a cost-model parameter in seconds from 0 to 1")
 
 
-_hang_timeout: float | None = None
+# AL_HANG_TIMEOUT unset: torch.distributed's default.  A wait this long is a hang (a rank
+# died where the launcher does not end the job, or the ranks' calls differ), and a job that
+# raises ends where one that waits holds its allocation until the batch system kills it; a
+# program that waits longer on purpose sets AL_HANG_TIMEOUT (0: no timeout).
+DEFAULT_HANG_TIMEOUT = 1800.0
+_hang_timeout: float | None = DEFAULT_HANG_TIMEOUT
 
 
 def reload() -> None:
     """Re-read the environment variables that are cached (AL_HANG_TIMEOUT)."""
     global _hang_timeout
-    t = _seconds("AL_HANG_TIMEOUT", None, MAX_SECONDS, note=" (0: no timeout)")
+    t = _seconds("AL_HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT, MAX_SECONDS,
+                 note=" (0: no timeout)")
     _hang_timeout = t or None
 
 
 def hang_timeout() -> float | None:
-    """AL_HANG_TIMEOUT: seconds after which a blocking op or a Wait() without timeout raises."""
+    """AL_HANG_TIMEOUT: seconds after which a blocking op, a Wait() without timeout or
+    Communicator() raises (default 1800; None: no timeout, AL_HANG_TIMEOUT=0)."""
     return _hang_timeout
 
 
@@ -400,7 +407,7 @@ with deferred():
 
 
 # ---------------------------------------------------------------- values passed to the native
-# core, and the environment of other libraries (issue 29: every variable is read here; the C and
+# core, and the environment of other libraries (every variable is read here; the C and
 # Cython code is given the values, it never reads the environment)
 CUDA_DRIVER = "libcuda.so.1"    # the driver's soname
 

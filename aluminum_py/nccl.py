@@ -188,7 +188,7 @@ _group = threading.local()      # per thread, as NCCL's groups: depth, nonblocki
 def settle(handle: int, what: str, timeout: float | None = None) -> None:
     """After `what` answered ncclInProgress on a nonblocking communicator: poll its state
     (ncclCommGetAsyncError, without the GIL) until it is no longer ncclInProgress, at most
-    `timeout` seconds (default AL_HANG_TIMEOUT; unset: no limit).
+    `timeout` seconds (default AL_HANG_TIMEOUT, 1800 s unless set; 0: no limit).
 
     Raises:
         TimeoutError: still in progress after `timeout` (the communicator is left as it is;

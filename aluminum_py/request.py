@@ -64,7 +64,7 @@ class Request:
         """Block until the op completes.
 
         Args:
-            timeout: seconds; None uses AL_HANG_TIMEOUT (unset: wait forever).
+            timeout: seconds; None uses AL_HANG_TIMEOUT (1800 s unless set; 0: wait forever).
             status: an aluminum_py.Status to fill with the receive's source, tag and count
                 (Irecv, Isendrecv; other ops: the empty status), also ``request.status``.
         Raises:
@@ -146,7 +146,7 @@ def Waitall(requests: Iterable[Request | None], timeout: float | None = None) ->
         raise first
 
 
-# ---- v-collectives: what a truncation means in each (issue 29)
+# ---- v-collectives: what a truncation means in each
 _V_TRUNCATION = {
     "allgatherv": "every rank's len(sendbuf) must equal recvcounts[rank] on every rank",
     "gatherv": "rank i's len(sendbuf) must equal the root's recvcounts[i]",
@@ -173,7 +173,7 @@ def v_truncation_hint(name: str, code: int) -> str:
     return (f" (a rank sent more elements than its receiver's counts allow: {rule}; run with "
             f"AL_CHECK=1 to have the rank and the argument named before the call)")
 # ---------------------------------------------------------------- Waitany, Testany, Testall,
-# Waitsome (issue 29).  As MPI's: None entries are MPI_REQUEST_NULL, and a request these return
+# Waitsome.  As MPI's: None entries are MPI_REQUEST_NULL, and a request these return
 # (complete) becomes inactive, skipped by later calls, so that ``for _ in reqs: Waitany(reqs)``
 # visits each once.  Host requests are waited for on the engine's condition variable
 # (_core.wait_any: no polling); GPU requests (aluminum_py.gpu.GpuRequest: an event query) are
@@ -224,7 +224,7 @@ def _timeout_arg(timeout, name: str) -> None:
 
 def _wait_one(reqs: list, active: list[int], timeout: float | None, name: str) -> int:
     """Block until one of reqs[active] is complete; its index. TimeoutError after `timeout`
-    seconds (None: AL_HANG_TIMEOUT; unset: no limit)."""
+    seconds (None: AL_HANG_TIMEOUT, 1800 s unless set; 0: no limit)."""
     import time
     if timeout is None:
         timeout = config.hang_timeout()
@@ -260,7 +260,8 @@ def Waitany(requests: Iterable[Request | None], timeout: float | None = None,
     The request returned becomes inactive: later Waitany/Testany/Waitsome/Testall/Waitall
     calls skip it, as they skip None entries (MPI_REQUEST_NULL).
     Args:
-        timeout: seconds for the whole call; None: AL_HANG_TIMEOUT (unset: no limit).
+        timeout: seconds for the whole call; None: AL_HANG_TIMEOUT (1800 s unless set; 0: no
+            limit).
         status: filled with the completed request's Status (its receive's, else empty).
     Returns:
         the index, or aluminum_py.UNDEFINED if no entry is active.

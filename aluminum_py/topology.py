@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import config
+from . import config, timeline
+from .errors import Error
 
 
 def canonical_layout(labels) -> tuple[int, ...]:
@@ -106,12 +107,16 @@ def _forced_layout(size: int):
 def compute(comm) -> Topology:
     """The topology of the mpi4py communicator `comm` (collective): two exchanges, the
     ``MPI_Comm_split_type(SHARED)`` and one allgather of (node leader, boot id, this rank's
-    ``AL_NODE_LAYOUT``).  The node's leader (its lowest rank of `comm`, which names it) is found
-    locally, by translating rank 0 of the node communicator (ordered by rank of `comm`) to
-    `comm`'s group.  ``AL_NODE_LAYOUT`` (per rank a node label, comma-separated: ``0,0,1,1``)
+    ``AL_NODE_LAYOUT``, its timeline state).  The node's leader (its lowest rank of `comm`,
+    which names it) is found locally, by translating rank 0 of the node communicator (ordered
+    by rank of `comm`) to `comm`'s group.  ``AL_NODE_LAYOUT`` (per rank a node label, comma-separated: ``0,0,1,1``)
     replaces the layout: a testing and emulation aid that makes the layout-aware algorithms treat
     one machine as several nodes.  A value bad on some rank, or not the same on every rank,
-    raises ValueError on every rank (the ranks must agree on the layout)."""
+    raises ValueError on every rank (the ranks must agree on the layout).  The same allgather
+    carries each rank's timeline state (:func:`timeline.agreement`): an ``AL_TIMELINE`` that
+    could not be opened on some rank, or a timeline recording on some ranks only, raises
+    aluminum_py.Error on every rank (each Communicator measures the clock offsets while
+    recording, a collective)."""
     from mpi4py import MPI
     rank, size = comm.Get_rank(), comm.Get_size()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -122,8 +127,8 @@ def compute(comm) -> Topology:
         node_group.Free()
         group.Free()
     labels, error = _forced_layout(size)
-    everyone = comm.allgather((leader, machine_id(), error or labels))
-    forced = [f for _, _, f in everyone]
+    everyone = comm.allgather((leader, machine_id(), error or labels, timeline.agreement()))
+    forced = [f for _, _, f, _ in everyone]
     error = config.first_error(forced)
     other = next((r for r, f in enumerate(forced) if f != forced[0]), None)
     if error is None and other is not None:
@@ -133,9 +138,13 @@ def compute(comm) -> Topology:
     if error is not None:
         node.Free()
         raise ValueError(error)
-    layout = canonical_layout(labels if labels is not None else [n for n, _, _ in everyone])
+    recording = timeline.disagreement([t for _, _, _, t in everyone])
+    if recording is not None:
+        node.Free()
+        raise Error(recording)
+    layout = canonical_layout(labels if labels is not None else [n for n, _, _, _ in everyone])
     return Topology(rank, size, layout, node.Get_rank(), node.Get_size(),
-                    canonical_layout([m for _, m, _ in everyone]), node,
+                    canonical_layout([m for _, m, _, _ in everyone]), node,
                     None if labels is None else tuple(labels))
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from aluminum_py.testing import cuda_standin as cs
 
-pytestmark = pytest.mark.timeout(30, method="thread")
+pytestmark = pytest.mark.timeout(300, method="thread")   # hang guards, as every limit here
 
 SUCCESS, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE = 0, 1, 3, 100
 INVALID_DEVICE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY, NOT_SUPPORTED = 101, 201, 400, 600, 801
@@ -27,6 +27,9 @@ NON_BLOCKING, BLOCKING = 1, 0
 LEGACY = 1                       # CU_STREAM_LEGACY; handle 0 is the legacy stream too
 GEQ, EQ, AND, NOR = 0, 1, 2, 3
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where a `python -c`/`-m` child starts: the directory holding the aluminum_py this process
+# imported (the source tree, or site-packages for an installed package), so it imports the same
+HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cs.__file__))))
 
 
 # ------------------------------------------------------------------ helpers
@@ -34,7 +37,8 @@ def ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def eventually(pred, timeout=10.0) -> bool:
+def eventually(pred, timeout=120.0) -> bool:
+    """Whether `pred` comes to hold; the timeout only guards against a hang."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -65,7 +69,7 @@ class Call(threading.Thread):
             assert cs.load().cuCtxSetCurrent(self.ctx) == SUCCESS
         self.result = self.fn(*self.args)
 
-    def finished(self, timeout=10.0) -> bool:
+    def finished(self, timeout=120.0) -> bool:
         self.join(timeout)
         return not self.is_alive()
 
@@ -103,7 +107,7 @@ class Device:
     def copy(self, dst, src, stream) -> None:
         assert self.L.cuMemcpyAsync(ptr(dst), ptr(src), src.nbytes, stream) == SUCCESS
 
-    def sync(self, stream, timeout=10.0) -> None:
+    def sync(self, stream, timeout=120.0) -> None:
         c = Call(self.L.cuStreamSynchronize, stream, ctx=self.ctx)
         assert c.finished(timeout), f"stream {stream:#x} did not finish"
         assert c.result == SUCCESS
@@ -112,7 +116,7 @@ class Device:
         for open_ in self.openers:
             open_()
         for h in self.streams + [0]:
-            Call(self.L.cuStreamSynchronize, h, ctx=self.ctx).finished(10)
+            Call(self.L.cuStreamSynchronize, h, ctx=self.ctx).finished(120)
         for h in self.streams:
             self.L.cuStreamDestroy_v2(h)
 
@@ -152,9 +156,9 @@ def dev(L, ctx):
     d.close()
 
 
-def run_python(code: str, env: dict | None = None, timeout=60) -> subprocess.CompletedProcess:
+def run_python(code: str, env: dict | None = None, timeout=300) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run([sys.executable, "-c", code], env=full, cwd=REPO, text=True,
+    return subprocess.run([sys.executable, "-c", code], env=full, cwd=HOME, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
 
 
@@ -184,8 +188,8 @@ def test_path_is_stable_keyed_by_the_source_and_is_what_load_opened(L):
 
 
 def test_module_main_prints_the_path_and_nothing_else():
-    proc = subprocess.run([sys.executable, "-m", "aluminum_py.testing.cuda_standin"], cwd=REPO,
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "aluminum_py.testing.cuda_standin"], cwd=HOME,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == cs.path() + "\n"
 
@@ -213,13 +217,13 @@ def test_an_edited_source_is_rebuilt_and_a_failed_build_says_why(tmp_path, monke
     assert not [f for f in os.listdir(tmp_path / "cache") if f.endswith(".tmp")]
 
 
-@pytest.mark.timeout(120, method="thread")
+@pytest.mark.timeout(600, method="thread")
 def test_ranks_building_at_once_get_one_complete_library(tmp_path):
     env = dict(os.environ, AL_CUDA_STANDIN_DIR=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-m", "aluminum_py.testing.cuda_standin"],
-                              cwd=REPO, env=env, text=True, stdout=subprocess.PIPE)
+                              cwd=HOME, env=env, text=True, stdout=subprocess.PIPE)
              for _ in range(4)]
-    outs = [p.communicate(timeout=100)[0] for p in procs]
+    outs = [p.communicate(timeout=500)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert len(set(outs)) == 1 and outs[0].startswith(str(tmp_path))
     assert os.listdir(tmp_path) == [os.path.basename(outs[0].strip())]       # no temp left over
@@ -279,9 +283,12 @@ assert L.cuMemHostAlloc(byref(p), 64, 0) == 0 and cs.sync_waits() == 0
 done = []
 def sync1():
     L.cuCtxSetCurrent(ctxs[1]); done.append(L.cuCtxSynchronize())
-t = threading.Thread(target=sync1); t.start(); time.sleep(0.3)
+t = threading.Thread(target=sync1); t.start()
+deadline = time.monotonic() + 300          # a hang guard: the thread reaches the wait at once
+while cs.sync_waits() == 0 and time.monotonic() < deadline:
+    time.sleep(0.002)
 assert not done and cs.sync_waits() == 1
-flag[0] = 1; t.join(10)
+flag[0] = 1; t.join(300)
 assert done == [0]
 print("ok")
 """, env={"AL_STANDIN_DEVICES": "3"})
@@ -568,13 +575,13 @@ def test_non_blocking_streams_do_not_order_with_the_legacy_stream(L, dev):
     src, d1, d2 = dev.array(np.arange(16.0)), dev.array(np.zeros(16)), dev.array(np.zeros(16))
     g = dev.gate(n)
     dev.copy(d1, src, 0)                       # the legacy stream does not wait for n
-    dev.sync(0, timeout=5)
+    dev.sync(0)
     assert np.array_equal(d1, src)
     g.open()
     dev.sync(n)
     g2 = dev.gate(0)
     dev.copy(d2, src, n)                       # n does not wait for the legacy stream
-    dev.sync(n, timeout=5)
+    dev.sync(n, timeout=120)
     assert np.array_equal(d2, src)
     g2.open()
 
@@ -584,13 +591,13 @@ def test_legacy_ordering_covers_only_work_enqueued_before(L, dev):
     src, d1, d2 = dev.array(np.arange(16.0)), dev.array(np.zeros(16)), dev.array(np.zeros(16))
     dev.copy(d1, src, 0)                       # legacy work first, then b blocks
     g = dev.gate(b)
-    dev.sync(0, timeout=5)
+    dev.sync(0)
     assert np.array_equal(d1, src)
     g.open()
     dev.sync(b)
     dev.copy(d2, src, b)                       # b's work first, then the legacy stream blocks
     g2 = dev.gate(0)
-    dev.sync(b, timeout=5)
+    dev.sync(b, timeout=120)
     assert np.array_equal(d2, src)
     g2.open()
 
@@ -620,7 +627,7 @@ def test_stream_destroy_returns_at_once_and_queued_work_still_runs(L, dev):
     assert L.cuEventRecord(ev, s) == SUCCESS
     live = cs.live_streams()
     c = Call(L.cuStreamDestroy_v2, s)
-    assert c.finished(2.0) and c.result == SUCCESS
+    assert c.finished(120) and c.result == SUCCESS
     assert cs.live_streams() == live - 1 and L.cuStreamQuery(s) == INVALID_HANDLE
     assert stays(lambda: L.cuEventQuery(ev) == NOT_READY and not dst.any())
     g.open()
@@ -660,7 +667,7 @@ def test_a_value_wait_whose_condition_holds_does_not_block(L, dev, cond, initial
     s, w, after = dev.stream(), dev.word(initial), dev.word()
     assert L.cuStreamWaitValue32_v2(s, ptr(w), value, cond | (1 << 30)) == SUCCESS   # | FLUSH
     assert L.cuStreamWriteValue32_v2(s, ptr(after), 1, 0) == SUCCESS
-    dev.sync(s, timeout=5)
+    dev.sync(s, timeout=120)
     assert after[0] == 1
 
 
@@ -745,7 +752,7 @@ def test_waiting_on_a_never_recorded_event_does_not_block(L, dev):
     assert L.cuEventCreate(byref(ev), 0) == SUCCESS
     assert L.cuStreamWaitEvent(s, ev, 0) == SUCCESS
     dev.copy(dst, src, s)
-    dev.sync(s, timeout=5)
+    dev.sync(s, timeout=120)
     assert np.array_equal(dst, src)
     assert L.cuEventDestroy(ev) == SUCCESS
 
@@ -828,7 +835,7 @@ def test_a_long_implicit_sync_reports_the_blocked_stream_once_and_keeps_waiting(
     assert "a deadlock if the flag's writer is this thread" in err
 
 
-@pytest.mark.timeout(60, method="thread")
+@pytest.mark.timeout(300, method="thread")
 def test_freeing_pinned_memory_on_the_flag_writers_thread_deadlocks():
     """The bug the stand-in exists to catch: cuMemFreeHost on the thread that would next write
     the flag another stream is waiting for never returns (as on a GPU); the stand-in says so on
@@ -847,14 +854,14 @@ flag[0] = 1
 print("freed", flush=True)
 """
     env = dict(os.environ, AL_STANDIN_SYNC_WARN="0.3", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=HOME, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: queue.Queue = queue.Queue()
     for stream in (proc.stdout, proc.stderr):
         threading.Thread(target=lambda f=stream: [lines.put(ln) for ln in f], daemon=True).start()
     try:
         seen = []
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 240                # a hang guard
         while (not any("cuda stand-in:" in ln or ln.startswith("freed") for ln in seen)
                and proc.poll() is None and time.monotonic() < deadline):
             try:

@@ -235,7 +235,6 @@ def test_current_device_fallbacks(monkeypatch):
 
 def test_cpu_device_streams_events_and_destroy():
     import os
-    import time
     dev = al._core.CpuDevice()
 
     def threads():
@@ -245,7 +244,8 @@ def test_cpu_device_streams_events_and_destroy():
     a, b = dev.stream(), dev.stream()
     assert threads() == n0 + 2
     src, mid, dst = np.arange(1000.0), np.zeros(1000), np.zeros(1000)
-    a.delay(0.3)
+    gate = np.zeros(1, dtype=np.uint32)
+    a.wait_value32(gate.ctypes.data, 1)         # a stops here until the test opens the gate
     a.memcpy(mid.ctypes.data, src.ctypes.data, src.nbytes)
     ev = dev.event_create()
     dev.event_record(ev, a.handle)
@@ -253,13 +253,14 @@ def test_cpu_device_streams_events_and_destroy():
     dev.stream_wait_event(b.handle, ev)         # b waits for a's copy...
     dev.event_destroy(ev)                       # ...even with the event destroyed (as CUDA)
     dev.memcpy(dst.ctypes.data, mid.ctypes.data, mid.nbytes, b.handle)
-    assert b.synchronize(timeout=10) and np.array_equal(dst, src)
-    t0 = time.monotonic()
+    assert not b.synchronize(timeout=0.05) and not dst.any()     # b is held behind a
+    gate[0] = 1
+    assert b.synchronize(timeout=300) and np.array_equal(dst, src)
     late = np.zeros(4)
-    a.delay(0.2)
+    a.delay(0.2)                                # a long kernel still running at destroy
     a.memcpy(late.ctypes.data, src.ctypes.data, late.nbytes)
     a.destroy()                                 # runs what is queued, joins the worker
-    assert time.monotonic() - t0 >= 0.15 and np.array_equal(late, src[:4])
+    assert np.array_equal(late, src[:4])
     assert threads() == n0 + 1
     a.destroy()                                 # idempotent
     with pytest.raises(ValueError, match="destroyed"):
@@ -280,18 +281,24 @@ class _Buffer:
     """Stands in for an array whose only reference, once the call returned, is the library's."""
 
 
-def _track_behind_a_long_kernel(seconds):
-    """A CPU-device stream busy for `seconds`, an InFlight tracking a buffer enqueued after
-    that, the caller's reference dropped: (stream, inflight, weakref to the buffer)."""
+def _track_behind_a_gate():
+    """A CPU-device stream stopped at a gate the test opens (a wait on a host flag, as a
+    kernel that has not finished), an InFlight tracking a buffer enqueued behind it, the
+    caller's reference dropped: (stream, inflight, weakref to the buffer, open_gate)."""
     import weakref
     dev = al._core.CpuDevice()
     s = dev.stream()
     inflight = gpu.InFlight(dev)
-    s.delay(seconds)
+    gate = np.zeros(1, dtype=np.uint32)
+    s.wait_value32(gate.ctypes.data, 1)
     buf = _Buffer()
     ref = weakref.ref(buf)
     inflight.track(s.handle, (buf,))
-    return s, inflight, ref
+
+    def open_gate():
+        gate[0] = 1
+        assert s.synchronize(timeout=300)       # a hang guard: the stream runs at once
+    return s, inflight, ref, open_gate
 
 
 def test_inflight_keeps_buffers_until_the_completion_event():
@@ -299,18 +306,18 @@ def test_inflight_keeps_buffers_until_the_completion_event():
     although the caller dropped them at once; completed entries are dropped in stream order
     and their events reused."""
     import gc
-    s, inflight, ref = _track_behind_a_long_kernel(0.4)
+    s, inflight, ref, open_gate = _track_behind_a_gate()
     gc.collect()
     inflight.retire()
     assert ref() is not None and inflight.pending == 1      # the stream has not run the op
-    assert s.synchronize(timeout=10)
+    open_gate()
     inflight.retire()
     gc.collect()
     assert ref() is None and inflight.pending == 0
     assert len(inflight.free_events) == 1
     inflight.track(s.handle, ())                 # the event is reused
     assert len(inflight.free_events) == 0
-    assert s.synchronize(timeout=10)
+    assert s.synchronize(timeout=300)
     inflight.retire()
     inflight.destroy_events()
     s.destroy()
@@ -319,11 +326,11 @@ def test_inflight_keeps_buffers_until_the_completion_event():
 def test_freed_communicator_keeps_buffers_of_running_ops(monkeypatch):
     """Free with ops still running on the device: their buffers move to a list that later GPU
     ops prune once the ops have completed."""
-    s, f, ref = _track_behind_a_long_kernel(0.3)
+    s, f, ref, open_gate = _track_behind_a_gate()
     monkeypatch.setattr(gpu, "_RETIRING", [f])
     gpu._retire_freed()
     assert ref() is not None and gpu._RETIRING == [f]
-    assert s.synchronize(timeout=10)
+    open_gate()
     gpu._retire_freed()
     assert ref() is None and gpu._RETIRING == []
     s.destroy()

@@ -151,13 +151,32 @@ MODULES = sorted(modules())
 OPTIONAL = {f"{PACKAGE}.torch": "torch"}      # module -> the third-party package it needs
 
 
+def importable(name: str) -> bool:
+    """Whether the third-party package `name` needs (OPTIONAL) is installed."""
+    import importlib.util
+    return name not in OPTIONAL or importlib.util.find_spec(OPTIONAL[name]) is not None
+
+
+@pytest.fixture(scope="module")
+def imported_alone() -> dict:
+    """Every module's `import <module>` in a fresh interpreter, several at once (each takes
+    about a second of CPU, most of it importing numpy, mpi4py and torch): {name: the process}."""
+    from concurrent.futures import ThreadPoolExecutor
+    env = dict(os.environ, PYTHONPATH=str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(name):
+        return subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True,
+                              text=True, env=env, timeout=600)
+    names = [name for name in MODULES if importable(name)]
+    with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
+        return dict(zip(names, pool.map(run, names)))
+
+
 @pytest.mark.parametrize("name", MODULES)
-def test_every_module_imports_alone(name):
+def test_every_module_imports_alone(name, imported_alone):
     """`import <module>` in a fresh interpreter (no other module of ours imported first).
     ``aluminum_py.torch`` is the PyTorch integration: it needs torch (the package does not)."""
-    if name in OPTIONAL:
-        pytest.importorskip(OPTIONAL[name])
-    env = dict(os.environ, PYTHONPATH=str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True,
-                       env=env, timeout=120)
+    if not importable(name):
+        pytest.skip(f"{name} needs {OPTIONAL[name]}")
+    r = imported_alone[name]
     assert r.returncode == 0, f"import {name} failed:\n{r.stderr[-3000:]}"

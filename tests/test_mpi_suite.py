@@ -2,10 +2,13 @@
 allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).
 
 Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
-by the subprocess timeout here.  Set AL_TEST_RANKS=2,4 to choose rank counts, AL_MPIEXEC and
+by the subprocess timeout here (HANG); both are hang guards, far above what a busy machine
+needs.  Tests marked ``local`` (they never communicate through the library: argument checks,
+names) run at one rank count only, LOCAL_RANKS (tests/conftest.py deselects them at the
+others).  Set AL_TEST_RANKS=2,4 to choose rank counts, AL_MPIEXEC and
 AL_MPIEXEC_ARGS to choose the launcher (tests/openmpi/run.sh: Open MPI's, with --oversubscribe),
-AL_TEST_ARGS to pass arguments to every suite launched here (:func:`inner_args`; a suite it
-selects nothing in is skipped, not launched).
+AL_TEST_ARGS to pass arguments to every suite launched here (a suite it selects nothing in is
+skipped).  docs/testing.md describes the layout.
 """
 import os
 import shlex
@@ -17,6 +20,12 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS = [int(n) for n in os.environ.get("AL_TEST_RANKS", "1,2,3,4").split(",") if n]
+# the rank count that runs the tests marked `local`: the smallest with peers (a check of
+# arguments that only exist with two ranks, such as a root that is another rank, runs there)
+LOCAL_RANKS = min((n for n in RANKS if n >= 2), default=max(RANKS, default=1))
+# every launched suite's pytest options (AL_TEST_ARGS comes after them)
+HANG = 3600         # seconds a launched suite may take before it counts as hung
+COMMON = ["--with-mpi", "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
 
 
 def mpiexec() -> str:
@@ -42,7 +51,7 @@ SELECTORS = ("-k", "-m")        # pytest options of which only the last one give
 def merge_args(own: list, extra: list) -> list:
     """`own` (a suite's pytest arguments) followed by `extra` (AL_TEST_ARGS's words), where a
     -k or -m expression in both is joined into one, "(own) and (extra)": pytest keeps only
-    the last -k, so appending would drop the suite's own selection."""
+    the last -k (and -m), so appending would drop the suite's own selection."""
     def split(args):
         rest, sel, i = [], {}, 0
         while i < len(args):
@@ -70,39 +79,33 @@ def merge_args(own: list, extra: list) -> list:
     return out
 
 
-def inner_args(own: list, env: dict) -> list:
-    """A launched suite's pytest arguments `own` with $AL_TEST_ARGS merged in (merge_args).
-    When AL_TEST_ARGS is set, the suite is first collected in this process's environment
-    without mpiexec; if that selects no test, the calling test is skipped, so that e.g.
-    ``AL_TEST_ARGS="-k host_transfer"`` does not launch the 6-rank allreduce matrix."""
+def suite_env(**extra) -> dict:
+    """The environment of a launched suite: this one's, with AL_TEST_INNER (tests/conftest.py
+    then collects tests/mpi and tests/standin) and AL_TEST_LOCAL_RANKS."""
+    return dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
+                AL_TEST_LOCAL_RANKS=str(LOCAL_RANKS), **extra)
+
+
+def run_suite(nranks: int, own: list, env: dict) -> subprocess.CompletedProcess:
+    """pytest with arguments `own`, COMMON and AL_TEST_ARGS (merge_args) under the launcher at
+    `nranks` ranks; its output is printed (the end of it). A suite that AL_TEST_ARGS selects
+    nothing in (pytest's exit status 5) skips the calling test."""
     extra = shlex.split(os.environ.get("AL_TEST_ARGS", ""))
-    if not extra:
-        return own
-    args = merge_args(own, extra)
-    probe = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=300)
-    if probe.returncode == 5:                          # pytest: no tests collected
-        pytest.skip(f"AL_TEST_ARGS={os.environ['AL_TEST_ARGS']!r} selects nothing in this suite")
-    return args
-
-
-def run_suite(nranks: int, own: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """pytest with arguments `own` (and AL_TEST_ARGS, inner_args) under the launcher at
-    `nranks` ranks; its output is printed (the end of it)."""
-    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest", *inner_args(own, env)]
+    cmd = [*launcher(), "-n", str(nranks), sys.executable, "-m", "pytest",
+           *merge_args(own + COMMON, extra)]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+                          text=True, timeout=HANG)
     print(proc.stdout[-20000:])
+    if extra and proc.returncode == 5:                # pytest: no tests collected
+        pytest.skip(f"AL_TEST_ARGS={os.environ['AL_TEST_ARGS']!r} selects nothing in this suite")
     return proc
 
 
 @pytest.mark.parametrize("nranks", RANKS)
 def test_mpi_suite(nranks):
-    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1")
-    proc = run_suite(nranks, [os.path.join(HERE, "mpi"), "--with-mpi", "-q", "-x", "-p",
-                              "no:cacheprovider", "--timeout=300", "-o",
-                              "console_output_style=classic"], env, 1500)
+    """Every file of tests/mpi (new ones included) at `nranks` ranks; the tests marked
+    ``local`` only at LOCAL_RANKS."""
+    proc = run_suite(nranks, [os.path.join(HERE, "mpi"), "-x", "--timeout=300"], suite_env())
     assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
@@ -112,11 +115,11 @@ def test_allreduce_at_six_ranks_oversubscribed():
     doubling and Rabenseifner fold two ranks in, ring blocks are uneven), more ranks than the
     1-4 runs, and (on this 2-core machine) oversubscribed, with the progress engine yielding
     after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any machine)."""
-    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_ENGINE_YIELD="1")
-    proc = run_suite(6, [os.path.join(HERE, "mpi", "test_allreduce.py"), "-k",
-                         "matrix or identical or nan", "--with-mpi", "-q", "-x", "-p",
-                         "no:cacheprovider", "--timeout=600", "--timeout-method=thread", "-o",
-                         "console_output_style=classic"], env, 900)
+    allreduce = os.path.join(HERE, "mpi", "test_allreduce.py")
+    proc = run_suite(6, [f"{allreduce}::{name}" for name in (
+        "test_allreduce_matrix", "test_results_identical_on_all_ranks",
+        "test_min_max_nan_and_signed_zero")] + [
+        "-x", "--timeout=600", "--timeout-method=thread"], suite_env(AL_ENGINE_YIELD="1"))
     assert proc.returncode == 0, f"allreduce at 6 ranks failed:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
 
@@ -126,12 +129,9 @@ def test_shm_suites_with_streamed_slot_stores():
     allgather, bcast, reduce_scatter, barrier, allgatherv, alltoall(v)) at 3 ranks with every
     slot written by streaming stores (AL_SHM_SLOT_STORES=streamed): the 1-4 rank runs take the
     default, which chooses by measurement and writes small messages with ordinary stores."""
-    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
-               AL_SHM_SLOT_STORES="streamed")
     proc = run_suite(3, [os.path.join(HERE, "mpi", f) for f in (
         "test_shm.py", "test_shm_collectives.py", "test_shm_vcollectives.py")] + [
-        "--with-mpi", "-q", "-x", "-p", "no:cacheprovider", "--timeout=300", "-o",
-        "console_output_style=classic"], env, 900)
+        "-x", "--timeout=300"], suite_env(AL_SHM_SLOT_STORES="streamed"))
     assert proc.returncode == 0, f"shm suites with streamed stores failed:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
 
@@ -144,10 +144,11 @@ def test_gpu_control_traffic_order_with_nonblocking_mpich_bcast():
     from mpi4py import MPI
     if "MPICH" not in MPI.Get_library_version():
         pytest.skip("the CVARs that expose the ordering are MPICH's")
-    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
-               MPIR_CVAR_DEVICE_COLLECTIVES="none", MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb")
-    proc = run_suite(2, [os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py"), "-k", "control",
-                         "--with-mpi", "-q", "-p", "no:cacheprovider", "--timeout=60"], env, 300)
+    test = "test_control_traffic_does_not_interleave_with_engine_collectives"
+    proc = run_suite(2, [os.path.join(HERE, "mpi", "test_gpu_backend_cpu.py") + "::" + test,
+                         "--timeout=300"],
+                     suite_env(MPIR_CVAR_DEVICE_COLLECTIVES="none",
+                               MPIR_CVAR_BCAST_INTRA_ALGORITHM="nb"))
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-6000:]
 
 
@@ -156,11 +157,9 @@ def test_cuda_standin_suite(nranks):
     """tests/standin: the CUDA implementation of the device interface (the code that runs on a
     GPU) against the CUDA driver stand-in, under mpiexec, with AL_CUDA_LIBRARY set."""
     from aluminum_py.testing import cuda_standin
-    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1",
-               AL_CUDA_LIBRARY=cuda_standin.path(), AL_STANDIN_DRIVER_LOCK="1")
-    proc = run_suite(nranks, [os.path.join(HERE, "standin"), "--with-mpi", "-q", "-x", "-p",
-                              "no:cacheprovider", "--timeout=300", "--timeout-method=thread", "-o",
-                              "console_output_style=classic"], env, 900)
+    proc = run_suite(nranks, [os.path.join(HERE, "standin"), "-x", "--timeout=300",
+                              "--timeout-method=thread"],
+                     suite_env(AL_CUDA_LIBRARY=cuda_standin.path(), AL_STANDIN_DRIVER_LOCK="1"))
     assert proc.returncode == 0, f"stand-in suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
@@ -174,16 +173,14 @@ def test_gpu_suite_on_standins(nranks):
     layouts only: oversubscribed on two cores, the whole suite takes minutes there."""
     from aluminum_py.testing import cuda_standin
     path = cuda_standin.path()
-    env = dict(os.environ, AL_TEST_INNER="1", PYTHONUNBUFFERED="1", AL_CUDA_LIBRARY=path,
-               AL_NCCL_LIBRARY=path, AL_STANDIN_DRIVER_LOCK="1")
     args = ["-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
             os.path.join(HERE, "standin", "test_nccl_path.py"),
-            os.path.join(HERE, "standin", "test_nccl_api.py"), "--with-mpi", "-q", "-x",
-            "-p", "no:cacheprovider", "--timeout=300", "--timeout-method=thread",
-            "-o", "console_output_style=classic"]
+            os.path.join(HERE, "standin", "test_nccl_api.py"), "-x", "--timeout=300",
+            "--timeout-method=thread"]
     if nranks > 2:
         args += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
                        "(test_allreduce and float32) or (test_gpu_vcollectives and (uneven or launches))"]
-    proc = run_suite(nranks, args, env, 1200)
+    proc = run_suite(nranks, args, suite_env(AL_CUDA_LIBRARY=path, AL_NCCL_LIBRARY=path,
+                                             AL_STANDIN_DRIVER_LOCK="1"))
     assert proc.returncode == 0, f"GPU suite on the stand-ins failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout

@@ -1,7 +1,8 @@
 """Issue 28's guarantees, each program in its own mpiexec launch under a wall-clock limit
 (tests/trust_prog.py): whatever the threads do, a call returns the right values or raises
 aluminum_py.Error, and every job ends; ranks calling with different counts raise on every
-rank; Free() during another thread's call raises instead of unmapping the segment under it.
+rank; Free() during another thread's call raises instead of unmapping the segment under it;
+a forked child's exit leaves the parent's communicators alone.
 
 Every program prints a line per finding (a wrong value, a call that should have raised, a
 thread that never ended) and "DONE" per rank; a test fails on any finding, on a missing DONE
@@ -83,6 +84,21 @@ def test_mismatched_counts_hierarchical(alg, check):
     """And at 3 ranks on two emulated nodes: the node phases' fingerprints (hierarchical: rank
     2, alone on its node, learns it from a notice) or AL_CHECK (hierarchical_p2p)."""
     launch(3, "mismatch", alg, AL_CHECK=check, AL_NODE_LAYOUT="0,0,1")
+
+
+@pytest.mark.parametrize("ranks,algs,hows", [(2, "shm,mpi,ring", "exit,finalize,raise"),
+                                             (3, "shm,ring", "exit,finalize")])
+def test_forked_child_that_exits_normally(ranks, algs, hows):
+    """The even ranks fork a child while their Iallreduce (4 and 512 Ki doubles) is pending, and
+    the child leaves by sys.exit, after calling MPI.Finalize itself, or by an uncaught exception
+    (never os._exit): the parent's results are right (the peers' ops started before the fork,
+    or after the child ended), the child ends with its own exit status, and the communicator
+    goes on working.  MPI_Finalize in the child, which took the parent's messages from MPI's
+    shared-memory queues and the parent's launcher connection, fails there at once."""
+    out = launch(ranks, "fork", algs, hows, timeout=180)
+    if "finalize" in hows:
+        assert "child: MPI.Finalize raised" in out, out[-4000:]
+        assert "child: MPI.Finalize returned" not in out, out[-4000:]
 
 
 def test_free_during_another_threads_call():

@@ -6,10 +6,16 @@ aluminum_py.Error on the ranks concerned, never a wrong value or an endless wait
     python trust_prog.py asymmetric ALG[,ALG...]
     python trust_prog.py mismatch ALG[,ALG...]
     python trust_prog.py free ALG[,ALG...]
+    python trust_prog.py fork ALG[,ALG...] HOW[,HOW...]
+    python trust_prog.py drop ALG COUNT
+    python trust_prog.py exhaust ALG
+    python trust_prog.py construct -
+    python trust_prog.py late GATE_DIR
 
 Each prints one line per finding ("WRONG ...", "HANG ...", "NOERROR ...") and "DONE rank r" at
 the end; the test fails on any finding or a missing DONE.
 """
+import os
 import sys
 import threading
 import time
@@ -212,10 +218,192 @@ def free(alg):
     return findings
 
 
+CHILD_STATUS = {"exit": 7, "finalize": 7, "raise": 1}
+
+
+def reap(pid, what):
+    """The exit status of the child `pid`, or a HANG finding (the child killed) after 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return f"HANG {what}: the child did not exit"
+
+
+def child(how):
+    """A child of os.fork() that leaves as a program ordinarily does: sys.exit, after calling
+    MPI.Finalize itself, or an uncaught exception; never os._exit."""
+    if how == "finalize":
+        try:
+            MPI.Finalize()
+            say("child: MPI.Finalize returned")
+        except Exception as e:           # noqa: BLE001 (mpi4py's MPI.Exception)
+            say("child: MPI.Finalize raised", type(e).__name__)
+    if how == "raise":
+        sys.excepthook = lambda t, e, tb: say("child: uncaught", t.__name__, e)
+        raise RuntimeError("the child's own failure")
+    sys.exit(CHILD_STATUS[how])
+
+
+def fork(alg, how):
+    """The even ranks fork a child while their Iallreduce is pending (the peers' started
+    before the fork, or after the child ended) and the child exits normally: the parent's
+    results are right, the child's exit status its own, the communicator goes on working."""
+    findings = []
+    c = al.Communicator()
+    for n in (4, 1 << 19):
+        for order in ("after", "during"):
+            what = f"fork {alg} {how} {n} {order}"
+            x = np.full(n, RANK + 11.0)
+            want = sum(r + 11.0 for r in range(SIZE))
+            req = None
+            if order == "during" or RANK % 2 == 0:
+                req = c.Iallreduce(x, algorithm=alg)
+            if order == "during":
+                WORLD.Barrier()
+            if RANK % 2 == 0:
+                pid = os.fork()
+                if pid == 0:
+                    child(how)
+                status = reap(pid, what)
+                if status != CHILD_STATUS[how]:
+                    findings.append(f"WRONG {what}: the child's exit status {status}")
+            WORLD.Barrier()                      # the peers of "after" join once it ended
+            if req is None:
+                req = c.Iallreduce(x, algorithm=alg)
+            try:
+                req.Wait(timeout=30)
+            except al.Error as e:
+                findings.append(f"HANG {what}: {type(e).__name__}: {e}")
+                return findings
+            if not np.all(x == want):
+                findings.append(f"WRONG {what}: {x[:4]} for {want}")
+            y = np.full(n, RANK + 1.0)
+            c.Allreduce(y, algorithm=alg)
+            if not np.all(y == TOTAL):
+                findings.append(f"WRONG {what}: the next Allreduce gave {y[:4]} for {TOTAL}")
+    return findings
+
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def drop(alg, count):
+    """`count` Communicators dropped without Free(), each after an Allreduce: rank 0 drops each
+    at once, rank 1 keeps the last three, rank 2 leaves each in a reference cycle (collected
+    when the collector runs), and every 50th is dropped with a nonblocking Allreduce pending
+    that the peers join only later.  More than MPI's communicators (MPICH: 2048 context ids,
+    4-5 per Communicator) must be made without an error, every result right, memory flat."""
+    findings, kept, late = [], [], None
+    start = None
+    for i in range(count):
+        if i == 100:
+            start = rss_mib()
+        c = al.Communicator()
+        x = np.full(10, RANK + 1.0)
+        c.Allreduce(x, algorithm=alg)
+        if not np.all(x == TOTAL):
+            findings.append(f"WRONG drop {alg} {i}: {x[:3]}")
+        if late is not None:                # the peers join the pending op of the last one
+            if RANK != 0:
+                late.Iallreduce(np.ones(10), algorithm=alg).Wait(timeout=60)
+            late = None
+        if i % 50 == 25:
+            if RANK == 0:
+                c.Iallreduce(np.ones(10), algorithm=alg)   # the Request dropped: pending
+            late = c
+        if RANK == 1:
+            kept = (kept + [c])[-3:]
+        elif RANK == 2:
+            c.cycle = c
+        del c
+    grew = rss_mib() - start
+    say(f"drop {alg}: {count} Communicators, resident memory +{grew:.1f} MiB after the 100th")
+    if grew > 16:
+        findings.append(f"WRONG drop {alg}: resident memory grew {grew:.1f} MiB")
+    return findings
+
+
+def exhaust(alg):
+    """Communicators kept until MPI has none left: aluminum_py.Error (not MPI's exception) on
+    every rank in the same Communicator(); once they are freed, construction works again."""
+    kept, findings = [], []
+    while True:
+        try:
+            kept.append(al.Communicator())
+        except al.Error as e:
+            say(f"exhaust: Communicator() #{len(kept) + 1} raised {type(e).__name__}: {e}")
+            break
+        except Exception as e:           # noqa: BLE001
+            findings.append(f"WRONG exhaust: {type(e).__name__}: {e}")
+            break
+        if len(kept) > 5000:
+            return [f"NOERROR exhaust: {len(kept)} communicators"]
+    counts = WORLD.allgather(len(kept))
+    if len(set(counts)) > 1:
+        findings.append(f"WRONG exhaust: the ranks failed at different calls: {counts}")
+    for c in kept:
+        c.Free()
+    c = al.Communicator()
+    x = np.full(10, RANK + 1.0)
+    c.Allreduce(x, algorithm=alg)
+    if not np.all(x == TOTAL):
+        findings.append(f"WRONG exhaust: after freeing, {x[:3]}")
+    return findings
+
+
+def construct(_):
+    """Communicator(): made (and right), or aluminum_py.Error; the test compares the ranks."""
+    try:
+        c = al.Communicator()
+    except al.Error as e:
+        say(f"construct: raised {type(e).__name__}: {e}")
+        return []
+    x = np.full(10, RANK + 1.0)
+    c.Allreduce(x)
+    say("construct: made")
+    return [] if np.all(x == TOTAL) else [f"WRONG construct: {x[:3]}"]
+
+
+def late(gate):
+    """The last rank calls Communicator() only once every other rank's has raised (files in
+    `gate`): the others raise aluminum_py.TimeoutError after AL_HANG_TIMEOUT, and so does the
+    late one (it must not go on alone with a communicator its peers gave up)."""
+    t0 = time.monotonic()
+    if RANK == SIZE - 1:
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(os.path.join(gate, f"raised.{r}"))
+                      for r in range(SIZE - 1)):
+            if time.monotonic() > deadline:
+                return ["HANG late: the others never raised"]
+            time.sleep(0.01)
+        t0 = time.monotonic()
+    try:
+        al.Communicator()
+        return [f"NOERROR late: Communicator() returned after {time.monotonic() - t0:.1f} s"]
+    except al.TimeoutError as e:
+        text = str(e).replace("AL_HANG_TIMEOUT", "the hang timeout")   # not a finding
+        say(f"late: TimeoutError after {time.monotonic() - t0:.1f} s: {text}")
+    finally:
+        open(os.path.join(gate, f"raised.{RANK}"), "w").close()
+    return []
+
+
 def main():
     what = sys.argv[1]
     if what == "threads":
         findings = threads(sys.argv[2].split(","), sys.argv[3].split(","), int(sys.argv[4]))
+    elif what == "drop":
+        findings = drop(sys.argv[2], int(sys.argv[3]))
+    elif what == "fork":
+        findings = [f for alg in sys.argv[2].split(",") for how in sys.argv[3].split(",")
+                    for f in fork(alg, how)]
     else:
         findings = [f for alg in sys.argv[2].split(",") for f in globals()[what](alg)]
     for f in findings:

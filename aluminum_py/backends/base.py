@@ -27,7 +27,7 @@ class Backend(Protocol):
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas: int | None = None, max_ctas: int | None = None) -> Any: ...
 
-    # ---- prefix reductions (issue 29): MPI_Scan / MPI_Exscan; recvbuf None: in place. A backend
+    # ---- prefix reductions: MPI_Scan / MPI_Exscan; recvbuf None: in place. A backend
     # that cannot run them (GPU buffers: NCCL has none) raises UnavailableError saying what to
     # do instead, on every rank, before anything runs.
 
@@ -63,7 +63,7 @@ class Backend(Protocol):
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int,
                  blocking: bool) -> Any: ...
 
-    # ---- v-collectives (issue 29): buffers are the caller's objects (None: in place), counts
+    # ---- v-collectives: buffers are the caller's objects (None: in place), counts
     # and displacements the user's values (elements; displs None: packed in rank order), which
     # the backend checks with buffers.vlayout against its buffers' lengths.  `algorithm`: "auto"
     # or a name the backend runs; ValueError (or UnavailableError) for any other.
@@ -83,7 +83,7 @@ class Backend(Protocol):
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool,
                         algorithm: str = "auto") -> Any: ...
 
-    # ---- point to point (issue 29): a blocking recv / sendrecv returns the receive's
+    # ---- point to point: a blocking recv / sendrecv returns the receive's
     # aluminum_py.Status (GPU buffers: None), sendrecv takes recvtag= / sendtag=; the host
     # backend also has probe(source, tag, blocking, timeout, name)
 

@@ -9,6 +9,7 @@ import time
 from mpi4py import MPI
 
 from .. import config, nccl, timeline, tuning
+from .._core import in_place_form
 from ..algorithms import GPU_ALLREDUCE, GPU_CANDIDATES, REGISTRY
 from ..buffers import MAX_COUNT, vlayout, vno_overlap
 from ..errors import Error, TimeoutError, UnavailableError
@@ -255,6 +256,7 @@ class GpuBackend:
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):
         self.usable("allreduce")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
         r = s if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
         if r.dtype != s.dtype:
@@ -330,7 +332,7 @@ class GpuBackend:
         ignores the receive pointer there), so a rank's bad recvbuf cannot fail it alone."""
         root = self._call("reduce", algorithm, "sendbuf", root)
         if self.rank == root:
-            s, r = self._pair(sendbuf, recvbuf)
+            s, r = self._pair(*in_place_form(sendbuf, recvbuf))
             if r.count < s.count:
                 raise ValueError(f"recvbuf is too short: {r.count} elements, needs {s.count}")
         else:
@@ -343,6 +345,7 @@ class GpuBackend:
 
     def allgather(self, sendbuf, recvbuf, blocking: bool, algorithm="mpi"):
         self._call("allgather", algorithm, "sendbuf")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s, r = self._pair(sendbuf, recvbuf)
         if recvbuf is None and s.count % self.size:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
@@ -356,6 +359,7 @@ class GpuBackend:
 
     def reduce_scatter(self, sendbuf, recvbuf, op, blocking: bool, algorithm="mpi"):
         self._call("reduce_scatter", algorithm, "sendbuf")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s, r = self._pair(sendbuf, recvbuf)
         if s.count % self.size:
             raise ValueError(f"sendbuf: {s.count} elements is not divisible by the communicator "
@@ -392,6 +396,7 @@ class GpuBackend:
 
     def alltoall(self, sendbuf, recvbuf, blocking: bool, algorithm="mpi"):
         self._call("alltoall", algorithm, "sendbuf")
+        sendbuf, recvbuf = in_place_form(sendbuf, recvbuf)
         s, r = self._pair(sendbuf, recvbuf)
         p, es = self.size, s.dtype.itemsize
         if recvbuf is None or s.count % p:
@@ -550,7 +555,7 @@ class GpuBackend:
         return P2PGroup(self)
 
     # ==================================================================================
-    # Issue 29: Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
+    # Allgatherv, Gatherv, Scatterv, Alltoallv, Reduce_scatter with per-rank counts,
     # Scan and Exscan on GPU buffers (docs/gpu.md, "V-collectives, Alltoallv and Scan on GPU
     # buffers"). NCCL has no v-collectives: the data-moving ones are grouped ncclSend/ncclRecv
     # of each peer's block and a device copy of the rank's own block, as NCCL users write them
@@ -739,7 +744,8 @@ class GpuBackend:
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking: bool, algorithm="auto"):
         """MPI_Reduce_scatter: sendbuf holds sum(counts) elements, block i (counts[i]
         elements, in rank order) reduced over the ranks into rank i's recvbuf; recvbuf None:
-        in place, the result in the first counts[rank] elements of sendbuf.
+        in place, the result in the first counts[rank] elements of sendbuf (sendbuf None, the
+        Communicator's MPI.IN_PLACE: the same with the data in recvbuf).
 
         NCCL's ReduceScatter has equal blocks only. This is one ncclReduce per rank (rooted
         there) inside one group, as PyTorch's ProcessGroupNCCL runs a reduce_scatter of uneven
@@ -749,16 +755,24 @@ class GpuBackend:
         of sum(counts) elements for the out-of-place form."""
         def plan():
             self._v_algorithm("reduce_scatter", algorithm)
-            s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+            if sendbuf is None:             # mpi4py's MPI.IN_PLACE form: the data in recvbuf
+                if recvbuf is None:
+                    raise TypeError("sendbuf: None (in place) needs the data in recvbuf, which "
+                                    "is None too")
+                s, r = self._arr(recvbuf, "recvbuf", writable=True), None
+            else:
+                s = self._arr(sendbuf, "sendbuf", writable=recvbuf is None)
+                r = None if recvbuf is None else self._arr(recvbuf, "recvbuf", writable=True)
             c, d = vlayout(counts, None, self.size, "recvbuf", MAX_COUNT)
             total, me = int(c.sum()), self.rank
             if total != s.count:
-                raise ValueError(f"sendbuf has {s.count} elements but the recvcounts add up to "
+                raise ValueError(f"{'sendbuf' if sendbuf is not None else 'recvbuf'} has "
+                                 f"{s.count} elements but the recvcounts add up to "
                                  f"{total} (sendbuf holds recvcounts[i] elements for each rank "
                                  f"i, in rank order)")
-            r = s
-            if recvbuf is not None:
-                r = self._arr(recvbuf, "recvbuf", writable=True)
+            if r is None:
+                r = s
+            else:
                 self._apart(s, r)
                 if r.count < c[me]:
                     raise ValueError(f"recvbuf is too short: {r.count} elements, needs "

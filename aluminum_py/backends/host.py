@@ -15,6 +15,7 @@ from .. import _core, config, schedules, tuning
 from ..algorithms import SHM_VCOLLECTIVES, shm_preferred
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
                           ONE_NODE, COLLECTIVE_NAMES)
+from ..buffers import _IN_PLACE
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..buffers import (MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count,  # v-collectives
@@ -104,18 +105,36 @@ class _Hooks:
     rank_arg = staticmethod(rank_arg)
     divisible = staticmethod(divisible)
     not_vlayout = staticmethod(not_vlayout)         # the v-collectives (vcollectives.pxi)
+    vlayout = staticmethod(vlayout)                 # the v-messages (msgbuffer.pxi)
+    vno_overlap = staticmethod(vno_overlap)
+    vsame_count = staticmethod(vsame_count)
+    vself_counts = staticmethod(vself_counts)
     tag_arg = staticmethod(tag_arg)
     status_of = staticmethod(_status_of)    # a blocking receive's Status
     shm_preferred = staticmethod(shm_preferred)     # Alltoall's "auto"
     source_arg = staticmethod(source_arg)
     as_op = staticmethod(as_op)
     Op = Op                 # op_code: al.SUM ... take the one-test path
+    IN_PLACE = _IN_PLACE    # msgbuffer.pxi's in-place forms
     config = config         # its _hang_timeout, read at every call
 
     @staticmethod
     def bad_collective_algorithm(what, algorithm):
         collective_algorithm(what, algorithm,
                              COLLECTIVE_NAMES[what][0] if what in COLLECTIVE_NAMES else ("mpi",))
+
+    @staticmethod
+    def in_place_layout():
+        raise ValueError("sendbuf: in place (None or MPI.IN_PLACE) takes no send counts or "
+                         "displacements: recvbuf's layout is used for both sides")
+
+    @staticmethod
+    def v_algorithm(what, algorithm):
+        """The error of `algorithm`, a name the v-collective `what` does not run."""
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
+        names = "'auto', 'mpi' or 'shm'" if what in SHM_VCOLLECTIVES else "'auto' or 'mpi'"
+        raise ValueError(f"algorithm: {what} takes {names}, got {algorithm!r}")
 
     @staticmethod
     def no_ctas():
@@ -186,7 +205,7 @@ class _Hooks:
         return (f"{name}: thread {_thread_name(owner)} is inside a call on this communicator; "
                 f"wait until it returns")
 
-    # ---- scans, Probe (issue 29) ----
+    # ---- scans, Probe ----
     @staticmethod
     def mpi_only(what, algorithm):
         if not isinstance(algorithm, str):
@@ -214,7 +233,7 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
 
 # The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
 NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
-                "scatter", "barrier", "send", "recv", "sendrecv")
+                "scatter", "barrier", "send", "recv", "sendrecv", "allgatherv", "alltoallv")
 
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
@@ -363,8 +382,8 @@ class HostBackend:
         return _core.Schedule(steps, tmp)
 
     # ------------------------------------------------------------------ Python-level ops
-    # For calls still built in Python (make_op + launch) until their shapes join msgbuffer.pxi:
-    # the v-collectives, Scan/Exscan and the point-to-point calls with a status (issue 29).
+    # The calls whose shapes are still parsed here, in Python (make_op + launch): Gatherv,
+    # Scatterv, Reduce_scatter with counts, Scan/Exscan.
     def _launch(self, op, blocking: bool, algorithm: str):
         return self.launcher.launch(op, blocking, self.calls.wait_limit(), algorithm)
 
@@ -390,7 +409,7 @@ class HostBackend:
         at_least(r, n, "recvbuf", what)
         return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else _core.addr(s))
 
-    # ------------------------------------------------------------------ scans, probe (issue 29)
+    # ------------------------------------------------------------------ scans, probe
     def scan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):
         """MPI_Iscan: rank r gets the reduction of ranks 0..r's sendbufs (recvbuf None: in
         place in sendbuf). AVG: that sum divided by r + 1."""
@@ -424,30 +443,19 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     # ------------------------------------------------------------------ v-collectives
-    # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts (issue
-    # 29).  Buffers are the caller's objects (None: in place, the Communicator's MPI.IN_PLACE
-    # included), counts and displacements the user's values: each method checks them here,
-    # before any communication (buffers.vlayout / vno_overlap: one per rank, ints, non-negative,
-    # every block inside its buffer, receive blocks disjoint), then runs one native op
-    # (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
+    # Gatherv, Scatterv and Reduce_scatter with per-rank counts (Allgatherv and Alltoallv are
+    # native entries: HostCollectives).  Buffers are the caller's objects (None: in place, the
+    # Communicator's MPI.IN_PLACE included), counts and displacements the user's values: each
+    # method checks them here, before any communication (buffers.vlayout / vno_overlap: one per
+    # rank, ints, non-negative, every block inside its buffer, receive blocks disjoint), then
+    # runs one native op (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
 
-    def _v_algorithm(self, what: str, algorithm, nbytes_per_rank: int = 0) -> str:
-        """What `algorithm` runs for the v-collective `what`: "mpi" (the MPI library's call) or
-        "shm" (the node's segment: Allgatherv and Alltoallv). "auto": "shm" where the
-        communicator has a segment (or one rank) and algorithms.shm_preferred says it measured
-        faster, else "mpi"; the same on every rank (its arguments are)."""
-        shm_ok = what in SHM_VCOLLECTIVES
-        if algorithm == "mpi":
-            return "mpi"
-        if algorithm == "auto":
-            return ("shm" if shm_ok and (self._no_shm is None or self.size == 1)
-                    and shm_preferred(what, nbytes_per_rank, self.size) else "mpi")
-        if algorithm == "shm" and shm_ok:
-            return "shm"
-        if not isinstance(algorithm, str):
-            raise TypeError(f"algorithm: expected a str, got {type(algorithm).__name__}")
-        names = "'auto', 'mpi' or 'shm'" if shm_ok else "'auto' or 'mpi'"
-        raise ValueError(f"algorithm: {what} takes {names}, got {algorithm!r}")
+    @staticmethod
+    def _v_algorithm(what: str, algorithm) -> None:
+        """Raise unless `algorithm` runs the v-collective `what` here ("auto" and "mpi": the MPI
+        library's call)."""
+        if algorithm != "mpi" and algorithm != "auto":
+            _Hooks.v_algorithm(what, algorithm)         # raises
 
     def _v_expect(self, kind: str, rows) -> None:
         """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
@@ -467,7 +475,7 @@ class HostBackend:
         return row
 
     def _v_gathered(self, sendbuf, recvbuf, counts, displs, what: str):
-        """The arguments of a gather into a v-layout (Allgatherv; Gatherv at the root): sendbuf
+        """The arguments of a gather into a v-layout (Gatherv at the root): sendbuf
         (None: in place) holding exactly this rank's count, recvbuf and its checked layout
         (counts, displs), sharing no memory. Returns (s, r, counts, displs)."""
         s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
@@ -484,13 +492,6 @@ class HostBackend:
                 no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) "
                            f"for an in-place {what}")
         return s, r, rc, rd
-
-    def allgatherv(self, sendbuf, recvbuf, counts, displs, blocking, algorithm="auto"):
-        alg = self._v_algorithm("allgatherv", algorithm)    # its "auto" ignores the size
-        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Allgatherv")
-        self._v_expect("allgatherv", lambda: (self._v_rows(int(rc[self.rank])), rc))
-        run = _core.shm_allgatherv if alg == "shm" else _core.allgatherv
-        return run(self.launcher, s, r, rc, rd, blocking, self.calls.wait_limit())
 
     def gatherv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
         self._v_algorithm("gatherv", algorithm)
@@ -534,32 +535,6 @@ class HostBackend:
         return _core.scatterv(self.launcher, s, r, sc, sd, root, blocking,
                               self.calls.wait_limit())
 
-    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking,
-                  algorithm="auto"):
-        alg = self._v_algorithm("alltoallv", algorithm)
-        s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        if s is not None:
-            same_dtype(s, r, "sendbuf", "recvbuf")
-        elif scounts is not None or sdispls is not None:
-            raise ValueError("sendbuf: in place (None or MPI.IN_PLACE) takes no send counts or "
-                             "displacements: recvbuf's layout is used for both sides")
-        rc, rd = vlayout(rcounts, rdispls, self.size, "recvbuf", r.size)
-        vno_overlap(rc, rd, "recvbuf")
-        sc = sd = None
-        if s is not None:
-            sc, sd = vlayout(scounts, sdispls, self.size, "sendbuf", s.size)
-            if sc[self.rank] != rc[self.rank]:
-                vself_counts(sc, rc, self.rank)             # raises
-            no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) for an "
-                       "in-place Alltoallv")
-        self._v_expect("alltoallv", lambda: (rc if sc is None else sc, rc))
-        if alg == "shm":
-            return _core.shm_alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
-                                       self.calls.wait_limit())
-        return _core.alltoallv(self.launcher, s, sc, sd, r, rc, rd, blocking,
-                               self.calls.wait_limit())
-
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking, algorithm="auto"):
         """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as
         mpi4py requires), rank i gets counts[i] of the reduction. In place: sendbuf None (the
@@ -592,7 +567,7 @@ class HostBackend:
         """MPI_Iprobe on the user's point-to-point communicator: the Status of the first
         matching message (count in bytes), or None (nonblocking: none there). Blocking: polls
         until one is there (aluminum_py.TimeoutError after `timeout` seconds, None: the
-        communicator's timeout, else AL_HANG_TIMEOUT; unset: no limit)."""
+        communicator's timeout, else AL_HANG_TIMEOUT, 1800 s unless set; 0: no limit)."""
         tag = self._tag_arg(tag, True)
         limit = self.calls.wait_limit() if timeout is None else float(timeout)
         found = _core.probe(self.state, source, tag, blocking, limit, name)

@@ -40,5 +40,6 @@ def cta_limits(min_ctas, max_ctas) -> tuple[int | None, int | None]:
 
 
 def blocking_mode():
-    """ncclConfig_t.blocking: 0 when AL_HANG_TIMEOUT is set (else NCCL's default, 1)."""
+    """ncclConfig_t.blocking: 0 under a hang timeout (AL_HANG_TIMEOUT, 1800 s unless set; with
+    AL_HANG_TIMEOUT=0 NCCL's default, 1)."""
     return False if config.hang_timeout() is not None else None

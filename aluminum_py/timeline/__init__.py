@@ -22,6 +22,7 @@ from .writer import Writer
 __all__ = ["start", "stop", "region", "recording", "rank_path"]
 
 _writer: Writer | None = None
+_env_error: str | None = None       # why AL_TIMELINE could not be recorded to at import
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -54,9 +55,11 @@ def start(path, comm=None, *, buffer: int | None = None, interval: float = 0.1) 
     Returns:
         The file written.
     Raises:
-        aluminum_py.Error: the timeline already records.
+        aluminum_py.Error: the timeline already records, or the file cannot be opened (a
+            planted link is never followed); with `comm`, on every rank of it when one rank
+            cannot open its file.
     """
-    global _writer
+    global _writer, _env_error
     from mpi4py import MPI
     if _writer is not None:
         raise Error(f"timeline: already recording to {_writer.path} (call stop() first)")
@@ -65,8 +68,20 @@ def start(path, comm=None, *, buffer: int | None = None, interval: float = 0.1) 
     if buffer < 1:
         raise ValueError(f"buffer: expected at least 1 item, got {buffer}")
     world = MPI.COMM_WORLD
-    _writer = Writer(rank_path(path, world.Get_rank()), world.Get_rank(), world.Get_size(),
-                     buffer, interval)
+    file = rank_path(path, world.Get_rank())
+    error = None
+    try:
+        _writer = Writer(file, world.Get_rank(), world.Get_size(), buffer, interval)
+    except OSError as e:
+        error = f"timeline: cannot record to {file}: {e}"
+    if comm is not None:
+        # every rank of `comm` fails alike, before the clock sync that all of them must join
+        errors = comm.mpi_comm.allgather(error)
+        error = config.first_error(errors)
+    if error is not None:
+        stop()
+        raise Error(error)
+    _env_error = None
     if comm is not None:
         try:
             sync_clock(comm)
@@ -163,7 +178,36 @@ os.register_at_fork(before=_before_fork, after_in_parent=lambda: _after_fork(Fal
 
 
 def start_from_env() -> None:
-    """AL_TIMELINE: start at import (the library's _shutdown.install)."""
+    """AL_TIMELINE: start at import (the library's _shutdown.install).  A file that cannot be
+    opened does not fail the import (it would end this rank alone, and its peers would wait
+    for it): every rank's Communicator() raises it (:func:`agreement`)."""
+    global _env_error
     path = config.timeline()
     if path:
-        start(path)
+        try:
+            start(path)
+        except Error as e:
+            _env_error = f"environment variable AL_TIMELINE={path!r}: {e}"
+
+
+def agreement():
+    """This rank's part of the comparison at Communicator() (``topology.compute`` gathers it
+    from every rank): why AL_TIMELINE could not be recorded to (a str), else whether the
+    timeline records (each Communicator then measures the clock offsets, a collective)."""
+    return _env_error or recording()
+
+
+def disagreement(answers) -> str | None:
+    """The error of the ranks' :func:`agreement` answers, raised by every rank's
+    Communicator(): a rank could not record, or some ranks record and others do not; None when
+    every rank records or none does."""
+    error = config.first_error(answers)
+    if error is not None:
+        return f"{error}; no Communicator is made until every rank records or none does"
+    on = [r for r, a in enumerate(answers) if a]
+    if on and len(on) < len(answers):
+        return (f"timeline: ranks {on} record a timeline (AL_TIMELINE or timeline.start()) "
+                f"and the others do not: every rank must record or none, as each "
+                f"Communicator measures the clock offsets (collective); set AL_TIMELINE the "
+                f"same on every rank")
+    return None

@@ -24,8 +24,10 @@ host transfer), as :func:`aluminum_py.torch.allreduce_hook` does.
 from __future__ import annotations
 
 import datetime
-from typing import Callable
+import time
+from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
@@ -33,7 +35,7 @@ from torch._C import _distributed_c10d as _c10d
 from .. import (AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Communicator)
 from ..errors import Error, TimeoutError as _AlTimeout
 from ..status import ANY_SOURCE
-from . import completion, hooks, rendezvous
+from . import completion, cuda, rendezvous
 from .hooks import buffer
 
 NAME = "aluminum"
@@ -77,27 +79,51 @@ def _is_block(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
             and part.data_ptr() == whole.data_ptr() + index * part.numel() * part.element_size())
 
 
+# ---------------------------------------------------------------------------------- calls
+class Method(NamedTuple):
+    """A Communicator method in its blocking and nonblocking forms (``Allreduce``,
+    ``Iallreduce``): what a call of the backend runs."""
+    run: Callable
+    start: Callable
+
+
+_C = Communicator
+ALLREDUCE, REDUCE = Method(_C.Allreduce, _C.Iallreduce), Method(_C.Reduce, _C.Ireduce)
+REDUCE_SCATTER = Method(_C.Reduce_scatter, _C.Ireduce_scatter)
+ALLGATHER, BCAST = Method(_C.Allgather, _C.Iallgather), Method(_C.Bcast, _C.Ibcast)
+ALLTOALL, ALLTOALLV = Method(_C.Alltoall, _C.Ialltoall), Method(_C.Alltoallv, _C.Ialltoallv)
+GATHER, SCATTER = Method(_C.Gather, _C.Igather), Method(_C.Scatter, _C.Iscatter)
+BARRIER = Method(_C.Barrier, _C.Ibarrier)
+SEND, RECV = Method(_C.Send, _C.Isend), Method(_C.Recv, _C.Irecv)
+_NO_KWARGS: dict = {}
+
+
 # ---------------------------------------------------------------------------------- Work
 class Work(dist.Work):
     """A started call: ``wait(timeout)`` (raises the call's error), ``get_future()``,
-    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``; for a receive
-    ``_source_rank()`` (what ``dist.recv`` without ``src`` returns).  The Future's value is the
-    list of output tensors.  Completed by a :class:`~aluminum_py.torch.completion.Completion`:
-    by ``wait()`` in the calling thread, or, once ``get_future()`` handed it out, by the waiter
-    thread, bounded by the group's timeout."""
+    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``, ``synchronize()``; for
+    a receive ``_source_rank()`` (what ``dist.recv`` without ``src`` returns).  The Future's
+    value is the list of output tensors.
+
+    Host tensors: completed by a :class:`~aluminum_py.torch.completion.Completion`, by
+    ``wait()`` in the calling thread, or, once ``get_future()`` handed it out, by the waiter
+    thread, bounded by the group's timeout.  CUDA tensors: the call is enqueued on its device's
+    collective stream (:class:`~aluminum_py.torch.cuda.Enqueued`); ``wait()`` and
+    ``synchronize()`` make the then-current stream wait for its end, ``is_completed()`` asks
+    the end's event, and the Future is completed on the collective stream."""
 
     def __init__(self, group: "ProcessGroupAluminum", what: str, requests: list,
-                 finish: Callable[[], None] | None, result: list, devices=None,
-                 receive=None):
+                 finish: Callable[[], None] | None, result: list, receive=None,
+                 enqueued: cuda.Enqueued | None = None):
         super().__init__()
-        self._what, self._source, self._outputs, self._devices = what, None, result, devices
-        self._queued, self._handed = False, None
-        if not requests:                # a call that ran to completion: a Future on demand
+        self._what, self._source, self._outputs = what, None, result
+        self._queued, self._handed, self._enqueued = False, None, enqueued
+        self._by_waiter = False         # profiled: the waiter thread completes it
+        if enqueued is not None or not requests:    # on a stream, or ran to completion
             self._completion = None
-            if finish is not None:
+            if enqueued is None and finish is not None:
                 finish()
             return
-        future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
         def done() -> list:
             if receive is not None:
@@ -106,44 +132,60 @@ class Work(dist.Work):
                 finish()
             return result
         self._completion = completion.Completion(
-            requests, future, done, group._op_timeout,
+            requests, torch.futures.Future(), done, group._op_timeout,
             lambda e, limit: group._failure(what, e, limit))
 
     def _settled(self) -> completion.Completion:
         """The Completion (made now, already settled, for a call that ran to completion)."""
         c = self._completion
         if c is None:
-            future = (torch.futures.Future(devices=self._devices) if self._devices
-                      else torch.futures.Future())
-            c = self._completion = completion.Completion([], future, lambda: self._outputs)
+            c = self._completion = completion.Completion([], torch.futures.Future(),
+                                                         lambda: self._outputs)
         return c
 
     def wait(self, timeout=None) -> bool:
+        if self._enqueued is not None:
+            self._enqueued.wait()
+            return True
         c = self._completion
         if c is not None:
-            c.run(_seconds(timeout))
+            if not self._by_waiter:
+                c.run(_seconds(timeout))
             c.future.wait()             # raises the call's error; returns at once otherwise
         return True
 
+    synchronize = wait
+
     def get_future(self) -> torch.futures.Future:
-        """The Future of the outputs, completed by this side (the waiter thread).  A failure is
-        an error of that Future, as C++ reads it (``Future.set_exception`` would store the
-        exception as the value, which DDP's reducer then parses as tensors)."""
+        """The Future of the outputs, completed by this side (host tensors: the waiter thread;
+        CUDA tensors: on the collective stream).  A failure is an error of that Future, as
+        C++ reads it (:func:`~aluminum_py.torch.completion.value`)."""
         if self._handed is None:
+            if self._enqueued is not None:
+                self._enqueued.settle()
+                self._handed = self._enqueued.future
+                return self._handed
             c = self._settled()
             if not c.future.done() and not self._queued:
                 self._queued = True
                 completion.waiter.submit(c)
-            self._handed = c.future.then(_value)
+            self._handed = c.future.then(completion.value)
         return self._handed
 
     def is_completed(self) -> bool:
+        if self._enqueued is not None:
+            return self._enqueued.query()
+        if self._by_waiter:
+            return self._completion.future.done()
         return self._completion is None or self._completion.ready()
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
 
     def exception(self):
+        if self._enqueued is not None:
+            self._enqueued.settle()
+            return self._enqueued.error
         f = self._settled().future
         if not f.done():
             return None
@@ -157,9 +199,6 @@ class Work(dist.Work):
         self.wait()
         return self._outputs
 
-    def synchronize(self) -> None:
-        pass                            # CUDA work is ordered on torch's stream already
-
     def _source_rank(self) -> int:
         self.wait()
         if self._source is None:
@@ -169,13 +208,6 @@ class Work(dist.Work):
     source_rank = _source_rank
 
 
-_NO_KWARGS: dict = {}
-
-
-def _value(future: torch.futures.Future):
-    return future.value()           # raises the failure: the chained Future fails with it
-
-
 def _backend_error(what: str, e: BaseException) -> BaseException:
     """`e` as torch's DistBackendError naming the call (argument errors stay what they are)."""
     if isinstance(e, (TypeError, ValueError, dist.DistBackendError)):
@@ -183,10 +215,6 @@ def _backend_error(what: str, e: BaseException) -> BaseException:
     err = dist.DistBackendError(f"aluminum: {what} failed: {type(e).__name__}: {e}")
     err.__cause__ = e
     return err
-
-
-def _nonblocking_name(name: str) -> str:
-    return "I" + name[0].lower() + name[1:]
 
 
 # ---------------------------------------------------------------------------------- the group
@@ -211,6 +239,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         self._name, self._desc = "", ""
         self._broken: BaseException | None = None
         self._coalesced: list | None = None
+        self._devices = cuda.DeviceComms(comm)      # CUDA tensors: a communicator per device
+        self._quiet = 0                 # > 0: the parts of a coalesced call (one event)
+        self._left_behind: list = []    # monitored_barrier's receives of ranks that were late
 
     # --- identity (torch sets the name after creating the group; DeviceMesh, functional
     # collectives and FSDP2 look the group up by it)
@@ -246,66 +277,167 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def _timed_out(self, what: str, timeout, cause) -> BaseException:
         err = dist.DistBackendError(
-            f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank} (a rank "
-            f"that never made the matching call?); this process group is unusable now: "
-            f"destroy it (and usually end the job)")
+            f"aluminum: {what} timed out after {timeout:g} s on rank {self.comm.rank}, the "
+            f"group's timeout (a rank that never made the matching call?); this process group "
+            f"is unusable now: destroy it (and usually end the job)")
         err.__cause__ = cause
         self._broken = err
         return err
 
-    def _comm(self, t: torch.Tensor, what: str) -> Communicator:
+    def _usable(self, what: str) -> None:
         if self._broken is not None:
             raise dist.DistBackendError(f"aluminum: {what}: this process group failed before "
                                         f"and is unusable: {self._broken}")
-        return self.comm if not t.is_cuda else hooks._communicator(self.comm, t)
 
     def _start(self, what: str, opts, tensor: torch.Tensor, calls: list,
                result: list, finish: Callable[[], None] | None = None,
-               receive: bool = False) -> Work:
-        """Run `calls` (``(name, args, kwargs)`` of Communicator methods, blocking names) on
-        the communicator for `tensor`: blocking in this thread when torch waits anyway (CPU
-        tensors, ``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking; `finish` runs
-        once they completed (copies out of temporary buffers)."""
-        comm = self._comm(tensor, what)
-        limit = _seconds(getattr(opts, "timeout", None))
-        blocking = (not tensor.is_cuda and opts is not None and not opts.asyncOp
-                    and limit is None)
-        if blocking:
-            try:
-                comm.bind_thread()      # torch calls from its autograd thread and others
-                for name, args, kwargs in calls:
-                    getattr(comm, name)(*args, **kwargs)
-            except Error as e:          # argument errors (TypeError, ValueError) pass as such
-                raise self._failure(what, e, self._op_timeout or 0.0) from e
-            work = Work(self, what, [], finish, result)
+               receive: bool = False, p2p: bool = False, shown=None) -> Work:
+        """Run `calls` (``(Method, args, kwargs)``) on the group's communicator, or for a CUDA
+        `tensor` on its device's (:mod:`.cuda`); `finish` runs once they completed (copies out
+        of temporary buffers).  Host tensors: blocking in this thread when torch waits anyway
+        (``opts.asyncOp`` False, no ``opts.timeout``), else nonblocking.  CUDA tensors:
+        collectives are enqueued on the device's collective stream at once; point-to-point
+        calls (`p2p`) start nonblocking, so consecutive ones form one group, and are waited
+        for on that stream when the Work is first waited for or asked about.  Under torch's
+        profiler the call is the event ``aluminum:<what>`` with the shapes of `shown` (default:
+        `tensor`)."""
+        self._usable(what)
+        device = cuda.pieces.device_of(tensor)
+        if device is not None:
+            work = self._start_cuda(what, device, calls, result, finish, p2p)
+        elif _profiling() and not self._quiet:
+            handle = self._record(what, shown or (tensor,))
+            work = self._start_host(what, opts, calls, result, finish, receive, blocking=False)
+            self._by_waiter(work, handle)
         else:
-            requests = []
-            try:
-                comm.bind_thread()
-                for name, args, kwargs in calls:
-                    requests.append(getattr(comm, _nonblocking_name(name))(*args, **kwargs))
-            except Error as e:          # delivered through the Work (DDP: from backward())
-                requests.append(_Failed(e))
-            if tensor.is_cuda:
-                for r in requests:
-                    r.Wait()            # makes torch's current stream wait for the op
-                requests = []
-            work = Work(self, what, requests, finish, result,
-                        devices=[tensor.device] if tensor.is_cuda else None,
-                        receive=requests[0] if receive and requests else None)
-            if limit is not None and requests:
-                work._completion.run(limit)     # a call's own timeout: waited for here
+            work = self._start_host(what, opts, calls, result, finish, receive)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
+
+    def _start_host(self, what, opts, calls, result, finish, receive,
+                    blocking: bool = True) -> Work:
+        comm = self.comm
+        limit = _seconds(getattr(opts, "timeout", None))
+        if blocking and opts is not None and not opts.asyncOp and limit is None:
+            try:
+                comm.bind_thread()      # torch calls from its autograd thread and others
+                for method, args, kwargs in calls:
+                    method.run(comm, *args, **kwargs)
+            except Error as e:          # argument errors (TypeError, ValueError) pass as such
+                raise self._failure(what, e, self._op_timeout or 0.0) from e
+            return Work(self, what, [], finish, result)
+        requests = []
+        try:
+            comm.bind_thread()
+            for method, args, kwargs in calls:
+                requests.append(method.start(comm, *args, **kwargs))
+        except Error as e:              # delivered through the Work (DDP: from backward())
+            requests.append(_Failed(e))
+        work = Work(self, what, requests, finish, result,
+                    receive=requests[0] if receive else None)
+        if limit is not None:
+            work._completion.run(limit)     # a call's own timeout: waited for here
+        return work
+
+    @staticmethod
+    def _record(what: str, tensors):
+        """Under torch's profiler: the start of the event ``aluminum:<what>`` with the shapes
+        of `tensors` (complex as real, as gloo records them)."""
+        shown = [torch.view_as_real(t) if t.is_complex() else t for t in tensors
+                 if isinstance(t, torch.Tensor)]
+        return torch.autograd._record_function_with_args_enter(f"{NAME}:{what}", *shown)
+
+    @staticmethod
+    def _by_waiter(work: Work, handle) -> None:
+        """The profiled call runs nonblocking and the waiter thread completes it, ending its
+        event there (an asynchronous event, from its start in the caller to its completion,
+        as gloo's worker threads report theirs)."""
+        c = work._settled()
+        c.future.add_done_callback(
+            lambda _: torch.autograd._record_function_with_args_exit(handle))
+        if not c.future.done():
+            work._queued = work._by_waiter = True
+            completion.waiter.submit(c)
+
+    def _start_cuda(self, what, device, calls, result, finish, p2p) -> Work:
+        def launch(comm) -> list:
+            if p2p:
+                return [method.start(comm, *args, **kwargs) for method, args, kwargs in calls]
+            for method, args, kwargs in calls:
+                method.run(comm, *args, **kwargs)
+            return []
+        tensors = [a for _, args, _ in calls for a in args if isinstance(a, torch.Tensor)]
+        tensors += [t for t in result if isinstance(t, torch.Tensor)]
+        if finish is not None:
+            copy_out = finish
+
+            def finish() -> list:
+                copy_out()
+                return result
+        enqueued = cuda.enqueue(self._devices, device, tensors, launch, finish, result,
+                                lambda e: self._failure(what, e, self._op_timeout or 0.0))
+        return Work(self, what, [], None, result, enqueued=enqueued)
 
     # --- reductions
     def allreduce(self, tensors, opts=None):
         opts = _c10d.AllreduceOptions() if opts is None else opts
         op = opts.reduceOp
-        calls = [("Allreduce", (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
+        t = tensors[0]
+        if t.is_sparse:
+            return self._sparse_allreduce(tensors, op)
+        if (len(tensors) == 1 and not opts.asyncOp and self._broken is None
+                and cuda.pieces.device_of(t) is None and not _profiling()
+                and _seconds(opts.timeout) is None):
+            self._reduce_now(t, op)     # dist.all_reduce(t): the blocking call, nothing else
+            return Work(self, "all_reduce", [], None, tensors)
+        calls = [(ALLREDUCE, (buffer(t, True), None, reduce_op(op, t.dtype)), _NO_KWARGS)
                  for t in tensors]
-        return self._start("all_reduce", opts, tensors[0], calls, tensors)
+        return self._start("all_reduce", opts, tensors[0], calls, tensors, shown=tensors)
+
+    def _reduce_now(self, t: torch.Tensor, op) -> None:
+        """Reduce host tensor `t` in place, blocking in this thread (``dist.all_reduce(t)`` and
+        :func:`all_reduce`): the shortest path from torch to the library."""
+        comm = self.comm
+        try:
+            comm.bind_thread()
+            comm.Allreduce(buffer(t, True), None, reduce_op(op, t.dtype))
+        except Error as e:
+            raise self._failure("all_reduce", e, self._op_timeout or 0.0) from e
+
+    def _sparse_allreduce(self, tensors, op):
+        """SUM of sparse COO host tensors (as gloo): every rank's indices and values are
+        gathered (Allgather of the counts, Allgatherv of both) and summed; each tensor then
+        holds the coalesced sum (blocking)."""
+        what = "all_reduce"
+        if op != _R.SUM:
+            raise ValueError(f"aluminum: all_reduce of sparse tensors takes ReduceOp.SUM only, "
+                             f"got {op}")
+        self._usable(what)
+        comm = self.comm
+        try:
+            comm.bind_thread()
+            for t in tensors:
+                if t.is_cuda:
+                    raise ValueError("aluminum: all_reduce of sparse tensors: host tensors only")
+                local = t.coalesce()
+                indices = local.indices().t().contiguous()     # one row per nonzero
+                values = local.values().contiguous()
+                counts = np.zeros(comm.size, dtype=np.int64)
+                comm.Allgather(np.array([local._nnz()], dtype=np.int64), counts)
+                total = int(counts.sum())
+                every_index = torch.empty((total, indices.shape[1]), dtype=indices.dtype)
+                every_value = torch.empty((total, *values.shape[1:]), dtype=values.dtype)
+                for mine, every in ((indices, every_index), (values, every_value)):
+                    sbuf, rbuf = buffer(mine), buffer(every)
+                    per = int(np.prod(mine.shape[1:])) * _per(mine, sbuf)   # per nonzero
+                    n = [int(c) * per for c in counts]
+                    comm.Allgatherv(sbuf, rbuf, recvcounts=n, displs=_offsets(n))
+                t.copy_(torch.sparse_coo_tensor(every_index.t(), every_value, t.shape)
+                        .coalesce())
+        except Error as e:
+            raise self._failure(what, e, self._op_timeout or 0.0) from e
+        return Work(self, what, [], None, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -313,7 +445,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         opts = _c10d.ReduceOptions() if opts is None else opts
         t = tensors[0]
-        calls = [("Reduce", (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
+        calls = [(REDUCE, (buffer(t, True),), {"op": reduce_op(opts.reduceOp, t.dtype),
                                           "root": opts.rootRank})]
         return self._start("reduce", opts, t, calls, list(tensors))
 
@@ -335,7 +467,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return self._start(what, opts, out, [self._rs_call(flat, out, opts)], result)
 
     def _rs_call(self, flat, out, opts):
-        return ("Reduce_scatter", (buffer(flat, True), buffer(out, True)),
+        return (REDUCE_SCATTER, (buffer(flat, True), buffer(out, True)),
                 {"op": reduce_op(opts.reduceOp, out.dtype)})
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -347,16 +479,16 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = _c10d.ReduceScatterOptions() if opts is None else opts
-        return self._coalesce("reduce_scatter_tensor_coalesced", opts, outputs,
-                              [self._reduce_scatter_base(o, i, opts)
-                               for o, i in zip(outputs, inputs)])
+        return self._coalesce("reduce_scatter_tensor_coalesced", outputs, inputs,
+                              lambda: [self._reduce_scatter_base(o, i, opts)
+                                       for o, i in zip(outputs, inputs)])
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # --- data movement
     def broadcast(self, tensors, opts=None):
         opts = _c10d.BroadcastOptions() if opts is None else opts
-        calls = [("Bcast", (buffer(t),), {"root": opts.rootRank}) for t in tensors]
+        calls = [(BCAST, (buffer(t),), {"root": opts.rootRank}) for t in tensors]
         return self._start("broadcast", opts, tensors[0], calls, list(tensors))
 
     def _allgather_base(self, output, input, opts=None):
@@ -369,20 +501,21 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                              f"{output.numel()} elements, expected {size} x the input's "
                              f"{input.numel()}")
         if _is_block(input, output, rank):
-            call = ("Allgather", (buffer(output),), {})
+            call = (ALLGATHER, (buffer(output),), {})
         elif _overlaps(input, output):
             src = input.clone()
-            call = ("Allgather", (buffer(src), buffer(output)), {})
+            call = (ALLGATHER, (buffer(src), buffer(output)), {})
         else:
-            call = ("Allgather", (buffer(input), buffer(output)), {})
+            call = (ALLGATHER, (buffer(input), buffer(output)), {})
         return self._start("all_gather_into_tensor", opts, output, [call], [output])
 
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = _c10d.AllgatherOptions() if opts is None else opts
-        return self._coalesce("allgather_into_tensor_coalesced", opts, outputs,
-                              [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+        return self._coalesce("allgather_into_tensor_coalesced", outputs, inputs,
+                              lambda: [self._allgather_base(o, i, opts)
+                                       for o, i in zip(outputs, inputs)])
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -392,7 +525,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         _same_sizes("all_gather", inp, outs, self.comm.size)
         flat, finish = _gathered(inp, outs)
         return self._start("all_gather", opts, inp,
-                           [("Allgather", (buffer(inp), buffer(flat)), {})],
+                           [(ALLGATHER, (buffer(inp), buffer(flat)), {})],
                            list(output_tensors), finish)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
@@ -402,9 +535,9 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         if len(output_lists) != size or any(len(o) != len(input_tensors) for o in output_lists):
             raise ValueError(f"aluminum: all_gather_coalesced: expected {size} output lists "
                              f"(one per rank) of {len(input_tensors)} tensors (one per input)")
-        return self._coalesce("allgather_coalesced", opts, [t for o in output_lists for t in o],
-                              [self.allgather([[o[p] for o in output_lists]], [inp], opts)
-                               for p, inp in enumerate(input_tensors)])
+        return self._coalesce("all_gather", [t for o in output_lists for t in o], input_tensors,
+                              lambda: [self.allgather([[o[p] for o in output_lists]], [inp], opts)
+                                       for p, inp in enumerate(input_tensors)])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: even splits (both lists empty) as Alltoall, uneven as Alltoallv
@@ -418,13 +551,13 @@ class ProcessGroupAluminum(dist.ProcessGroup):
                 raise ValueError(f"aluminum: all_to_all_single: {input.numel()} input and "
                                  f"{output.numel()} output elements do not split evenly over "
                                  f"{size} ranks")
-            call = ("Alltoall", (buffer(input), buffer(output)), {})
+            call = (ALLTOALL, (buffer(input), buffer(output)), {})
         else:
             sbuf, rbuf = buffer(input), buffer(output)
             scounts, sdispls = _splits(input, input_split_sizes, size, "input", _per(input, sbuf))
             rcounts, rdispls = _splits(output, output_split_sizes, size, "output",
                                        _per(output, rbuf))
-            call = ("Alltoallv", (sbuf, rbuf),
+            call = (ALLTOALLV, (sbuf, rbuf),
                     {"sendcounts": scounts, "sdispls": sdispls, "recvcounts": rcounts,
                      "rdispls": rdispls})
         return self._start("all_to_all_single", opts, output, [call], [output])
@@ -439,7 +572,7 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         per = _per(send, sbuf)                  # buffer elements per tensor element
         scounts = [t.numel() * per for t in input_tensors]
         rcounts = [t.numel() * per for t in output_tensors]
-        call = ("Alltoallv", (sbuf, rbuf),
+        call = (ALLTOALLV, (sbuf, rbuf),
                 {"sendcounts": scounts, "sdispls": _offsets(scounts), "recvcounts": rcounts,
                  "rdispls": _offsets(rcounts)})
         return self._start("all_to_all", opts, send, [call], list(output_tensors), finish)
@@ -448,46 +581,91 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         opts = _c10d.GatherOptions() if opts is None else opts
         inp, root = input_tensors[0], opts.rootRank
         if self.comm.rank != root:
-            return self._start("gather", opts, inp, [("Gather", (buffer(inp), None),
+            return self._start("gather", opts, inp, [(GATHER, (buffer(inp), None),
                                                       {"root": root})], [])
         outs = output_tensors[0]
         _same_sizes("gather", inp, outs, self.comm.size)
         flat, finish = _gathered(inp, outs)
         return self._start("gather", opts, inp,
-                           [("Gather", (buffer(inp), buffer(flat)), {"root": root})],
+                           [(GATHER, (buffer(inp), buffer(flat)), {"root": root})],
                            list(output_tensors), finish)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _c10d.ScatterOptions() if opts is None else opts
         out, root = output_tensors[0], opts.rootRank
         if self.comm.rank != root:
-            return self._start("scatter", opts, out, [("Scatter", (None, buffer(out)),
+            return self._start("scatter", opts, out, [(SCATTER, (None, buffer(out)),
                                                        {"root": root})], list(output_tensors))
         ins = input_tensors[0]
         _same_sizes("scatter", out, ins, self.comm.size)
         flat = torch.cat([i.reshape(-1) for i in ins])
         return self._start("scatter", opts, out,
-                           [("Scatter", (buffer(flat), buffer(out)), {"root": root})],
+                           [(SCATTER, (buffer(flat), buffer(out)), {"root": root})],
                            list(output_tensors))
 
     def barrier(self, opts=None):
         opts = _c10d.BarrierOptions() if opts is None else opts
-        return self._start("barrier", opts, _CPU_TOKEN, [("Barrier", (), {})], [])
+        return self._start("barrier", opts, _CPU_TOKEN, [(BARRIER, (), {})], [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+        """gloo's monitored barrier on host memory: every other rank reports to rank 0, which
+        waits for each within `timeout` (default: the group's) and raises naming the first
+        rank that did not arrive (every one with `wait_all_ranks`), then releases them; a rank
+        not released in time raises too.  (``dist.monitored_barrier`` itself accepts gloo
+        groups only; this is the group's method.)"""
+        limit = _seconds(timeout)
+        limit = self._op_timeout if limit is None and timeout is None else (limit or 0.0)
+        comm, rank, token = self.comm, self.comm.rank, np.zeros(1, np.uint8)
+        deadline = time.monotonic() + (limit if limit is not None else float("inf"))
+        comm.bind_thread()
+        if rank != 0:
+            try:
+                comm.Isend(token, 0, _MONITORED_TAG).Wait(limit)
+                comm.Irecv(token, 0, _MONITORED_TAG).Wait(max(0.0, deadline - time.monotonic()))
+            except Error as e:
+                raise RuntimeError(f"Rank {rank} successfully reached monitoredBarrier, but "
+                                   f"received errors while waiting for send/recv from rank 0. "
+                                   f"Please check rank 0 logs for faulty rank.") from e
+            return
+        if limit is not None and limit <= 0:
+            raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {limit * 1e3:g} ms.")
+        arrived = [np.zeros(1, np.uint8) for _ in range(comm.size)]
+        requests = {r: comm.Irecv(arrived[r], r, _MONITORED_TAG) for r in range(1, comm.size)}
+        failed = []
+        for r, req in requests.items():
+            try:
+                req.Wait(max(0.0, deadline - time.monotonic()))
+            except Error:
+                failed.append(r)
+                self._left_behind.append((req, arrived[r]))    # a late rank may still send
+                if not wait_all_ranks:
+                    break
+        if failed:
+            who = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks
+                   else f"Rank {failed[0]}")
+            raise RuntimeError(f"[Rank 0]: {who} failed to pass monitoredBarrier in "
+                               f"{limit * 1e3:g} ms")
+        for r in range(1, comm.size):
+            comm.Isend(token, r, _MONITORED_TAG).Wait(limit)
 
     # --- point to point (always nonblocking: batch_isend_irecv starts both sides first)
     def send(self, tensors, dst, tag):
         t = tensors[0]
-        return self._start("send", None, t, [("Send", (buffer(t), dst, tag), {})], list(tensors))
+        return self._start("send", None, t, [(SEND, (buffer(t), dst, tag), {})], list(tensors),
+                           p2p=True)
 
     def recv(self, tensors, src, tag):
         t = tensors[0]
-        return self._start("recv", None, t, [("Recv", (buffer(t), src, tag), {})], list(tensors),
-                           receive=True)
+        work = self._start("recv", None, t, [(RECV, (buffer(t), src, tag), {})], list(tensors),
+                           receive=True, p2p=True)
+        if work._enqueued is not None:      # GPU receives name their source
+            work._source = src
+        return work
 
     def recv_anysource(self, tensors, tag):
         t = tensors[0]
-        return self._start("recv", None, t, [("Recv", (buffer(t), ANY_SOURCE, tag), {})],
-                           list(tensors), receive=True)
+        return self._start("recvAnySource", None, t, [(RECV, (buffer(t), ANY_SOURCE, tag), {})],
+                           list(tensors), receive=True, p2p=True)
 
     # --- coalescing: torch's _coalescing_manager(device=...) brackets calls with these
     def _start_coalescing(self, device=None):
@@ -500,11 +678,20 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         return _joined("coalesced", self, works,
                        [t for w in works for t in w._outputs])
 
-    def _coalesce(self, what, opts, outputs, works):
+    def _coalesce(self, what, outputs, inputs, parts: Callable[[], list]):
+        """One Work for the calls `parts()` starts (one profiler event for them all)."""
+        handle = self._record(what, inputs) if _profiling() and not self._quiet else None
+        self._quiet += 1
+        try:
+            works = parts()
+        finally:
+            self._quiet -= 1
         if self._coalesced is not None:      # inside _start_coalescing: each part counts
             for w in works:
                 self._coalesced.remove(w)
         work = _joined(what, self, works, list(outputs))
+        if handle is not None:
+            self._by_waiter(work, handle)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -539,6 +726,10 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         """Free the communicator (torch calls it from destroy_process_group)."""
         if self._broken is None:
             self._broken = dist.DistBackendError("aluminum: this process group was shut down")
+        try:
+            self._devices.free()
+        except Error:
+            pass                        # pending ops (a timed-out call): leave it to exit
         if not self.comm._state.freed:
             try:
                 self.comm.bind_thread()
@@ -548,12 +739,23 @@ class ProcessGroupAluminum(dist.ProcessGroup):
 
 
 _CPU_TOKEN = torch.empty(0)
+_profiling = torch._C._autograd._profiler_enabled
 
 
 def _joined(what: str, group: ProcessGroupAluminum, works: list, result: list) -> Work:
     """One Work that completes when every part has (a coalesced call); its error is the first
-    failed part's."""
-    return Work(group, what, [_Parts(list(works))], None, result)
+    failed part's.  CUDA parts: their requests are waited for together (consecutive
+    point-to-point calls form one group) and the Work ends after the last part on the
+    collective stream."""
+    enqueued = [w._enqueued for w in works if w._enqueued is not None]
+    if not enqueued:
+        return Work(group, what, [_Parts(list(works))], None, result)
+    first = enqueued[0]
+    if first.stream is None:                # failed to start
+        return Work(group, what, [], None, result, enqueued=first)
+    joined = cuda.Enqueued(first.cuda, first.device, first.stream, enqueued, None, result,
+                           lambda e: e)
+    return Work(group, what, [], None, result, enqueued=joined)
 
 
 class _Failed:
@@ -679,6 +881,7 @@ def create(options, backend_options=None) -> ProcessGroupAluminum:
 
 
 _CREATE_TAG = 2120
+_MONITORED_TAG = 2121
 
 
 def register() -> None:
@@ -700,17 +903,13 @@ def all_reduce(tensor: torch.Tensor, op=_R.SUM, group: "ProcessGroupAluminum | N
         raise TypeError(f"group: expected a process group of the 'aluminum' backend, got "
                         f"{type(pg).__name__} (init_process_group('aluminum', "
                         f"init_method='mpi://'), or pass group=)")
-    if tensor.is_cuda or pg._broken is not None:    # the group's path: enqueued on torch's
-        opts = _c10d.AllreduceOptions()                 # stream, or the failed group's error
+    if pg._broken is not None or cuda.pieces.device_of(tensor) is not None or _profiling():
+        opts = _c10d.AllreduceOptions()     # the group's path: the failed group's error, or
+                                            # enqueued on the device's collective stream
         opts.reduceOp, opts.asyncOp = op, False
         pg.allreduce([tensor], opts).wait()
         return tensor
-    comm = pg.comm
-    try:
-        comm.bind_thread()
-        comm.Allreduce(buffer(tensor, True), None, reduce_op(op, tensor.dtype))
-    except Error as e:
-        raise pg._failure("all_reduce", e, pg._op_timeout or 0.0) from e
+    pg._reduce_now(tensor, op)
     return tensor
 
 

@@ -12,6 +12,7 @@ mechanism for the DDP hooks' Futures and the backend's Works (docs/torch.md).
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import queue
 import threading
@@ -19,7 +20,21 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Completion", "Waiter", "waiter"]
+__all__ = ["Completion", "Waiter", "waiter", "failed_future", "value"]
+
+
+def value(future: torch.futures.Future):
+    """`future`'s value; raises its failure (so a Future chained with ``then(value)`` fails with
+    it as an error, as C++ reads it: ``Future.set_exception`` alone stores the exception as the
+    value, which DDP's reducer would parse as tensors)."""
+    return future.value()
+
+
+def failed_future(error: BaseException) -> torch.futures.Future:
+    """A Future failed with `error` (as an error, see :func:`value`)."""
+    fut = torch.futures.Future()
+    fut.set_exception(error)
+    return fut.then(value)
 
 
 class Completion:
@@ -70,15 +85,18 @@ class Completion:
             self._claimed = True
         finish = self.finish
         self.requests = self.finish = None  # drop the buffers
-        if error is None:
-            try:
-                value = finish()
-            except BaseException as e:      # noqa: BLE001
-                error = e if self.error is None else self.error(e, None)
-        if error is None:
-            self.future.set_result(value)
-        else:
-            self.future.set_exception(error)
+        with _torch_calls:
+            if _exiting:                    # the interpreter is finalizing: torch is off limits
+                return
+            if error is None:
+                try:
+                    value = finish()
+                except BaseException as e:  # noqa: BLE001
+                    error = e if self.error is None else self.error(e, None)
+            if error is None:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(error)
 
     def ready(self) -> bool:
         """True once settled; settles it here when every request has completed."""
@@ -119,8 +137,10 @@ class Waiter:
             completion.run()
 
     def _loop(self):
-        while True:
+        while not _exiting:
             completion = self._queue.get()
+            if completion is None:          # stop(): wake up and end
+                return
             completion.run()
             with self._lock:
                 try:
@@ -130,4 +150,31 @@ class Waiter:
             del completion                  # drop the buffers before blocking again
 
 
+    def stop(self) -> None:
+        """At interpreter exit, before the library's own exit handler: from now on no
+        Completion touches torch (a Future completed while the interpreter finalizes aborts
+        the process: "terminate called without an active exception"); the progress engine
+        stops (pending ops get AL_EXIT_GRACE seconds, then are cancelled, so the thread's wait
+        returns) and the thread is joined."""
+        global _exiting
+        with _torch_calls:                  # a settle in progress in the thread ends first
+            _exiting = True
+        with self._lock:
+            thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        self._queue.put(None)
+        from .. import _core, config
+        with config.deferred():
+            grace = config.exit_grace()
+        _core.shutdown_engine(grace)        # the library's exit handler then finds it stopped
+        thread.join(grace + 5.0)            # bounded: a wait the engine does not end
+
+
+# held while a Completion calls into torch; _exiting is set under it at interpreter exit
+_torch_calls = threading.RLock()
+_exiting = False
+
 waiter = Waiter()
+# registered after the library's own exit handler (imported first), so it runs before it
+atexit.register(waiter.stop)

@@ -9,20 +9,21 @@
   of the bucket, cast back when done (as torch's own compression hooks).
 """
 import threading
+import weakref
 from typing import Any, Callable
 
 import torch
 
 from .. import AVG, Communicator
-from . import completion
+from . import completion, cuda
 
 __all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "default_communicator"]
 
 _lock = threading.Lock()
 _default: Communicator | None = None
-# (id of the host communicator, CUDA stream handle) -> (host communicator, bound communicator)
-_bound: dict[tuple[int, int], tuple[Communicator, Communicator]] = {}
+# a hook state's communicators for CUDA tensors, one per device (made at the first bucket)
+_devices: "weakref.WeakKeyDictionary[Communicator, cuda.DeviceComms]" = weakref.WeakKeyDictionary()
 
 
 def default_communicator() -> Communicator:
@@ -36,27 +37,22 @@ def default_communicator() -> Communicator:
         return _default
 
 
-def _communicator(state, tensor) -> Communicator:
-    """The communicator for `tensor`: the hook's state (or the default one); for a CUDA tensor,
-    a communicator over it bound to torch's current stream (created once per stream,
-    collectively, at the first bucket that runs on that stream)."""
+def _communicator(state) -> Communicator:
+    """The hook's state (or the default communicator)."""
     if state is None:
-        comm = default_communicator()
-    elif isinstance(state, Communicator):
-        comm = state
-    else:
-        raise TypeError(f"state: expected an aluminum_py.Communicator or None, "
-                        f"got {type(state).__name__}")
-    if not tensor.is_cuda:
-        return comm
-    stream = torch.cuda.current_stream(tensor.device)
-    key = (id(comm), int(stream.cuda_stream))
+        return default_communicator()
+    if isinstance(state, Communicator):
+        return state
+    raise TypeError(f"state: expected an aluminum_py.Communicator or None, "
+                    f"got {type(state).__name__}")
+
+
+def _device_comms(comm: Communicator) -> "cuda.DeviceComms":
     with _lock:
-        hit = _bound.get(key)
-        if hit is None or hit[0] is not comm:
-            hit = (comm, Communicator(comm, stream=stream))
-            _bound[key] = hit
-        return hit[1]
+        comms = _devices.get(comm)
+        if comms is None:
+            comms = _devices[comm] = cuda.DeviceComms(comm)
+        return comms
 
 
 _NUMPY_TYPES = {torch.float32, torch.float64, torch.float16, torch.int8, torch.int16,
@@ -117,24 +113,26 @@ def _average(state, tensor, finish: Callable[[], Any], last: bool = False
     The communicator is handed over to the thread torch runs the hook on
     (``Communicator.bind_thread``: torch runs hooks on the thread that called ``backward()``
     for CPU work, on a device thread for CUDA); the waiter thread only waits (``Wait`` is
-    allowed from any thread).  CUDA tensors: the allreduce
-    is enqueued on the current stream's communicator and ``Wait()`` makes that stream wait for
-    it, so the Future is completed at once (like NCCL work Futures in torch): work queued on
-    the stream afterwards, DDP's copy of the result included, runs after the allreduce.
+    allowed from any thread).  CUDA tensors: the allreduce is enqueued on the device's
+    collective stream after the work queued so far on the current stream (:mod:`.cuda`), and
+    the Future is completed on the collective stream, as torch's NCCL work Futures are: DDP's
+    use of the result is ordered after the allreduce.
     """
     try:
-        comm = _communicator(state, tensor)
+        comm = _communicator(state)
+        device = cuda.pieces.device_of(tensor)
+        if device is not None:
+            def launch(c: Communicator) -> list:
+                c.Allreduce(as_buffer(tensor), op=AVG, algorithm="auto")
+                return []
+            return cuda.enqueue(_device_comms(comm), device, [tensor], launch, finish, None,
+                                lambda e: e).future
         comm.bind_thread()              # torch's autograd thread (the threading rule, below)
         request = comm.Iallreduce(as_buffer(tensor), op=AVG, algorithm="auto")
-        if not tensor.is_cuda:
-            fut = torch.futures.Future()
-            _waiter.submit(completion.Completion([request], fut, finish))
-            if last:
-                _waiter.drain()
-            return fut
-        request.Wait()
-        fut = torch.futures.Future(devices=[tensor.device])
-        fut.set_result(finish())
+        fut = torch.futures.Future()
+        _waiter.submit(completion.Completion([request], fut, finish))
+        if last:
+            _waiter.drain()
         return fut
     except Exception as e:              # noqa: BLE001  (DDP raises it from the Future)
         return _failed(e)

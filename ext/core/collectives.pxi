@@ -10,17 +10,21 @@
 # The HostBackend binds these methods as its own (backends/host.py), and the Communicator calls
 # them directly for numpy arrays: no Python runs between a Communicator method and here.
 
+import numpy as _np
+
 cdef class HostCollectives:
     """The host-buffer calls of one communicator, over its Launcher.  Arguments as the
     HostBackend's (backends/base.py); `blocking` False returns a Request."""
     cdef readonly Launcher launcher
     cdef CommState state
     cdef public object timeout      # seconds a call waits (Communicator.timeout); None: below
+    cdef dict auto_shm              # v-collective -> "auto" runs "shm" (shm_preferred)
 
     def __cinit__(self, Launcher launcher):
         self.launcher = launcher
         self.state = launcher.state
         self.timeout = None
+        self.auto_shm = {}
 
     cpdef double wait_limit(self):
         """How long this communicator's calls wait, in seconds (-1.0: forever): its
@@ -151,8 +155,67 @@ cdef class HostCollectives:
             hold = parse_blocks(&m, sendbuf, recvbuf, p, 1, "len(sendbuf)")
         if not shm:
             return self.mpi_op(K_ALLTOALL, "alltoall", &m, 0, 0, blocking)
-        return shm_alltoall(self.launcher, None if m.inplace else msg_obj(m.s), msg_obj(m.r),
-                            m.count, blocking, self.wait_limit())
+        self.launcher.shm_ready("alltoall/shm")
+        return run_shm_alltoall(self.launcher, &m, blocking, self.wait_limit())
+
+    # ---------------------------------------------------------------- v-collectives
+    cdef bint vshm(self, str what, algorithm) except -1:
+        """Whether the v-collective `what` (allgatherv, alltoallv) runs over the segment:
+        "mpi" no, "shm" yes (after shm_ready: raises where there is no segment), "auto" where
+        the communicator has a segment (or one rank) and algorithms.shm_preferred says so (it
+        ignores the counts: the same on every rank); the errors of other names."""
+        cdef int p = self.state.c.size
+        if algorithm == "mpi":
+            return False
+        if algorithm == "auto":
+            if self.state.c.shm == NULL and p != 1:
+                return False
+            if what not in self.auto_shm:
+                self.auto_shm[what] = bool(_hooks.shm_preferred(what, 0, p))
+            if not self.auto_shm[what]:
+                return False
+        elif algorithm != "shm":
+            _hooks.v_algorithm(what, algorithm)                         # raises
+        self.launcher.shm_ready(what + "/shm")
+        return True
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs, bint blocking, algorithm="auto"):
+        """Every rank's sendbuf into every rank's recvbuf, rank j's block (counts[j] elements)
+        at displs[j] (None: packed); sendbuf None: in place, this rank's block already there.
+        Counts and displacements as the user gives them (lists, arrays: parse_vlayout)."""
+        cdef al_msg m
+        cdef Launcher L = self.launcher
+        cdef int p = self.state.c.size
+        cdef NativeOp o
+        cdef bint shm = self.vshm("allgatherv", algorithm)
+        rc, rd = parse_vgather(&m, sendbuf, recvbuf, counts, displs, p, self.state.c.rank,
+                               "Allgatherv")
+        if shm:
+            return run_shm_allgatherv(L, &m, rc, rd, blocking, self.wait_limit())
+        if L.checker is not None:               # AL_CHECK: what it sends and expects per rank
+            L.checker.expect_v(K_ALLGATHERV, _np.full(p, m.count, dtype=_np.int64), rc)
+        o = vop(L, K_ALLGATHERV, "allgatherv", None if m.inplace else msg_obj(m.s),
+                msg_obj(m.r), m.count, None, None, rc, rd, 0, 0)
+        return L.launch(o, blocking, self.wait_limit(), "mpi")
+
+    def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, bint blocking,
+                  algorithm="auto"):
+        """Block j of sendbuf (scounts[j] elements at sdispls[j]) to rank j, block i of recvbuf
+        (rcounts[i] at rdispls[i]) from rank i; sendbuf None: in place (recvbuf's layout for
+        both sides, no send layout)."""
+        cdef al_msg m
+        cdef Launcher L = self.launcher
+        cdef NativeOp o
+        cdef bint shm = self.vshm("alltoallv", algorithm)
+        sc, sd, rc, rd = parse_alltoallv(&m, sendbuf, scounts, sdispls, recvbuf, rcounts,
+                                         rdispls, self.state.c.size, self.state.c.rank)
+        if shm:
+            return run_shm_alltoallv(L, &m, sc, sd, rc, rd, blocking, self.wait_limit())
+        if L.checker is not None:
+            L.checker.expect_v(K_ALLTOALLV, rc if sc is None else sc, rc)
+        o = vop(L, K_ALLTOALLV, "alltoallv", None if m.inplace else msg_obj(m.s), msg_obj(m.r),
+                m.count, sc, sd, rc, rd, 0, 0)
+        return L.launch(o, blocking, self.wait_limit(), "mpi")
 
     def bcast(self, buf, root, bint blocking, algorithm="mpi"):
         cdef al_msg m

@@ -121,6 +121,7 @@ cdef class CommState:
 
     def __cinit__(self, coll_comm, p2p_comm):
         mpi_tables_init()
+        install_finalize_guard()        # MPI was not initialised when the module was imported
         self.c = <al_comm*>calloc(1, sizeof(al_comm))
         if self.c == NULL:
             raise MemoryError()

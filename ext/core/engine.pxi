@@ -431,10 +431,14 @@ cdef int run_inline(al_op* op, double deadline) noexcept nogil:
 # os.fork(): the child has a copy of the engine's state but not its thread, and MPI cannot be
 # used there; a lock the engine held at the fork stays held. The child marks itself (every
 # entry point then raises, see fork_fail) and forgets the thread (interpreter exit must not
-# join it).
+# join it).  A C handler (pthread_atfork), so that a fork made by C code is seen too.
 cdef int g_forked = 0
 
-def _after_fork_in_child():
+cdef extern from "<pthread.h>" nogil:
+    int pthread_atfork(void (*)() noexcept nogil, void (*)() noexcept nogil,
+                       void (*)() noexcept nogil)
+
+cdef void after_fork_in_child() noexcept nogil:
     global g_forked, g_started, g_stop, g_waiters
     g_forked = 1
     g_started = 0
@@ -444,8 +448,39 @@ def _after_fork_in_child():
     pthread_cond_init(&g_submit_cond, NULL)
     pthread_cond_init(&g_done_cond, NULL)
 
-import os as _os
-_os.register_at_fork(after_in_child=_after_fork_in_child)
+pthread_atfork(NULL, NULL, after_fork_in_child)
+
+# MPI_Finalize in a forked child (mpi4py's at interpreter exit, or the program's own) would run
+# on the parent's MPI state: the transport's shared-memory queues, which the child shares with
+# the parent and its peers (it takes messages meant for the parent: wrong values, a peer that
+# waits forever), and the parent's connection to the launcher (its barrier: a child that hangs
+# at exit, a parent whose own finalize fails).  MPI deletes the attributes of MPI_COMM_SELF
+# first thing in MPI_Finalize, before any of that; the delete function of ours fails it in a
+# forked child, so MPI_Finalize returns an error there having touched nothing, and the child
+# exits with its own status.  In the parent it lets MPI_Finalize go on.
+cdef int g_finalize_guard = 0
+
+cdef int finalize_guard(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
+    return mpi.MPI_ERR_OTHER if g_forked else mpi.MPI_SUCCESS
+
+cdef void install_finalize_guard() noexcept nogil:
+    """Set the attribute of MPI_COMM_SELF whose deletion fails MPI_Finalize in a forked child
+    (once, when MPI is initialised: at import, else at the first Communicator)."""
+    global g_finalize_guard
+    cdef int keyval, up = 0, down = 1
+    if g_finalize_guard or g_forked:
+        return
+    mpi.MPI_Initialized(&up)
+    mpi.MPI_Finalized(&down)
+    if not up or down:
+        return
+    if mpi.MPI_Comm_create_keyval(mpi.MPI_COMM_NULL_COPY_FN, finalize_guard, &keyval,
+                                  NULL) != mpi.MPI_SUCCESS:
+        return
+    if mpi.MPI_Comm_set_attr(mpi.MPI_COMM_SELF, keyval, NULL) == mpi.MPI_SUCCESS:
+        g_finalize_guard = 1
+
+install_finalize_guard()
 
 def forked():
     """True in a child process made by os.fork() after this module was imported."""

@@ -8,6 +8,14 @@
 #   parse_one      one whole buffer (bcast, send, recv; gather's send side, scatter's receive
 #                  side off root)
 #   parse_pair     two separate buffers of one dtype (sendrecv)
+#   parse_vgather  a v-message gathered into recvbuf's layout (allgatherv)
+#   parse_alltoallv  two v-messages, each with its layout (alltoallv)
+#   parse_vlayout  per-rank counts and displacements (the v-forms)
+#
+# mpi4py's in-place idiom is read here, once for every backend: MPI.IN_PLACE as sendbuf (as
+# recvbuf for Scatter at the root) is the in-place form, the data in the other buffer
+# (in_place_form); mpi4py's other buffer-protocol constants, and IN_PLACE anywhere else, reach
+# _hooks.as_array, which refuses them by name: they are never read as (empty) data.
 #
 # Every check calls the Python helpers in `_hooks` (buffers.py, backends/host.py's _Hooks) for
 # anything unusual, so each error message is written once, in Python.  A parser fills the
@@ -29,6 +37,22 @@ ctypedef struct al_msg:
     bint inplace        # the result replaces the input in one buffer
     PyObject* s         # the send-side array (borrowed), or NULL
     PyObject* r         # the receive-side array (borrowed), or NULL
+
+cdef inline object in_place_data(recvbuf):
+    """sendbuf is MPI.IN_PLACE: the data and the result are in `recvbuf`, which must be given."""
+    if recvbuf is None or recvbuf is _IN_PLACE:
+        _hooks.required("recvbuf", "with sendbuf=MPI.IN_PLACE (the data and the result are in "
+                        "recvbuf)")                                      # raises
+    return recvbuf
+
+def in_place_form(sendbuf, recvbuf):
+    """mpi4py's in-place idiom in this library's form: (recvbuf, None) when sendbuf is
+    MPI.IN_PLACE (the data in recvbuf; recvbuf None then raises, naming it), else the
+    arguments as given.  The GPU backend's calls take it; the host entries read it in their
+    parsers."""
+    if sendbuf is _IN_PLACE:
+        return in_place_data(recvbuf), None
+    return sendbuf, recvbuf
 
 cdef inline cnp.ndarray as_array(obj, str name, bint writable):
     cdef cnp.ndarray a
@@ -112,11 +136,14 @@ cdef object parse_reduce(al_msg* m, sendbuf, recvbuf, int opcode, int blocks, st
     cdef cnp.ndarray s, r
     cdef int code
     cdef Py_ssize_t n
-    s = as_array(sendbuf, "sendbuf", recvbuf is None)
-    code = dtype_code_of(s, "sendbuf")
+    cdef str sname = "sendbuf"
+    if sendbuf is _IN_PLACE:                    # mpi4py's in-place form: the data in recvbuf
+        sendbuf, recvbuf, sname = in_place_data(recvbuf), None, "recvbuf"
+    s = as_array(sendbuf, sname, recvbuf is None)
+    code = dtype_code_of(s, sname)
     n = cnp.PyArray_SIZE(s)
     if blocks > 1:
-        check_blocks(s, "sendbuf", blocks)
+        check_blocks(s, sname, blocks)
         check_op_for(opcode, code, s)
         n //= blocks
         check_count(n, count_name)
@@ -147,10 +174,13 @@ cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str wha
     cdef cnp.ndarray s, r
     cdef int code
     cdef Py_ssize_t n
+    cdef str sname = "sendbuf"
+    if sendbuf is _IN_PLACE:                    # mpi4py's in-place form: the data in recvbuf
+        sendbuf, recvbuf, sname = in_place_data(recvbuf), None, "recvbuf"
     if recvbuf is None:
-        r = as_array(sendbuf, "sendbuf", True)
-        code = dtype_code_of(r, "sendbuf")
-        check_blocks(r, "sendbuf", p)
+        r = as_array(sendbuf, sname, True)
+        code = dtype_code_of(r, sname)
+        check_blocks(r, sname, p)
         n = cnp.PyArray_SIZE(r) // p
         msg_set(m, None, r, n, code)
         m.inplace = True
@@ -172,8 +202,10 @@ cdef object parse_blocks(al_msg* m, sendbuf, recvbuf, int p, int blocks, str wha
 
 cdef object parse_scatter(al_msg* m, sendbuf, recvbuf, int p):
     """Scatter at root: sendbuf holds p blocks (`count` is one), recvbuf one block, separate
-    from it (None: in place, root's block stays in sendbuf; m.r is None)."""
+    from it (None or MPI.IN_PLACE: in place, root's block stays in sendbuf; m.r is None)."""
     cdef cnp.ndarray s = as_array(sendbuf, "sendbuf", False), r = None
+    if recvbuf is _IN_PLACE:
+        recvbuf = None
     cdef int code = dtype_code_of(s, "sendbuf")
     cdef Py_ssize_t n
     check_blocks(s, "sendbuf", p)
@@ -238,3 +270,186 @@ cdef object parse_pair(al_msg* m, sendbuf, recvbuf, str hint):
     check_count(m.count, "sendbuf")
     check_count(cnp.PyArray_SIZE(r), "recvbuf")
     return msg_hold(m, sendbuf, recvbuf)
+
+
+# ---- v-messages: a buffer and its per-rank layout (counts and displacements in elements, as
+# int32 arrays of `size` entries that the op's al_op.v points into)
+
+cdef inline bint vcounts_ok(object c, int p) noexcept:
+    """`c` is what a native v-op reads: a C-contiguous int32 ndarray of `p` entries (what
+    buffers.vlayout returns)."""
+    cdef cnp.ndarray a
+    if type(c) is not cnp.ndarray:
+        return False
+    a = <cnp.ndarray>c
+    return (cnp.PyArray_TYPE(a) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and cnp.PyArray_SIZE(a) == p)
+
+
+# ---- the v-layout's common case in C (buffers.vlayout / vno_overlap call these first): counts
+# and displacements given as lists or tuples of plain ints.  Anything else (numpy integers, a
+# wrong length, a negative or too large value, a block past the buffer, blocks out of order)
+# returns the "not here" answer and the Python check decides, raising its error: every message
+# stays written once, in buffers.py.
+
+cdef cnp.ndarray int32_array(Py_ssize_t n):
+    cdef cnp.npy_intp dims[1]
+    dims[0] = n
+    return cnp.PyArray_EMPTY(1, dims, cnp.NPY_INT32, 0)
+
+cdef bint fill_ints(object seq, int* out, Py_ssize_t size):
+    """Copy `seq`, a list or tuple of `size` plain ints each in 0..MAX_COUNT, into `out`."""
+    cdef Py_ssize_t i
+    cdef object v
+    if (type(seq) is not list and type(seq) is not tuple) or len(seq) != size:
+        return False
+    for i in range(size):
+        v = seq[i]
+        if type(v) is not int or not 0 <= v <= MAX_COUNT:
+            return False
+        out[i] = <int>v
+    return True
+
+def vlayout_common(counts, displs, int size, Py_ssize_t elems):
+    """(counts, displs) as int32 arrays of `size` entries when both are lists/tuples of plain
+    ints in range (displs None: packed in rank order) and every block lies inside a buffer of
+    `elems` elements; else None."""
+    return vlayout_c(counts, displs, size, elems)
+
+cdef object vlayout_c(counts, displs, int size, Py_ssize_t elems):
+    """vlayout_common's work."""
+    cdef cnp.ndarray c = int32_array(size), d = int32_array(size)
+    cdef int* cp = <int*>cnp.PyArray_DATA(c)
+    cdef int* dp = <int*>cnp.PyArray_DATA(d)
+    cdef Py_ssize_t i
+    cdef int64_t at = 0
+    if not fill_ints(counts, cp, size):
+        return None
+    if displs is None:
+        for i in range(size):
+            dp[i] = <int>at
+            at += cp[i]
+            if at > MAX_COUNT:
+                return None
+        return (c, d) if at <= elems else None
+    if not fill_ints(displs, dp, size):
+        return None
+    for i in range(size):
+        if <int64_t>dp[i] + cp[i] > elems:
+            return None
+    return c, d
+
+def vblocks_in_order(cnp.ndarray counts, cnp.ndarray displs):
+    """True when the non-empty blocks of the int32 layout lie in rank order without overlapping
+    (the common receive layout); False: buffers.vno_overlap sorts and decides."""
+    return blocks_in_order(counts, displs)
+
+cdef bint blocks_in_order(cnp.ndarray counts, cnp.ndarray displs) noexcept:
+    """vblocks_in_order's work."""
+    cdef const int* c = <const int*>cnp.PyArray_DATA(counts)
+    cdef const int* d = <const int*>cnp.PyArray_DATA(displs)
+    cdef Py_ssize_t i
+    cdef int64_t end = 0
+    for i in range(cnp.PyArray_SIZE(counts)):
+        if c[i] == 0:
+            continue
+        if d[i] < end:
+            return False
+        end = <int64_t>d[i] + c[i]
+    return True
+
+
+cdef inline int* vints_data(object a) noexcept:
+    return <int*>cnp.PyArray_DATA(<cnp.ndarray>a)
+
+cdef tuple parse_vlayout(counts, displs, int p, str name, Py_ssize_t elems, bint receive):
+    """(counts, displs) as int32 arrays of `p` entries (displs None: packed in rank order), every
+    block inside a buffer of `elems` elements; `receive`: no element written twice.  Lists of
+    plain ints, and vlayout's own arrays, are checked here; anything else, and every error, in
+    buffers.vlayout / vno_overlap (`name`: the buffer the layout is of)."""
+    cdef const int* c
+    cdef const int* d
+    cdef int i
+    cdef object lay = None
+    if vcounts_ok(counts, p) and vcounts_ok(displs, p):
+        c = <const int*>cnp.PyArray_DATA(<cnp.ndarray>counts)
+        d = <const int*>cnp.PyArray_DATA(<cnp.ndarray>displs)
+        for i in range(p):
+            if c[i] < 0 or d[i] < 0 or <int64_t>d[i] + c[i] > elems:
+                break
+        else:
+            lay = (counts, displs)
+    if lay is None:
+        lay = vlayout_c(counts, displs, p, elems)
+    if lay is None:
+        lay = _hooks.vlayout(counts, displs, p, name, elems)             # converts or raises
+    if receive and not blocks_in_order(<cnp.ndarray>lay[0], <cnp.ndarray>lay[1]):
+        _hooks.vno_overlap(lay[0], lay[1], name)                         # raises if they overlap
+    return lay
+
+cdef tuple parse_vgather(al_msg* m, sendbuf, recvbuf, counts, displs, int p, int me, str what):
+    """A gather into a v-layout (Allgatherv): sendbuf holding exactly counts[me] elements (None:
+    in place, this rank's block already at recvbuf[displs[me]:]), recvbuf and its receive
+    layout, sharing no memory with sendbuf.  `count` is this rank's; returns (counts, displs)."""
+    cdef cnp.ndarray s = None, r
+    cdef int code
+    cdef int64_t n
+    if sendbuf is not None:
+        s = as_array(sendbuf, "sendbuf", False)
+        dtype_code_of(s, "sendbuf")
+    r = as_array(recvbuf, "recvbuf", True)
+    code = dtype_code_of(r, "recvbuf")
+    if s is not None:
+        same_dtype_of(s, r, "sendbuf", "recvbuf")
+    rc, rd = parse_vlayout(counts, displs, p, "recvbuf", cnp.PyArray_SIZE(r), True)
+    n = vints_data(rc)[me]
+    if s is not None:
+        if cnp.PyArray_SIZE(s) != n:
+            _hooks.vsame_count(s, n, "sendbuf", f"recvcounts[{me}] (this rank's block)")
+        if overlap(s, r):
+            _hooks.no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) "
+                              f"for an in-place {what}")                # raises
+    msg_set(m, s, r, n, code)
+    m.inplace = s is None
+    return rc, rd
+
+cdef tuple parse_alltoallv(al_msg* m, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls,
+                           int p, int me):
+    """Alltoallv's two v-messages: sendbuf with its layout (None: in place, recvbuf's layout
+    for both sides, and no send layout may be given), recvbuf with its receive layout; the
+    buffers apart; what this rank sends itself is what it receives from itself.  `count` is
+    what this rank sends in all; returns (scounts, sdispls, rcounts, rdispls), the send
+    layout None in place."""
+    cdef cnp.ndarray s = None, r
+    cdef int code
+    sc = sd = None
+    if sendbuf is not None:
+        s = as_array(sendbuf, "sendbuf", False)
+        dtype_code_of(s, "sendbuf")
+    r = as_array(recvbuf, "recvbuf", True)
+    code = dtype_code_of(r, "recvbuf")
+    if s is not None:
+        same_dtype_of(s, r, "sendbuf", "recvbuf")
+    elif scounts is not None or sdispls is not None:
+        _hooks.in_place_layout()                                        # raises
+    rc, rd = parse_vlayout(rcounts, rdispls, p, "recvbuf", cnp.PyArray_SIZE(r), True)
+    if s is not None:
+        sc, sd = parse_vlayout(scounts, sdispls, p, "sendbuf", cnp.PyArray_SIZE(s), False)
+        if overlap(s, r):
+            _hooks.no_overlap(s, r, "sendbuf", "recvbuf", "pass sendbuf=None (or MPI.IN_PLACE) "
+                              "for an in-place Alltoallv")              # raises
+        if vints_data(sc)[me] != vints_data(rc)[me]:
+            _hooks.vself_counts(sc, rc, me)                             # raises
+    msg_set(m, s, r, vtotal_of(rc if sc is None else sc), code)
+    m.inplace = s is None
+    return sc, sd, rc, rd
+
+cdef int64_t vtotal_of(object counts) except -1:
+    """The sum of an int32 count array (vlayout's)."""
+    cdef cnp.ndarray c = <cnp.ndarray?>counts
+    cdef const int* p = <const int*>cnp.PyArray_DATA(c)
+    cdef int64_t t = 0
+    cdef Py_ssize_t i
+    for i in range(cnp.PyArray_SIZE(c)):
+        t += p[i]
+    return t

@@ -1,4 +1,4 @@
-# The user's point-to-point set beyond Send/Recv (issue 29): Probe / Iprobe on the user's
+# The user's point-to-point set beyond Send/Recv: Probe / Iprobe on the user's
 # point-to-point communicator, and the wait of Waitany / Waitsome (wait_any) over several
 # requests.  Both wait as every wait of a calling thread does (engine.pxi): never a blocking MPI
 # call, the GIL released, back in Python every WAKE seconds for the signal handlers and a

@@ -9,7 +9,7 @@ cdef inline bint near_ahead(const char* dst, const char* src) noexcept nogil:
     the ranks of a node with one copy in the kernel (CMA: process_vm_readv; perf shows its
     _copy_to_iter), and that copy takes about twice its time there, most likely 4 KiB
     aliasing: its loads match the page offset of the stores just made.  Measured with ring at
-    1 MiB, 2 ranks (bench/recvbuf_offsets.py, issue 31): a recvbuf 4-28 bytes after the
+    1 MiB, 2 ranks, sweeping the recvbuf offset: a recvbuf 4-28 bytes after the
     sendbuf's page offset 1.8-2.0x, 32-60 bytes after it, behind it or at it 0.98-1.05x; 64 is
     a margin.  MPICH's own allreduce (through its own buffers) is not affected."""
     return <size_t>((<uintptr_t>dst - <uintptr_t>src) & 4095) - 1 < NEAR_AHEAD - 1

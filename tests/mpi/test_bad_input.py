@@ -506,6 +506,7 @@ def attempt(comm, exc, match, method, build, blocking):
     return None
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
 @pytest.mark.parametrize("exc,match,method,build,min_size", CASES)
 def test_bad_argument(bad, exc, match, method, build, min_size, blocking):
@@ -566,6 +567,7 @@ def test_communicator_still_works(bad, comm):
 
 
 # ---------------------------------------------------------------------------- constructor
+@pytest.mark.local
 def test_communicator_bad_arguments():
     errors = []
     for kwargs, exc, match in ((dict(comm="world"), TypeError, named("comm")),
@@ -581,6 +583,7 @@ def test_communicator_bad_arguments():
 
 
 # ---------------------------------------------------------------------------- names and errors
+@pytest.mark.local
 def test_algorithm_names():
     host = ("auto", "mpi", "recursive_doubling", "rabenseifner", "ring", "hierarchical", "shm",
             "hierarchical_p2p")
@@ -600,6 +603,7 @@ def test_algorithm_names():
         al.algorithms("bcast", "tpu")
 
 
+@pytest.mark.local
 def test_error_hierarchy():
     for cls in (al.MPIError, al.TimeoutError, al.UnavailableError):
         assert issubclass(cls, al.Error), cls

@@ -127,6 +127,7 @@ def test_op_by_name_or_mpi_op(c, spec):
     assert all_ranks_ok(not failures), failures[:8]
 
 
+@pytest.mark.local
 def test_every_op_has_a_name_and_an_mpi_op():
     """Every al.Op but AVG has an mpi4py twin (AVG is not an MPI op), and both spellings are
     covered above."""
@@ -454,6 +455,7 @@ def ml_dtypes_importable() -> bool:
     return True
 
 
+@pytest.mark.local
 def test_supported_dtypes_is_the_documented_list():
     expected = [d for d in DOCUMENTED_DTYPES if d != "bfloat16" or ml_dtypes_importable()]
     got = al_ops.supported_dtypes()

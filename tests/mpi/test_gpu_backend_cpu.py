@@ -271,6 +271,7 @@ def strict():
     stream.destroy()
 
 
+@pytest.mark.local
 def test_strict_device_reports_its_mode():
     assert ht.CpuDevice(strict=True).strict and not ht.CpuDevice().strict
     assert ht.CpuDevice(strict=True, queues=2).queues == 2
@@ -282,6 +283,7 @@ def test_strict_device_reports_its_mode():
         ht.CpuDevice(True, 2, 3)                        # no silently ignored arguments
 
 
+@pytest.mark.local
 def test_strict_device_synchronize_waits_for_a_blocked_stream():
     """What made the engine-thread free a deadlock on CUDA: a synchronizing call (here the
     device synchronize that pinned alloc/free imply) waits for a stream blocked on a flag,
@@ -301,6 +303,7 @@ def test_strict_device_synchronize_waits_for_a_blocked_stream():
     stream.destroy()
 
 
+@pytest.mark.local
 def test_strict_device_calls_wait_for_a_thread_inside_a_synchronize():
     """The strict device's driver lock: while one thread waits inside a synchronizing call,
     another thread's device calls (here an event query) wait too, as CUDA's may."""
@@ -567,7 +570,9 @@ def _as_device(v):
     return v
 
 
-@pytest.mark.parametrize("check", [False, True], ids=["", "AL_CHECK"])
+# without AL_CHECK nothing is communicated (local); with it the ranks agree first
+@pytest.mark.parametrize("check", [pytest.param(False, id="", marks=pytest.mark.local),
+                                   pytest.param(True, id="AL_CHECK")])
 @pytest.mark.parametrize("case", sorted(_v_bad_cases(4, 0)))
 def test_gpu_v_collectives_refuse_bad_input(bound, case, check, monkeypatch):
     """The GPU backend's v-collectives, Reduce_scatter with counts, Scan/Exscan and wildcard

@@ -160,6 +160,7 @@ def test_bad_header_on_one_rank_disables_shm_on_every_rank(monkeypatch):
     c.Free()
 
 
+@pytest.mark.local
 def test_header_check_names_what_differs():
     slot, nonce = 4096, 0x1234
     header = np.zeros(_core.shm_bytes(2, slot), dtype=np.uint8)

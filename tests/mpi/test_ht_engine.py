@@ -9,8 +9,6 @@ device under real MPI ranks:
 * an abandoned host-transfer op whose inner op is "hierarchical" leaks its running phase's
   scratch (an already-matched receive may still write it) instead of returning it to the pool.
 """
-import time
-
 import numpy as np
 import pytest
 
@@ -20,6 +18,9 @@ from aluminum_py import host_transfer as ht
 from conftest import WORLD, all_ranks_ok, wait_for
 
 pytestmark = pytest.mark.mpi
+# the tag of the messages (on MPI.COMM_WORLD, not the library's communicators) that hold the
+# late ranks back until the early ones have given up on their op: a gate, not a sleep
+GATE = 4242
 
 
 @pytest.fixture
@@ -28,8 +29,8 @@ def no_table(tmp_path_factory, monkeypatch):
 
 
 def test_queued_host_transfer_op_is_abandoned_at_its_deadline(no_table, monkeypatch):
-    """Rank 0 starts a "shm" Iallreduce its peers join 4 s late, then a host-transfer op whose
-    host part is "shm" too: the engine holds that op back behind the first (one op over the
+    """Rank 0 starts a "shm" Iallreduce its peers join only once it has given up, then a
+    host-transfer op whose host part is "shm" too: the engine holds that op back behind the first (one op over the
     segment at a time).  With AL_HANG_TIMEOUT=0.5 it must fail at about 0.5 s, saying that it
     never started, not when the first op ends; the segment is then unusable on every rank and
     every op ends in an error, no rank waits."""
@@ -44,11 +45,14 @@ def test_queued_host_transfer_op_is_abandoned_at_its_deadline(no_table, monkeypa
     problems = []
     WORLD.Barrier()
     if comm.rank != 0:
-        time.sleep(4.0)
+        WORLD.recv(source=0, tag=GATE)                 # until rank 0 has given up
     first = comm.Iallreduce(np.ones(64, np.float32), algorithm="shm")
     req = ht.allreduce(comm, device, stream, x, algorithm="ht_auto")
-    if comm.rank == 0 and not wait_for(lambda: req.done, 3.0):
-        problems.append("the queued op was not abandoned at its 0.5 s deadline")
+    if comm.rank == 0:
+        if not wait_for(lambda: req.done, 120.0):      # a hang guard: it ends at 0.5 s
+            problems.append("the queued op was not abandoned at its 0.5 s deadline")
+        for r in range(1, WORLD.size):
+            WORLD.send(None, dest=r, tag=GATE)
     try:
         req.Wait(timeout=30)
         problems.append("no error for the host-transfer op")
@@ -94,7 +98,7 @@ def test_a_finished_inner_shm_op_is_not_progress(no_table):
 
 
 def test_abandoned_hierarchical_inner_op_leaks_its_scratch(no_table, monkeypatch):
-    """Three ranks as two emulated nodes (0,0,1).  Rank 2 joins 4 s late, so rank 0 waits in
+    """Three ranks as two emulated nodes (0,0,1).  Rank 2 joins only once the others have given up, so rank 0 waits in
     the inter-node phase of a host-transfer op with a "hierarchical" host part, its receive
     posted into the phase's scratch, when the op is abandoned at 0.5 s.  The receive may have
     been matched already, so that scratch must not go back to the pool (the plain schedule's
@@ -123,11 +127,15 @@ def test_abandoned_hierarchical_inner_op_leaks_its_scratch(no_table, monkeypatch
     _core.set_scratch_cache(0)                         # empty the pool, then let it cache again
     _core.set_scratch_cache(256 << 20)
     WORLD.Barrier()
+    others = [r for r in range(WORLD.size) if r != 2]
     if comm.rank == 2:
-        time.sleep(4.0)
+        for r in others:                               # until every other rank has given up
+            WORLD.recv(source=r, tag=GATE)
     op = start(0.5)
     if not op.wait(30):
         problems.append("the host-transfer op did not end")
+    if comm.rank != 2:
+        WORLD.send(None, dest=2, tag=GATE)
     cached = _core.scratch_stats()["cached"]
     if comm.rank == 0:
         if "hierarchical at phase 2" not in str(op.error):       # the inter-node phase
@@ -143,7 +151,7 @@ def test_abandoned_hierarchical_inner_op_leaks_its_scratch(no_table, monkeypatch
 
 def test_a_communicator_made_after_freeing_one_with_an_abandoned_op_gets_no_stale_message(
         no_table, monkeypatch):
-    """Rank 0 abandons a host-transfer ring at 0.5 s (its peers join 3 s late and abandon theirs
+    """Rank 0 abandons a host-transfer ring at 0.5 s (its peers join once it has given up and abandon theirs
     in turn, their sends to rank 0 never received).  Freeing that communicator must not let a
     new one receive those messages: MPI_Comm_free would release the context id for the next
     communicator, whose first ring has the same tag (it got rank 1's stale data: wrong sums)."""
@@ -157,12 +165,15 @@ def test_a_communicator_made_after_freeing_one_with_an_abandoned_op_gets_no_stal
     monkeypatch.setattr(config, "_hang_timeout", 0.5)
     WORLD.Barrier()
     if comm.rank != 0:
-        time.sleep(3.0)
+        WORLD.recv(source=0, tag=GATE)                 # until rank 0 has given up
     req = ht.allreduce(comm, device, stream, x, algorithm="ht_ring")
     try:
         req.Wait(timeout=30)
     except al.Error:
         pass
+    if comm.rank == 0:
+        for r in range(1, WORLD.size):
+            WORLD.send(None, dest=r, tag=GATE)
     if not stream.synchronize(timeout=30):
         problems.append("the stream was not released")
     monkeypatch.setattr(config, "_hang_timeout", 30.0)

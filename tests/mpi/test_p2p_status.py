@@ -261,6 +261,7 @@ def test_timeouts(comm):
     comm.Barrier()
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("case", ["recv-tag", "recvtag", "sendtag-any", "probe-tag",
                                   "probe-source", "iprobe-source-str", "status-type",
                                   "wait-status-type", "waitany-item", "get-count-type",

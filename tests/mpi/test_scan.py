@@ -123,6 +123,7 @@ def test_concurrent_nonblocking_scans(comm):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name", ["Scan", "Exscan", "Iscan", "Iexscan"])
 def test_bad_arguments(comm, name):
     """Refused before any communication (so every rank raises alone), naming the argument;

@@ -157,6 +157,7 @@ class _FailingRequest:
         raise al.TimeoutError("Iallreduce: not complete (test)")
 
 
+@pytest.mark.local
 def test_waiter_sets_exceptions_and_results():
     failed, done = torch.futures.Future(), torch.futures.Future()
     alt._waiter.submit(Completion([_FailingRequest()], failed, lambda: None))
@@ -167,6 +168,7 @@ def test_waiter_sets_exceptions_and_results():
     assert torch.equal(done.wait(), torch.ones(2))
 
 
+@pytest.mark.local
 def test_drain_completes_every_pending_future_once():
     """The last bucket's hook completes the pending Futures in the training thread; each Future
     is completed exactly once whichever thread gets to it."""
@@ -180,6 +182,7 @@ def test_drain_completes_every_pending_future_once():
     assert sorted(calls) == list(range(20))
 
 
+@pytest.mark.local
 def test_as_buffer_shares_memory():
     t = torch.zeros(5, dtype=torch.float32)
     a = alt.as_buffer(t)

@@ -1,4 +1,4 @@
-"""The "aluminum" torch.distributed backend (issue 30), at every rank count of the suite.
+"""The "aluminum" torch.distributed backend, at every rank count of the suite.
 
 The default process group is the backend under test, made the way users make it
 (``init_process_group("aluminum", init_method="mpi://")`` under mpiexec); a gloo group of the same
