@@ -98,11 +98,6 @@ def make_op(cs: CommState, kind: int, name: str, sbuf: int, rbuf: int, count: in
             avg_buf: int = ..., avg_cnt: int = ..., keep: Any = ...,
             recv_tag: int | None = ..., logical01: bool = ...) -> NativeOp: ...
 
-class Decided:
-    """auto's cached decision for a message size, with the calls of its class left before a
-    re-check (AL_AUTO_RECHECK; ext/core/launcher.pxi; no Python-visible members)."""
-    def __init__(self, alg: str, left: int, learner: Any) -> None: ...
-
 class Launcher:
     """How an op runs and how its algorithm is chosen (ext/core/launcher.pxi)."""
     state: CommState

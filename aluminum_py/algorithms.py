@@ -1,4 +1,5 @@
-"""The allreduce algorithm registry, and the alpha-beta-gamma cost model of ``algorithm="auto"``.
+"""The allreduce algorithm registry, and the cost model that ``algorithm="auto"`` follows
+(:mod:`aluminum_py.tuning`: the rule, and the tuning table that may override it).
 
 :data:`REGISTRY` is the one list of algorithm names: for each, the devices whose buffers take it,
 the backend that runs it, the host algorithm a host-transfer (``ht_*``) name runs, whether
@@ -158,7 +159,7 @@ def model_time(algorithm: str, p: int, nbytes: int, params=None) -> float:
 
 class ShmCost(NamedTuple):
     """What the "shm" formula needs: the machine's synchronisation latency and per-byte memory
-    time (AL_SHM_SYNC, AL_SHM_BYTE, or fitted to a tuning entry's shm times) and the segment's
+    time (AL_SHM_SYNC, AL_SHM_BYTE) and the segment's
     protocol limits (the communicator's, as rank 0's AL_SHM_SMALL_BYTES / AL_SHM_SLOT_BYTES
     made them)."""
 
@@ -207,9 +208,9 @@ def model_choice(p: int, nbytes: int, params=None, shm: ShmCost | None = None) -
     return min(times, key=times.get)
 
 
-# ---- "auto" of Allgatherv, Alltoall and Alltoallv (issue 29): the shared-memory transport where
-# it measured faster than the MPI library's call (bench/vcollectives.py; docs/performance.md,
-# "Allgatherv and Alltoallv over the segment").
+# ---- "auto" of Allgatherv, Alltoall and Alltoallv: the shared-memory transport where it measured
+# faster than the MPI library's call (bench/vcollectives.py; docs/performance.md, "Allgatherv and
+# Alltoallv over the segment").
 
 SHM_VCOLLECTIVES = ("allgatherv", "alltoall", "alltoallv")
 # bytes sent per rank up to which "auto" runs "shm" (Alltoall)
@@ -229,22 +230,17 @@ def shm_preferred(collective: str, nbytes_per_rank: int, size: int) -> bool:
     count users rarely get wrong, uses the size. Allgatherv's and Alltoallv's counts are the
     error-prone part of a v-collective: their choice ignores `nbytes_per_rank`.
 
-    The figures it rests on: the segment's protocols are bimodal on this machine: within
-    minutes of each other, on an idle machine, the same sweep gave shm 0.5x of the MPI library's
-    time in one run and 2-3x in the next (bench/results/issue29_vcollectives_lead.txt:
-    bench/vcollectives.py, float32, MPICH 5.0.2, 2 and 4 ranks on 2 cores, 2026-11-25
-    00:31-00:37 UTC; the helper's earlier runs under load: issue29_vcollectives_{2,4}ranks.txt):
-      * Allgatherv: shm won at every size up to 1 MiB per rank in every run (16 KiB: 12 vs 20
-        us, our "mpi"; 1 MiB 704 vs 787 us at 2 ranks, 950-1060 vs 1270-1390 us at 4) and at
-        every size at 4 ranks (0.32-0.38x of mpi4py at 4-16 MiB against "mpi"'s 0.44-0.48x); at
-        4 and 16 MiB on 2 ranks it lost 2.3-3.2x in 6 of 8 runs and won by 5% in one. "shm"
-        always: with it, counts that differ between ranks are always caught (the counts are in
-        the fingerprint of every round).
+    The figures it rests on (bench/vcollectives.py, float32, MPICH, 2 and 4 ranks on 2 cores;
+    the segment's protocols are bimodal on that machine: within minutes, the same sweep gave
+    shm 0.5x of the MPI library's time in one run and 2-3x in the next):
+      * Allgatherv: shm won at every size up to 1 MiB per rank in every run and at every size
+        at 4 ranks; at 4 and 16 MiB on 2 ranks it lost 2.3-3.2x in 6 of 8 runs. "shm" always:
+        with it, counts that differ between ranks are always caught (the counts are in the
+        fingerprint of every round).
       * Alltoall: shm won up to 64 KiB in every run (0.3-0.5x); at 256 KiB it won (0.6x) in 4
         runs and lost 2.7x in 6: "shm" up to SHM_ALLTOALL_MAX_BYTES.
-      * Alltoallv: shm won at 16 KiB (19 vs 23 us) and lost 2x at 256 KiB-16 MiB in 6 of 8 runs
-        at 2 ranks, and at every size at 4 ranks (1.3-1.8x of mpi4py): never "shm" (it stays
-        available as algorithm="shm").
+      * Alltoallv: shm won at 16 KiB and lost 2x at 256 KiB-16 MiB in 6 of 8 runs at 2 ranks,
+        and at every size at 4 ranks: never "shm" (it stays available as algorithm="shm").
     One rank: "shm" (a local copy, no MPI call).
     """
     if collective not in SHM_VCOLLECTIVES:

@@ -7,11 +7,12 @@ that it never mixes with the calls' own traffic.  The "shm" rounds carry fingerp
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from . import _core
-from .errors import Error
-from .learning import wait_exchange
+from . import _core, config
+from .errors import Error, TimeoutError
 
 _KIND_NAMES = {k: n for n, k in _core.KINDS.items()}
 _DTYPE_NAMES = {c: n for n, c in _core.DTYPES.items()}
@@ -96,7 +97,7 @@ class CallChecker:
         raise Error(f"{name}: {why}")
 
     def _finish(self, req, name) -> None:
-        """Wait for the exchange (learning.wait_exchange: AL_HANG_TIMEOUT, a broken peer)."""
+        """Wait for the exchange (wait_exchange: AL_HANG_TIMEOUT, a broken peer)."""
         wait_exchange(req, self.state, name, "AL_CHECK's signature exchange")
 
     def _check_v(self, name, kind) -> None:
@@ -121,3 +122,21 @@ class CallChecker:
                  "unusable on every rank")
         self.state.mark_broken(why)
         raise Error(f"{name}: {why}")
+
+
+def wait_exchange(req, state, name: str, what: str) -> None:
+    """Wait for the MPI request `req` of a library-internal exchange: raise if a peer broke the
+    communicator (it will never join) or after AL_HANG_TIMEOUT."""
+    timeout = config.hang_timeout()
+    start = time.monotonic()
+    polls = 0
+    while not req.Test():
+        polls += 1
+        if polls % 64 == 0:
+            why = state.broken
+            if why is not None:
+                raise Error(f"{name}: this communicator is unusable: {why}")
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise TimeoutError(f"{name}: {what} not complete after {timeout:g} s (a peer "
+                                   f"that never called?)")
+        time.sleep(0 if polls < 1000 else 1e-4)

@@ -330,37 +330,10 @@ class Communicator:
 
     def explain(self, nbytes: int, dtype="float32") -> "Choice":
         """Which algorithm ``algorithm="auto"`` picks for an Allreduce of `nbytes` bytes of
-        `dtype`, and why (a tuning-table entry, an extrapolation, or the cost model).
+        `dtype`, and which rule decided: the cost model, a tuning-table override (with its
+        measured margin) or, with one choice only, "forced".
         Local: no communication."""
         return self._host.explain(int(nbytes), np.dtype(dtype).itemsize)
-
-    def learned(self) -> list:
-        """What ``algorithm="auto"`` learned in use (AL_AUTO_LEARN; docs/tuning.md): per size
-        class whose learning is over, a dict with bytes (the class: messages up to that power
-        of two), itemsize, choice, prior (the table's or the model's choice), source, medians
-        (seconds per contender, of the max over ranks), samples (timed calls of each), wins
-        (per contender with a median lower than the prior's by more than 1.05x: the rounds it
-        was faster in and the rounds compared), times (per contender, its sample in each
-        timed round in seconds, nan where a rank had none), rounds (the timed rounds decided
-        on), state_change (where the machine changed state during learning, the round the
-        rounds decided on begin from; None: no change), shifts (every shift of a contender's
-        times the state-change test saw at a decision: round, the seconds the rounds after it
-        lasted, and taken, False for a blip let go), in_doubt (the contenders whose contest
-        with the prior was still in doubt at the longest schedule, where the prior stayed:
-        a tie), rechecks (how many times the class
-        had learned before this decision: AL_AUTO_RECHECK) and recheck_after (the class's calls
-        from this decision to its next re-check).  A class that is re-checking reports its last
-        decision.  Empty with learning off.  Local: no communication."""
-        return [] if self._host.learning is None else self._host.learning.learned()
-
-    def save_learned(self, path: str | None = None) -> int:
-        """Merge :meth:`learned` into the tuning table (`path`, else AL_TUNING_FILE or the
-        per-user cache file): where the table's exact entry for this communicator measured a
-        learned class's size, its choice there becomes the learned one (``decided``: "in
-        use"). Local: call it on one rank (rank 0).  Returns the number of sizes changed."""
-        from . import tuning
-        return tuning.merge_learned(self.learned(), self.size, self._topology.ranks_per_node,
-                                    tuning.mpi_version(), path)[1]
 
     # ------------------------------------------------------------------ allreduce
     def Allreduce(self, sendbuf, recvbuf=None, op=SUM, algorithm: str = "auto", *,

@@ -282,22 +282,6 @@ def shm_named() -> bool:
     return _number("AL_SHM_NAMED", 0, 0, 1, "0 or 1", whole=True) == 1
 
 
-def auto_learn() -> int:
-    """AL_AUTO_LEARN: timed rounds with which ``algorithm="auto"`` checks the table's choice in
-    use at each size class of a communicator's Allreduce before it commits (default 5; 0: off,
-    the table or the model decides alone; aluminum_py.learning, docs/tuning.md).  Rank 0's
-    value is used."""
-    return _count("AL_AUTO_LEARN", 5, 0, 1000, "rounds", " (0: off)")
-
-
-def auto_recheck() -> int:
-    """AL_AUTO_RECHECK: calls of a size class, after learning in use committed it, before the
-    class learns again from its committed choice (default 4096; doubled after each re-check
-    that keeps the choice, up to 32x; 0: never; aluminum_py.learning).  Rank 0's value is
-    used."""
-    return _count("AL_AUTO_RECHECK", 4096, 0, 1 << 40, "calls", " (0: never)")
-
-
 def tuning_file() -> str | None:
     """AL_TUNING_FILE: the tuning table's path (None: the per-user cache file)."""
     return _raw("AL_TUNING_FILE")
@@ -355,8 +339,6 @@ def construction_error() -> str | None:
         shm_test_faults()
         model_params()
         shm_model_params()
-        auto_learn()
-        auto_recheck()
         check()
     except ValueError as e:
         return str(e)
@@ -413,9 +395,9 @@ def shm_model_params() -> tuple[float, float]:
     cost every algorithm pays is not in either).  Rank 0's values are used.
 
     Defaults, on the reference 2-core machine (docs/tuning.md, "The shm formula"): AL_SHM_BYTE
-    fitted (tuning.fit_models) to the quiet 2-rank run docs/data/shm_2ranks.json;
-    AL_SHM_SYNC, which that fit puts at 0 (below what it resolves), the round trip of a cache
-    line between two processes (a C ping-pong)."""
+    fitted by least squares to a quiet 2-rank run, docs/data/shm_2ranks.json; AL_SHM_SYNC,
+    which that fit puts at 0 (below what it resolves), the round trip of a cache line between
+    two processes (a C ping-pong)."""
     return (_model("AL_SHM_SYNC", 2.0e-7), _model("AL_SHM_BYTE", 2.7e-11))
 
 

@@ -77,9 +77,10 @@ def test_the_winner_changes_with_size_and_rank_count():
 
 @pytest.mark.parametrize("params", PARAMS)
 def test_selector_without_table_uses_the_model(params):
-    from aluminum_py.tuning import Chooser
+    from aluminum_py.tuning import Chooser, Model
+    usable = ("mpi",) + MODELLED
     for p in (2, 3, 4, 6):
-        s = Chooser(p, {}, {}, params, ("mpi",) + MODELLED)
+        s = Chooser(Model(p, p, usable, params, None), {}, usable)
         for n in SIZES:
             assert s.choose(n, 4) == cost_reference.cheapest(p, n, params), (p, n)
             assert s.explain(n, 4).source == "model"

@@ -1,12 +1,13 @@
-"""The tuning table: round trips, merging, lookups, bad files (single process)."""
+"""auto's rule and the tuning table: round trips, merging, bad files, where a table overrides
+the cost model, the crossover's timing (single process)."""
 import json
-import warnings
+import os
 
 import numpy as np
 import pytest
 
 from aluminum_py import tuning
-from aluminum_py.algorithms import MODELLED, model_time
+from aluminum_py.algorithms import MODELLED, ShmCost, model_choice, model_time
 from aluminum_py.bench.plots import crossover_map, format_map
 from aluminum_py.bench.timing import parse_bytes, size_sweep
 from aluminum_py.topology import ranks_per_node
@@ -17,15 +18,34 @@ from cost_reference import cheapest
 MPI_NAME = "MPICH Version: 5.0.2"
 USABLE = ("mpi",) + MODELLED
 PARAMS = (2e-6, 1.6e-10, 1e-10)
+SHM_LIMITS = (64 << 10, 1 << 20, 0, 0)
+SHM_PARAMS = (2e-7, 2.7e-11)
+SIZES = [4 << k for k in range(0, 25, 2)]
 
 
-def synthetic_entry(p=2, local=2, dtype_size=4, sizes=None, params=(3e-6, 2e-10, 1e-10)):
+def synthetic_entry(p=2, local=2, dtype_size=4, sizes=None, params=(3e-6, 2e-10, 1e-10),
+                    passes=3):
     """Times from the cost model (so the truth is known) plus an 'mpi' that is 10% slower
-    than the best modelled algorithm; measured on p // local nodes of `local` ranks."""
-    sizes = sizes or [4 << k for k in range(0, 25, 2)]
+    than the best modelled algorithm, the same in each of `passes` passes; measured on
+    p // local nodes of `local` ranks."""
+    sizes = sizes or SIZES
     times = {a: [model_time(a, p, n, params) for n in sizes] for a in MODELLED}
     times["mpi"] = [1.1 * min(times[a][i] for a in MODELLED) for i in range(len(sizes))]
-    return tuning.make_entry(p, [local] * (p // local), "host", dtype_size, MPI_NAME, sizes, times)
+    return tuning.make_entry(p, [local] * (p // local), "host", dtype_size, MPI_NAME, sizes,
+                             [times] * passes)
+
+
+def chooser_for(entries=(), p=2, local=2, ranks_per_node=None, usable=USABLE, limits=None,
+                shm_params=SHM_PARAMS):
+    """The Chooser of a communicator of p ranks, p // local nodes of `local` ranks (or the
+    given ranks_per_node), with a table of `entries` (`limits`: its segment's)."""
+    table = tuning.empty_table()
+    for e in entries:
+        tuning.merge(table, e)
+    rpn = tuple(ranks_per_node or [local] * (p // local))
+    exact, others = tuning.find_data(table, rpn, "host", MPI_NAME)
+    data = tuning.TuningData(exact, PARAMS, rpn, others, shm_params)
+    return Chooser.from_data(data, usable, shm_limits=limits)
 
 
 def test_round_trip_and_merge(tmp_path):
@@ -41,10 +61,19 @@ def test_round_trip_and_merge(tmp_path):
     assert loaded["version"] == tuning.VERSION
     key = tuning.make_key(2, [2], "host", 4, MPI_NAME)
     assert loaded["entries"][key]["times"] == e2["times"]
+    assert loaded["entries"][key]["passes"] == e2["passes"] and len(e2["passes"]) == 3
     again = synthetic_entry(p=2, sizes=[4, 8])        # same configuration: replaced
     tuning.save(tuning.merge(loaded, again), path)
     final = tuning.load(path)
     assert len(final["entries"]) == 2 and final["entries"][key]["sizes"] == [4, 8]
+
+
+def test_entry_times_are_the_median_over_passes():
+    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, [4, 8],
+                          [{"ring": [1.0, 5.0]}, {"ring": [3.0, 4.0]}, {"ring": [2.0, 9.0]}])
+    assert e["times"] == {"ring": [2.0, 5.0]}
+    one = tuning.make_entry(2, [2], "host", 4, MPI_NAME, [4, 8], {"ring": [1.0, 5.0]})
+    assert "passes" not in one and tuning.validate_entry(one)["passes"] == [one["times"]]
 
 
 def test_default_path(monkeypatch, tmp_path):
@@ -57,7 +86,8 @@ def test_default_path(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "other"}),
                                      json.dumps({"format": tuning.FORMAT, "version": 0, "entries": {}}),
-                                     json.dumps({"format": tuning.FORMAT, "version": 1}),
+                                     json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {}}),
+                                     json.dumps({"format": tuning.FORMAT, "version": 2}),
                                      json.dumps([1, 2, 3])])
 def test_corrupt_or_old_files_warn_and_fall_back(tmp_path, content):
     path = tmp_path / "bad.json"
@@ -65,8 +95,7 @@ def test_corrupt_or_old_files_warn_and_fall_back(tmp_path, content):
     with pytest.warns(TuningWarning):
         table = tuning.load(str(path))
     assert table["entries"] == {}
-    exact, fitted, others = tuning.find_data(table, [2], "host", MPI_NAME)
-    choice = Chooser(2, exact, fitted, PARAMS, USABLE).explain(1024, 4)
+    choice = chooser_for().explain(1024, 4)
     assert choice.source == "model" and choice.algorithm == cheapest(2, 1024, PARAMS)
 
 
@@ -81,150 +110,13 @@ def test_bad_entry_is_dropped_others_kept(tmp_path):
     assert list(loaded["entries"]) == [tuning.entry_key(good)]
 
 
-def chooser_for(entries, p=2, local=2, ranks_per_node=None):
-    """The Chooser of a communicator of p ranks, p // local nodes of `local` ranks (or the
-    given ranks_per_node), with a table of `entries`."""
-    table = tuning.empty_table()
-    for e in entries:
-        tuning.merge(table, e)
-    rpn = tuple(ranks_per_node or [local] * (p // local))
-    exact, fitted, others = tuning.find_data(table, rpn, "host", MPI_NAME)
-    return Chooser.from_data(tuning.TuningData(exact, fitted, PARAMS, rpn, others), USABLE)
-
-
-def test_lookup_measured_sizes_pick_the_fastest():
-    e = synthetic_entry()
-    d = chooser_for([e])
-    for i, n in enumerate(e["sizes"]):
-        best = min(e["times"], key=lambda a: e["times"][a][i])
-        c = d.explain(n, 4)
-        assert c.algorithm == best and c.source == "table"
-
-
-def test_lookup_interpolates_between_sizes():
-    sizes = [1024, 4096]
-    times = {"ring": [10e-6, 20e-6], "rabenseifner": [5e-6, 40e-6]}
-    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, times)
-    d = chooser_for([e])
-    # log-linear: rabenseifner 5->40 us, ring 10->20 us; they cross at the geometric midpoint
-    assert d.explain(1200, 4).algorithm == "rabenseifner"
-    assert d.explain(3800, 4).algorithm == "ring"
-    assert "interpolated" in d.explain(2000, 4).detail
-
-
-def test_lookup_beyond_the_table():
-    """Below the smallest size: the smallest size's winner. Above the largest: each
-    algorithm's time at the largest size plus its fitted beta times the extra bytes, so a
-    slower start with a smaller slope takes over past the crossing (here near 22 KB)."""
-    sizes = [4, 64, 1024, 16384]
-    # exactly linear times, so the fitted betas are the slopes written here
-    steep = [1e-6 + 1e-10 * n for n in sizes]           # fastest at every measured size
-    flat = [3e-6 + 1e-11 * n for n in sizes]
-    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, {"ring": steep, "rabenseifner": flat})
-    assert e["fit"]["ring"]["beta"] == pytest.approx(1e-10) and e["fit"]["rabenseifner"]["beta"] == pytest.approx(1e-11)
-    d = chooser_for([e])
-    assert d.explain(1, 4).algorithm == "ring" and d.explain(1, 4).source == "table"
-    assert d.explain(16384, 4).algorithm == "ring"
-    near = d.explain(20000, 4)                     # ring 3.0 us, rabenseifner 3.2 us
-    assert (near.algorithm, near.source) == ("ring", "table-extrapolated")
-    far = d.explain(1 << 20, 4)                    # ring 105.9 us, rabenseifner 13.5 us
-    assert (far.algorithm, far.source) == ("rabenseifner", "table-extrapolated")
-    crossing = 16384 + (flat[-1] - steep[-1]) / (1e-10 - 1e-11)
-    assert d.explain(int(crossing * 0.99), 4).algorithm == "ring"
-    assert d.explain(int(crossing * 1.01), 4).algorithm == "rabenseifner"
-
-
-def test_unknown_rank_count_uses_fitted_model():
-    truth = (3e-6, 2e-10, 1e-10)
-    d = chooser_for([synthetic_entry(p=2, params=truth), synthetic_entry(p=8, local=8, params=truth)],
-                    p=4, local=4)
-    for n in [4, 1 << 12, 1 << 20, 1 << 26]:
-        c = d.explain(n, 4)
-        assert c.source == "model-fitted"
-        assert c.algorithm == cheapest(4, n, truth)
-
-
-def test_fit_machine_recovers_parameters():
-    truth = (3e-6, 2e-10, 1e-10)
-    a, b, g = tuning.fit_machine(synthetic_entry(p=4, local=4, params=truth))
-    assert a == pytest.approx(truth[0], rel=1e-3)
-    assert b == pytest.approx(truth[1], rel=1e-3)
-    assert g == pytest.approx(truth[2], rel=1e-3)
-
-
-def test_other_dtype_size_and_mpi_are_separate():
-    d = chooser_for([synthetic_entry(dtype_size=8)])
-    assert d.explain(1024, 4).source in ("model-fitted", "model")
-    assert d.explain(1024, 8).source == "table"
-    table = tuning.merge(tuning.empty_table(), synthetic_entry())
-    exact, fitted, others = tuning.find_data(table, [2], "host", "Open MPI v5")
-    assert not exact and not fitted and not others
-
-
-def test_fit_alpha_beta_and_ranges():
-    sizes = [4, 1024, 1 << 20]
-    fit = tuning.fit_alpha_beta(sizes, [5e-6 + 1e-10 * n for n in sizes])
-    assert fit["alpha"] == pytest.approx(5e-6, rel=1e-6)
-    assert fit["beta"] == pytest.approx(1e-10, rel=1e-6)
-    ranges = tuning.win_ranges([4, 8, 16, 32], {"a": [1, 1, 5, 5], "b": [2, 2, 1, 1]})
-    assert ranges == [{"algorithm": "a", "min_bytes": 4, "max_bytes": 8},
-                      {"algorithm": "b", "min_bytes": 16, "max_bytes": 32}]
-
-
-def test_size_sweep_and_parse():
-    assert parse_bytes("64MiB") == 64 << 20 and parse_bytes("4") == 4 and parse_bytes("2k") == 2048
-    assert size_sweep(4, 64, 4) == [4, 8, 16, 32, 64]
-    assert size_sweep(4, 64, 4, odd=True) == [4, 8, 12, 16, 24, 32, 48, 64]
-    assert size_sweep(1, 16, 8) == [8, 16]
-
-
-class RecordingComm:
-    """A communicator of one rank for crossover.sweep: records which recvbuf each algorithm's
-    calls wrote (the allreduce of one rank is a copy)."""
-    size, rank, stream = 1, 0, None
-
-    class _topology:
-        ranks_per_node = (1,)
-
-    def __init__(self):
-        self.recvbufs = {}
-
-    def Allreduce(self, send, recv, algorithm):
-        self.recvbufs.setdefault(algorithm, set()).add(recv.ctypes.data)
-        recv[...] = send
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_crossover_gives_each_algorithm_its_own_recvbuf(shared):
-    """In a program, auto runs one algorithm per size on the caller's buffers, so the sweep
-    times each algorithm on a recvbuf only it writes (2 ranks in the far placement: shm right
-    after ring on the same recvbuf took 2.9x its time at 1 MiB and 5.1-5.5x at 2 MiB, and a
-    shared recvbuf made the table choose ring, Rabenseifner or hierarchical there, issue 31).
-    shared_recv=True: one for all."""
-    from mpi4py import MPI
-    from aluminum_py.bench.crossover import sweep
-    comm = RecordingComm()
-    algorithms = ["ring", "shm", "rabenseifner"]
-    run = sweep(comm, MPI.COMM_SELF, [1 << 16], algorithms, "float32", iters=3,
-                shared_recv=shared)
-    assert run["sizes"] == [1 << 16] and run["fastest"][0] in algorithms
-    assert all(len(bufs) == 1 for bufs in comm.recvbufs.values()), comm.recvbufs
-    distinct = {next(iter(bufs)) for bufs in comm.recvbufs.values()}
-    assert len(distinct) == (1 if shared else len(algorithms))
-
-
-def test_crossover_map_merges_runs():
-    r2 = {"ranks": 2, "sizes": [4, 8], "fastest": ["recursive_doubling", "ring"]}
-    r4 = {"ranks": 4, "sizes": [4, 16], "fastest": ["mpi", "rabenseifner"]}
-    ranks, sizes, cells = crossover_map([r2, r4])
-    assert ranks == [2, 4] and sizes == [4, 8, 16]
-    assert cells[(4, 16)] == "rabenseifner" and (2, 16) not in cells
-    assert "ring" in format_map([r2, r4])
-
-
-@pytest.mark.parametrize("bad", [{"times": [1, 2]}, {"fit": None, "sizes": [0, 4]},
+@pytest.mark.parametrize("bad", [{"times": [1, 2]}, {"sizes": [0, 4]},
                                  {"times": {"ring": [0.0, 1e-6]}}, {"comm_size": 0},
-                                 {"times": {"ring": [float("nan"), 1e-6]}}])
+                                 {"times": {"ring": [float("nan"), 1e-6]}},
+                                 {"passes": {"ring": [1e-6, 1e-6]}}, {"passes": []},
+                                 {"passes": [{"ring": [1e-6, 1e-6]}]},       # other algorithms
+                                 {"ranks_per_node": [2, 1]}, {"ranks_per_node": [0, 2]},
+                                 {"ranks_per_node": [1, 1], "local_size": 2}])
 def test_malformed_entries_are_dropped_with_a_warning(tmp_path, bad):
     entry = dict(synthetic_entry(sizes=[4, 8]), **bad)
     path = tmp_path / "t.json"
@@ -233,40 +125,46 @@ def test_malformed_entries_are_dropped_with_a_warning(tmp_path, bad):
         assert tuning.load(str(path))["entries"] == {}
 
 
-def test_stored_fit_is_recomputed_not_trusted(tmp_path):
-    entry = dict(synthetic_entry(sizes=[4, 64, 1024]), fit={}, ranges="junk")
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 2, "entries": {"k": entry}}))
-    loaded = tuning.load(str(path))["entries"][tuning.entry_key(entry)]
-    assert set(loaded["fit"]) == set(loaded["times"]) and isinstance(loaded["ranges"], list)
-    d = Chooser(2, {4: loaded}, {}, PARAMS, USABLE)
-    assert d.explain(1 << 30, 4).source == "table-extrapolated"
-
-
-def test_extrapolation_is_continuous_at_the_largest_size():
-    e = synthetic_entry(sizes=[4, 1024, 1 << 20])
-    d = chooser_for([e])
-    assert d.explain(1 << 20, 4).algorithm == d.explain((1 << 20) + 4, 4).algorithm
-
-
-def test_fit_for_another_element_size_is_used():
-    d = chooser_for([synthetic_entry(p=4, local=4, dtype_size=4)], p=2, local=2)
-    c = d.explain(1 << 20, 8)
-    assert c.source == "model-fitted"
-
-
 def test_merge_into_file_locks_and_keeps_entries(tmp_path):
     path = str(tmp_path / "t.json")
     tuning.merge_into_file(synthetic_entry(p=2), path)
     tuning.merge_into_file(synthetic_entry(p=4, local=4), path)
-    import os
     assert len(tuning.load(path)["entries"]) == 2
     umask = os.umask(0)
     os.umask(umask)
-    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask     # not mkstemp's 0600
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+    assert sorted(os.listdir(tmp_path)) == ["t.json", "t.json.lock"]
 
 
-# ----------------------------------------------------------------- topology (issue 17)
+def test_a_save_killed_before_the_rename_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """An error between the write and the rename removes the temporary file at once, and one
+    that a killed writer left (no handler ran) is taken over by the next save: no temporary
+    file survives either, and the table is the last complete one."""
+    path = str(tmp_path / "t.json")
+    tuning.merge_into_file(synthetic_entry(p=2), path)
+
+    def killed(src, dst):
+        raise KeyboardInterrupt                      # between the write and the rename
+    monkeypatch.setattr(tuning.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tuning.merge_into_file(synthetic_entry(p=4, local=4), path)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["t.json", "t.json.lock"]
+    assert len(tuning.load(path)["entries"]) == 1
+    # what a SIGKILL between the write and the rename leaves: the temporary file, written
+    with open(path + ".tmp", "w") as f:
+        f.write('{"half": ')
+    tuning.merge_into_file(synthetic_entry(p=4, local=4), path)
+    assert sorted(os.listdir(tmp_path)) == ["t.json", "t.json.lock"]
+    assert len(tuning.load(path)["entries"]) == 2
+    # a link planted at the temporary name is replaced, not followed
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, path + ".tmp")
+    tuning.merge_into_file(synthetic_entry(p=2, sizes=[4, 8]), path)
+    assert victim.read_text() == "keep" and not os.path.lexists(path + ".tmp")
+
+
 def test_topology_of_a_layout_and_its_names():
     assert ranks_per_node((0, 0, 1, 1)) == (2, 2)
     assert ranks_per_node((0, 1, 0)) == (2, 1)
@@ -280,250 +178,251 @@ def test_topology_of_a_layout_and_its_names():
         tuning.make_entry(4, [2, 1], "host", 4, MPI_NAME, [4], {"ring": [1e-6]})
 
 
-def test_entry_records_its_topology_and_round_trips(tmp_path):
-    path = str(tmp_path / "t.json")
-    e = synthetic_entry(p=4, local=2)
-    assert (e["nodes"], e["ranks_per_node"], e["local_size"]) == (2, [2, 2], 2)
-    assert e["topology"] == "4 ranks as 2 nodes x 2"
-    tuning.merge_into_file(e, path)
-    tuning.merge_into_file(synthetic_entry(p=4, local=1), path)      # 4 nodes x 1: kept apart
-    tuning.merge_into_file(synthetic_entry(p=4, local=4), path)      # 1 node x 4: kept apart
-    raw = json.loads(open(path).read())
-    assert raw["version"] == tuning.VERSION == 2 and len(raw["entries"]) == 3
-    loaded = tuning.load(path)["entries"][tuning.entry_key(e)]
-    assert loaded["ranks_per_node"] == [2, 2] and loaded["nodes"] == 2
+def test_size_sweep_and_parse():
+    assert parse_bytes("64MiB") == 64 << 20 and parse_bytes("4") == 4 and parse_bytes("2k") == 2048
+    assert size_sweep(4, 64, 4) == [4, 8, 16, 32, 64]
+    assert size_sweep(4, 64, 4, odd=True) == [4, 8, 12, 16, 24, 32, 48, 64]
+    assert size_sweep(1, 16, 8) == [8, 16]
+
+
+# ---- the rule without a table: the cost model
+
+def test_the_model_decides_without_a_table():
+    """One node with a segment: the shm formula against the alpha-beta model (shm at every
+    size with the default parameters); without a segment, or across nodes, the alpha-beta
+    model; rank 0's AL_SHM_SYNC/AL_SHM_BYTE decide (a slow machine's shm loses)."""
+    cost = ShmCost(*SHM_PARAMS, *SHM_LIMITS)
+    for p in (2, 3, 4):
+        one = chooser_for(p=p, local=p, usable=USABLE + ("shm",), limits=SHM_LIMITS)
+        for n in SIZES:
+            c = one.explain(n, 4)
+            assert c.source == "model" and c.algorithm == model_choice(p, n, PARAMS, cost)
+            assert c.detail.startswith("one node, cost model") and "shm formula" in c.detail
+            assert f"no tuning entry for {p} ranks as 1 node x {p}" in c.detail
+        assert {one.choose(n, 4) for n in SIZES} == {"shm"}
+        for c in (chooser_for(p=p, local=p), chooser_for(p=p, local=1)):
+            assert [c.choose(n, 4) for n in SIZES] == [cheapest(p, n, PARAMS) for n in SIZES]
+    assert chooser_for(p=4, local=1).explain(64, 4).detail.startswith("4 nodes, cost model")
+    slow = chooser_for(usable=USABLE + ("shm",), limits=SHM_LIMITS, shm_params=(1e-4, 1e-9))
+    assert [slow.choose(n, 4) for n in SIZES] == [cheapest(2, n, PARAMS) for n in SIZES]
+
+
+def test_one_rank_is_forced():
+    c = chooser_for(p=1, local=1, usable=USABLE + ("shm",), limits=SHM_LIMITS).explain(64, 4)
+    assert c.source == "forced" and "one rank" in c.detail
+
+
+def test_same_inputs_give_the_same_choice():
+    """No state: a Chooser answers the same, call after call, and a second one alike."""
+    e = overriding_entry()
+    a, b = chooser_for([e]), chooser_for([e])
+    first = [str(a.explain(n, 4)) for n in SIZES]
+    for _ in range(3):
+        assert [str(a.explain(n, 4)) for n in SIZES] == first
+    assert [str(b.explain(n, 4)) for n in SIZES] == first
+
+
+# ---- where a table overrides the model
+
+def model_times_for(p, sizes, params=PARAMS):
+    return {a: [model_time(a, p, n, params) for n in sizes] for a in MODELLED}
+
+
+def overriding_entry(p=2, sizes=SIZES, factor=0.5, at=range(6, 9), noise=(1.0, 1.02, 0.99),
+                     alg="mpi"):
+    """Passes whose modelled algorithms take the model's times (times `noise[k]` in pass k) and
+    whose `alg` takes the model choice's time times `factor` at the sizes `at`, 3x elsewhere."""
+    base = model_times_for(p, sizes)
+    best = [min(base[a][i] for a in MODELLED) for i in range(len(sizes))]
+    passes = []
+    for k, f in enumerate(noise):
+        t = {a: [x * f for x in ts] for a, ts in base.items()}
+        t[alg] = [best[i] * f * (factor if i in at else 3.0) for i in range(len(sizes))]
+        passes.append(t)
+    return tuning.make_entry(p, [p], "host", 4, MPI_NAME, sizes, passes)
+
+
+def test_a_margin_beyond_noise_over_neighbouring_sizes_overrides_the_model():
+    e = overriding_entry()
+    c = chooser_for([e])
+    lo, hi = SIZES[6], SIZES[8]
+    for i, n in enumerate(SIZES):
+        got = c.explain(n, 4)
+        if lo <= n <= hi:
+            assert got.algorithm == "mpi" and got.source == "table", got
+            assert f"overrides the model's {cheapest(2, lo, PARAMS)} from {lo} to {hi} B" in got.detail
+            assert "in each of 3 passes" in got.detail and "spread between passes 3%" in got.detail
+        else:
+            assert got.algorithm == cheapest(2, n, PARAMS) and got.source == "model", got
+            assert "no override at this size" in got.detail
+    # between two measured sizes of the range too; past its ends the model
+    assert c.choose(lo + 1, 4) == "mpi" and c.choose(hi + 1, 4) == cheapest(2, hi + 1, PARAMS)
+    [o] = c.overrides[4]
+    assert (o.algorithm, o.min_bytes, o.max_bytes) == ("mpi", lo, hi)
+    assert o.margin == pytest.approx(2.0)
+    assert o.spread == pytest.approx(1.02 / 0.99 - 1)
+
+
+def test_a_single_size_is_an_island_not_an_override():
+    c = chooser_for([overriding_entry(at=[6])])
+    assert {c.explain(n, 4).source for n in SIZES} == {"model"}
+    assert c.overrides[4] == []
+
+
+def test_a_margin_within_the_spread_between_passes_keeps_the_model():
+    """mpi 1.10x faster in the median, but a contender's times move 1.25x between passes."""
+    c = chooser_for([overriding_entry(factor=1 / 1.10, noise=(1.0, 1.25, 1.1))])
+    assert {c.explain(n, 4).source for n in SIZES} == {"model"}
+    # the same lead with passes that agree overrides
+    c = chooser_for([overriding_entry(factor=1 / 1.10, noise=(1.0, 1.01, 1.0))])
+    assert c.choose(SIZES[7], 4) == "mpi"
+
+
+def test_a_lead_in_some_passes_only_keeps_the_model():
+    """mpi 2x faster in two passes, slower in the third: the margin is the worst pass's."""
+    e = overriding_entry()
+    e["passes"][1]["mpi"] = [t * 4 for t in e["passes"][1]["mpi"]]
+    assert chooser_for([e]).overrides[4] == []
+
+
+def test_fewer_than_three_passes_never_override():
+    e = overriding_entry(noise=(1.0, 1.0))
+    c = chooser_for([e]).explain(SIZES[7], 4)
+    assert c.source == "model" and "2 passes, 3 needed to override" in c.detail
+    one = chooser_for([overriding_entry(noise=(1.0,))]).explain(SIZES[7], 4)
+    assert one.source == "model" and "1 pass, 3 needed" in one.detail
+
+
+def test_an_override_of_an_algorithm_auto_may_not_use_is_ignored():
+    e = overriding_entry(alg="hierarchical")
+    assert chooser_for([e], usable=USABLE).overrides[4] == []
+    assert chooser_for([e], usable=USABLE + ("hierarchical",)).choose(SIZES[7], 4) == "hierarchical"
+
+
+def test_verdicts_and_overrides():
+    sizes = [4, 8, 16, 32, 64]
+    model = ["a"] * 5
+    passes = [{"a": [1.0] * 5, "b": [2, 0.5, 0.5, 2, 0.5], "c": [2, 0.8, 0.6, 0.6, 2]}] * 3
+    found = tuning.verdicts(sizes, passes, model, ("a", "b", "c"))
+    assert [vs[0].algorithm for vs in found] == ["b", "b", "b", "c", "b"]
+    assert found[0][0].margin == 0.5 and not found[0][0].beyond_noise
+    # b beats the model at 8..16 (and 64: an island), c at 8..32: both ranges, which overlap
+    assert tuning.overrides(sizes, found) == [
+        tuning.Override("b", "a", 8, 16, 2.0, 0.0, (2.0, 2.0)),
+        tuning.Override("c", "a", 8, 32, 1.25, 0.0, (1.25, 1 / 0.6, 1 / 0.6))]
+    # where they overlap, the larger margin at the measured size at or below
+    entry = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, passes)
+    c = Chooser(lambda n, ds: tuning.Choice("a", "model", "m"), {4: entry}, ("a", "b", "c"))
+    assert [c.choose(n, 4) for n in (4, 8, 12, 16, 24, 32, 48, 64)] == \
+        ["a", "b", "b", "b", "c", "c", "a", "a"]
+    # the model's choice not timed (GPU "ht_auto"): nothing compares
+    assert tuning.verdicts(sizes, passes, ["x"] * 5, ("a", "b")) == [[]] * 5
+
+
+def test_a_range_is_one_algorithms_even_where_another_wins_a_size_in_it():
+    """mpi 2x faster than the model from 16 KiB to 1 MiB; hierarchical 2.5x at 256 KiB alone:
+    the range is mpi's, whole (per-size winners would leave islands only)."""
+    e = overriding_entry(at=range(6, 10))
+    for p in e["passes"]:
+        p["hierarchical"] = [t * 3 for t in p["mpi"]]
+        p["hierarchical"][8] = p["mpi"][8] / 1.25
+    [o] = chooser_for([e], usable=USABLE + ("hierarchical",)).overrides[4]
+    assert (o.algorithm, o.min_bytes, o.max_bytes) == ("mpi", SIZES[6], SIZES[9])
 
 
 def test_table_of_another_topology_never_serves():
     """Measured as 4 nodes x 1 (a network): a communicator of 4 ranks as 2 nodes x 2 or as one
-    node x 4 gets the default cost model, and explain says why; the one it was measured on gets
-    the table."""
-    net = synthetic_entry(p=4, local=1)
-    on_net = chooser_for([net], p=4, local=1)
-    assert on_net.explain(1024, 4).source == "table"
+    node x 4 gets the cost model, and explain says why; the one it was measured on gets the
+    table."""
+    net = overriding_entry(p=4)
+    net.update(ranks_per_node=[1] * 4, local_size=1, nodes=4)
+    assert chooser_for([net], p=4, local=1).explain(SIZES[7], 4).source == "table"
     for local in (2, 4):
-        c = chooser_for([net], p=4, local=local).explain(1024, 4)
-        assert c.source == "model" and c.algorithm == cheapest(4, 1024, PARAMS)
-        assert f"4 ranks as {4 // local} node" in c.detail
+        c = chooser_for([net], p=4, local=local).explain(SIZES[7], 4)
+        assert c.source == "model" and c.algorithm == cheapest(4, SIZES[7], PARAMS)
         assert "4 ranks as 4 nodes x 1 are not used: measured on another topology" in c.detail
-    # uneven layouts are their own topology, in node order
-    uneven = chooser_for([synthetic_entry(p=4, local=1)], p=3, ranks_per_node=[2, 1])
-    assert uneven.explain(64, 4).source == "model"
 
 
-def test_fitted_model_carries_over_only_within_a_shape():
-    """Another rank count's entry may fit the cost model for the same shape (one node; or
-    several nodes of the same ranks each), never across shapes."""
-    truth = (3e-6, 2e-10, 1e-10)
-    net8 = synthetic_entry(p=8, local=1, params=truth)
-    c = chooser_for([net8], p=4, local=1).explain(1 << 20, 4)
-    assert c.source == "model-fitted" and "8/8x1/host/4/" in c.detail
-    for p, local in ((4, 4), (4, 2)):
-        c = chooser_for([net8], p=p, local=local).explain(1 << 20, 4)
-        assert c.source == "model" and "8 ranks as 8 nodes x 1" in c.detail
-    two_by_two = synthetic_entry(p=4, local=2, params=truth)
-    assert chooser_for([two_by_two], p=8, local=4).explain(64, 4).source == "model"
+def test_other_dtype_size_and_mpi_are_separate():
+    e = overriding_entry()
+    e["dtype_size"] = 8
+    c = chooser_for([e])
+    assert c.explain(SIZES[7], 4).source == "model"
+    assert c.explain(SIZES[7], 8).source == "table"
+    table = tuning.merge(tuning.empty_table(), e)
+    assert tuning.find_data(table, [2], "host", "Open MPI v5") == ({}, ())
 
 
-def test_version_1_tables_load(tmp_path):
-    """A version 1 table (no topology recorded): an entry whose rank 0 node held every rank is
-    one node's and serves that topology; any other is kept in the file but never used (its
-    topology is unknown), explain names it, and a new measurement with the same rank count and
-    rank 0 node size replaces it."""
-    one_node = synthetic_entry(p=4, local=4)
-    unknown = synthetic_entry(p=4, local=2)
-    old = {}
-    for e in (one_node, unknown):
-        e = {k: v for k, v in e.items() if k not in ("nodes", "ranks_per_node", "topology")}
-        old[f"{e['comm_size']}/{e['local_size']}/host/4/{MPI_NAME}"] = e
-    path = tmp_path / "v1.json"
-    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": old}))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        table = tuning.load(str(path))
-    entries = table["entries"]
-    assert set(entries) == {tuning.make_key(4, [4], "host", 4, MPI_NAME),
-                            tuning.make_key(4, None, "host", 4, MPI_NAME, local_size=2)}
-    exact, fitted, others = tuning.find_data(table, (4,), "host", MPI_NAME)
-    assert exact[4]["times"] == one_node["times"]
-    exact, fitted, others = tuning.find_data(table, (2, 2), "host", MPI_NAME)
-    assert not exact and not fitted
-    assert "4 ranks, 2 on rank 0's node (topology not recorded)" in others
-    tuning.merge(table, synthetic_entry(p=4, local=2))            # re-tuned: replaces it
-    assert set(table["entries"]) == {tuning.make_key(4, [4], "host", 4, MPI_NAME),
-                                     tuning.make_key(4, [2, 2], "host", 4, MPI_NAME)}
-    tuning.save(table, str(path))
-    assert json.loads(path.read_text())["version"] == 2
+def test_gpu_model_without_a_table():
+    c = Chooser(tuning.gpu_model, {}, ("nccl", "ht_ring")).explain(1024, 4)
+    assert c.source == "model" and c.algorithm in ("nccl", "ht_auto")
 
 
-@pytest.mark.parametrize("bad", [{"ranks_per_node": [2, 1]}, {"ranks_per_node": [0, 2]},
-                                 {"ranks_per_node": [1, 1], "local_size": 2}])
-def test_bad_topology_drops_the_entry(tmp_path, bad):
-    entry = dict(synthetic_entry(sizes=[4, 8]), **bad)
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"format": tuning.FORMAT, "version": 2, "entries": {"k": entry}}))
-    with pytest.warns(TuningWarning):
-        assert tuning.load(str(path))["entries"] == {}
+# ---- the crossover
+
+class RecordingComm:
+    """A communicator of one rank for crossover.sweep: records which recvbuf each algorithm's
+    calls wrote (the allreduce of one rank is a copy)."""
+    size, rank, stream = 1, 0, None
+
+    class _topology:
+        ranks_per_node = (1,)
+
+    class _host:
+        chooser = Chooser(tuning.Model(1, 1, ("ring",), PARAMS, None), {}, ("ring",))
+
+    def __init__(self):
+        self.recvbufs = {}
+
+    def Allreduce(self, send, recv, algorithm):
+        self.recvbufs.setdefault(algorithm, set()).add(recv.ctypes.data)
+        recv[...] = send
 
 
-# -- "shm" in the cost model: only with a segment, from AL_SHM_SYNC/AL_SHM_BYTE or fitted
-
-SHM_LIMITS = (64 << 10, 1 << 20)
-SHM_DEFAULT = (2e-7, 2.7e-11)
-
-
-def shm_chooser(entries=(), p=2, local=2, usable=USABLE + ("shm",), limits=SHM_LIMITS,
-                shm_params=SHM_DEFAULT):
-    table = tuning.empty_table()
-    for e in entries:
-        tuning.merge(table, e)
-    rpn = (local,) * (p // local)
-    exact, fitted, others = tuning.find_data(table, rpn, "host", MPI_NAME)
-    data = tuning.TuningData(exact, fitted, PARAMS, rpn, others, shm_params)
-    return Chooser.from_data(data, usable, shm_limits=limits)
-
-
-def test_model_chooses_shm_only_with_a_segment():
-    from aluminum_py.algorithms import ShmCost, model_choice
-    cost = ShmCost(*SHM_DEFAULT, *SHM_LIMITS)
-    sizes = [4, 4096, 1 << 16, 1 << 20, 1 << 26]
-    for p in (2, 3, 4):
-        with_segment = shm_chooser(p=p, local=p)
-        for n in sizes:
-            c = with_segment.explain(n, 4)
-            assert c.source == "model" and c.algorithm == model_choice(p, n, PARAMS, cost)
-            assert "shm sync=2e-07 s, byte=2.7e-11 s/B" in c.detail
-            assert f"{c.algorithm} " in c.detail.split(": ")[-1]       # its predicted time
-        assert {with_segment.choose(n, 4) for n in sizes} == {"shm"}
-        # no segment (several nodes, AL_SHM_SLOT_BYTES=0, a failed setup): shm not a candidate
-        for chooser in (shm_chooser(p=p, local=p, usable=USABLE),
-                        shm_chooser(p=p, local=p, limits=None)):
-            for n in sizes:
-                c = chooser.explain(n, 4)
-                assert c.algorithm == cheapest(p, n, PARAMS) and "shm" not in c.detail
-    # rank 0's AL_SHM_SYNC/AL_SHM_BYTE decide: a slow machine's shm loses to the others
-    slow = shm_chooser(shm_params=(1e-4, 1e-9))
-    assert [slow.choose(n, 4) for n in sizes] == [cheapest(2, n, PARAMS) for n in sizes]
+@pytest.mark.parametrize("shared", [False, True])
+def test_crossover_gives_each_algorithm_its_own_recvbuf(shared):
+    """In a program, auto runs one algorithm per size on the caller's buffers, so the sweep
+    times each algorithm on a recvbuf only it writes (2 ranks: shm right after ring on the same
+    recvbuf took 2.9x its time at 1 MiB, 5.1-5.5x at 2 MiB).  shared_recv=True: one for all.
+    Each pass's medians, the model's choice and the verdicts are recorded."""
+    from mpi4py import MPI
+    from aluminum_py.bench.crossover import sweep
+    comm = RecordingComm()
+    algorithms = ["ring", "shm", "rabenseifner"]
+    run = sweep(comm, MPI.COMM_SELF, [1 << 16], algorithms, "float32", iters=3,
+                shared_recv=shared, passes=1)
+    assert run["sizes"] == [1 << 16] and run["fastest"][0] in algorithms
+    assert all(len(bufs) == 1 for bufs in comm.recvbufs.values()), comm.recvbufs
+    distinct = {next(iter(bufs)) for bufs in comm.recvbufs.values()}
+    assert len(distinct) == (1 if shared else len(algorithms))
+    run = sweep(RecordingComm(), MPI.COMM_SELF, [4, 8], algorithms, "float32", iters=3,
+                passes=3)
+    assert [len(p["ring"]) for p in run["passes"]] == [2, 2, 2]
+    assert run["model"] == ["ring", "ring"] and len(run["verdicts"]) == 2
 
 
-def shm_entry(p, params=(3e-6, 2e-10, 1e-10), shm=(4e-7, 3e-11), call=2e-6):
-    """A one-node entry whose times follow the cost model plus a per-call cost `call` that
-    every algorithm pays, shm included."""
-    from aluminum_py.algorithms import ShmCost, shm_time
-    sizes = [4 << k for k in range(0, 25, 2)]
-    times = {a: [call + model_time(a, p, n, params) for n in sizes] for a in MODELLED}
-    times["shm"] = [call + shm_time(p, n, ShmCost(*shm, *SHM_LIMITS)) for n in sizes]
-    return tuning.make_entry(p, [p], "host", 4, MPI_NAME, sizes, times)
+def test_crossover_describes_where_it_overrides_and_where_it_keeps_the_model():
+    from aluminum_py.bench.crossover import describe_overrides
+    e = overriding_entry(at=[2, 3, 9])
+    model = [cheapest(2, n, PARAMS) for n in SIZES]
+    found = tuning.verdicts(SIZES, e["passes"], model, USABLE)
+    run = {"sizes": SIZES, "passes": e["passes"],
+           "verdicts": [[list(v) for v in vs] for vs in found]}
+    text = "\n".join(describe_overrides(run))
+    assert f"overrides the model: mpi 64 B..256 B (the model's {model[2]}; at least 2.00x" in text
+    assert f"keeps the model at {len(SIZES) - 2} of {len(SIZES)} sizes" in text
+    assert "islands, not used): mpi at 1 MiB (2.00x)" in text
+    short = dict(run, passes=e["passes"][:1])
+    assert "1 passes: the table overrides the model only with 3" in describe_overrides(short)[0]
 
 
-def test_fit_recovers_the_shm_formula_and_the_call_cost():
-    entry = shm_entry(4)
-    abg, shm = tuning.fit_models(entry, SHM_LIMITS)
-    assert abg == pytest.approx((3e-6, 2e-10, 1e-10), rel=1e-3)
-    assert shm == pytest.approx((4e-7, 3e-11), rel=1e-3)
-    assert tuning.fit_models(entry, None)[1] is None          # no segment: shm not fitted
-    assert tuning.fit_machine(entry) == pytest.approx((3e-6, 2e-10, 1e-10), rel=1e-3)
-
-
-def test_fitted_shm_decides_for_another_rank_count(monkeypatch):
-    """A 2-rank entry with shm times serves 4 ranks on one node through the fitted formulas;
-    one without shm times leaves shm out of the fitted model, and explain says so."""
-    from aluminum_py.algorithms import ShmCost, model_choice
-    monkeypatch.setenv("AL_SHM_SLOT_BYTES", str(SHM_LIMITS[1]))
-    monkeypatch.setenv("AL_SHM_SMALL_BYTES", str(SHM_LIMITS[0]))
-    slow_shm = (4e-7, 4e-10)             # wins small messages only
-    d = shm_chooser([shm_entry(2, shm=slow_shm)], p=4, local=4)
-    truth = ShmCost(*slow_shm, *SHM_LIMITS)
-    picks = []
-    for n in [4, 1024, 1 << 16, 1 << 20, 1 << 26]:
-        c = d.explain(n, 4)
-        assert c.source == "model-fitted" and "shm sync=" in c.detail
-        assert c.algorithm == model_choice(4, n, (3e-6, 2e-10, 1e-10), truth)
-        picks.append(c.algorithm)
-    assert picks[0] == "shm" and picks[-1] != "shm"
-    without = shm_chooser([synthetic_entry(p=2)], p=4, local=4)
-    c = without.explain(4, 4)
-    assert c.source == "model-fitted" and c.algorithm != "shm"
-    assert "shm not modelled (the entry has no shm times" in c.detail
-
-
-def test_table_with_shm_times_decides_by_measurement():
-    e = shm_entry(2, shm=(4e-7, 4e-10))
-    d = shm_chooser([e])
-    for i, n in enumerate(e["sizes"]):
-        best = min(e["times"], key=lambda a: e["times"][a][i])
-        assert d.explain(n, 4).algorithm == best and d.explain(n, 4).source == "table"
-    assert {d.choose(n, 4) for n in e["sizes"]} >= {"shm", "rabenseifner"}
-    # the same table for a communicator without a segment: shm is never picked
-    assert "shm" not in {shm_chooser([e], usable=USABLE).choose(n, 4) for n in e["sizes"]}
-
-
-def test_table_without_shm_times_says_so():
-    """A table tuned before shm existed still decides (measured), and explain says that shm
-    can only be chosen after tuning again; without a segment nothing is said."""
-    e = synthetic_entry()
-    c = shm_chooser([e]).explain(1024, 4)
-    assert c.source == "table" and c.algorithm != "shm"
-    assert c.detail.endswith("(the entry has no shm times: tune again to let auto choose shm)")
-    assert "shm" not in shm_chooser([e], limits=None).explain(1024, 4).detail
-
-
-# ------------------------------------------------------------------ deciding within noise
-def test_median_interval_covers_the_median_and_narrows_with_samples():
-    from aluminum_py.bench.timing import median_interval
-    rng = np.random.default_rng(3)
-    few, many = rng.exponential(1.0, 25), rng.exponential(1.0, 2500)
-    for s in (few, many):
-        lo, hi = median_interval(s)
-        assert lo <= np.median(s) <= hi
-    assert np.subtract(*median_interval(many)[::-1]) < np.subtract(*median_interval(few)[::-1])
-    assert median_interval([5.0]) == (5.0, 5.0)
-
-
-def test_decide_clear_noisy_and_worst_case():
-    from aluminum_py.bench.timing import decide
-    rng = np.random.default_rng(4)
-    fast, slow = 1.0 + 0.01 * rng.random(200), 2.0 + 0.01 * rng.random(200)
-    d = decide({"a": slow, "b": fast})
-    assert d["best"] == "b" and d["clear"] and d["decided"] == "median"
-    assert d["margin"] == pytest.approx(np.median(slow) / np.median(fast))
-    # the same typical time; "steady" is never slow, "bimodal" is 3x slower a third of the time
-    # and its median is a hair lower: within noise, the better worst case wins
-    steady = np.linspace(0.999, 1.005, 300)
-    bimodal = np.concatenate([np.linspace(0.998, 1.0025, 200), np.full(100, 3.0)])
-    d = decide({"steady": steady, "bimodal": bimodal})
-    assert not d["clear"] and d["decided"] == "worst case" and d["best"] == "steady"
-    assert d["runner_up"] == "bimodal" and d["margin"] < 1
-    assert decide({"only": steady})["best"] == "only"
-
-
-def test_table_choice_is_followed_and_explained():
-    """An entry with the crossover's decisions: at a measured size "auto" takes the recorded
-    choice even where another median is lower (within noise, the better worst case), and
-    explain says so; an entry without them takes the lowest median, as before."""
-    sizes = [1024, 4096]
-    times = {"ring": [10e-6, 20e-6], "rabenseifner": [9.9e-6, 40e-6]}
-    plain = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, times)
-    assert chooser_for([plain]).explain(1024, 4).algorithm == "rabenseifner"
-    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, sizes, times, choice=["ring", "ring"],
-                          margin=[0.99, 2.0], decided=["worst case", "median"])
-    e = tuning.validate_entry(json.loads(json.dumps(e)))
-    c = chooser_for([e]).explain(1024, 4)
-    assert c.algorithm == "ring" and "90th percentile" in c.detail
-    assert "next rabenseifner" in c.detail
-    assert chooser_for([e]).explain(4096, 4).algorithm == "ring"
-    assert e["ranges"] == [{"algorithm": "ring", "min_bytes": 1024, "max_bytes": 4096}]
-
-
-@pytest.mark.parametrize("field,value", [("choice", ["ring"]), ("choice", ["ring", "nope"]),
-                                         ("margin", [1.0, -1.0]), ("margin", "1"),
-                                         ("decided", ["median", "maybe"])])
-def test_validate_entry_refuses_bad_decisions(field, value):
-    e = tuning.make_entry(2, [2], "host", 4, MPI_NAME, [1024, 4096],
-                          {"ring": [1e-5, 2e-5], "rabenseifner": [2e-5, 3e-5]})
-    e[field] = value
-    with pytest.raises(ValueError, match=field):
-        tuning.validate_entry(json.loads(json.dumps(e)))
+def test_crossover_map_merges_runs():
+    r2 = {"ranks": 2, "sizes": [4, 8], "fastest": ["recursive_doubling", "ring"]}
+    r4 = {"ranks": 4, "sizes": [4, 16], "fastest": ["mpi", "rabenseifner"]}
+    ranks, sizes, cells = crossover_map([r2, r4])
+    assert ranks == [2, 4] and sizes == [4, 8, 16]
+    assert cells[(4, 16)] == "rabenseifner" and (2, 16) not in cells
+    assert "ring" in format_map([r2, r4])
 
 
 def test_time_interleaved_reports_every_call_to_after_call():
@@ -617,7 +516,7 @@ def test_every_contenders_recvbuf_lies_on_huge_pages_alike(nbytes):
     sendbuf's offset into a 2 MiB page, in a mapping of its own, on huge pages only within the
     2 MiB pages wholly inside it: so every contender's recvbuf alike (fresh 4 MiB arrays lay
     half or wholly on them by the luck of their address, and MPICH's single copy into one wholly
-    on them took 0.77-0.86x the time: issue 31).  Below 4 MiB: the 4 KiB page offset only."""
+    on them took 0.77-0.86x the time).  Below 4 MiB: the 4 KiB page offset only."""
     import sys
     from aluminum_py.bench.timing import HUGE_PAGE, recvbuf_like
     from aluminum_py.testing import huge_share

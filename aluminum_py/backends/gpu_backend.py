@@ -248,12 +248,10 @@ class GpuBackend:
                              f"{', '.join(GPU_ALLREDUCE)}")
         if self._chooser is None:         # collective, on the first GPU "auto" call
             data = tuning.shared_data(self.control_comm(), "cuda", self.topology.layout)
-            # only measured entries: the host cost model knows nothing of NCCL
-            self._chooser = tuning.Chooser.from_data(data, GPU_CANDIDATES, fitted=False)
-        choice = self._chooser.explain(nbytes, itemsize)
-        if choice.source.startswith("table"):
-            return choice.algorithm
-        return "nccl" if nccl.available() else "ht_auto"
+            # the host cost model knows nothing of NCCL: NCCL where it loads, else host
+            # transfer, overridden where the "cuda" entries measured so
+            self._chooser = tuning.Chooser.from_data(data, GPU_CANDIDATES, model=tuning.gpu_model)
+        return self._chooser.choose(nbytes, itemsize)
 
     def allreduce(self, sendbuf, recvbuf, op, algorithm: str, blocking: bool,
                   min_ctas=None, max_ctas=None):

@@ -25,7 +25,6 @@ from ..gpu import cuda_device_count
 from ..ops import AVG, DTYPE_CODES, OPS, OPS_FOR_KIND, Op, as_op, check_op
 from ..request import Request, _check, _status_of
 from ..status import ANY_SOURCE, ANY_TAG, Status
-from ..learning import Learning
 from .hier_shm import NodeSegments, attach_segment
 
 K = _core.KINDS
@@ -299,15 +298,7 @@ class HostBackend:
         info = _core.shm_info(state) if self._no_shm is None else None
         limits = info and tuple(info[k] for k in ("small", "slot", "chunk", "chunk_upto"))
         self.chooser = tuning.Chooser.from_data(data, self.candidates, shm_limits=limits)
-        # AL_AUTO_LEARN (rank 0's): auto checks its choices in use, exchanging its samples on
-        # a communicator of its own (aluminum_py.learning)
-        self._learn_comm = self.learning = None
-        if data.learn_rounds > 0 and self.size > 1:
-            self._learn_comm = tuning_comm.Dup()
-            self.learning = Learning(self.chooser.explain, self._learn_comm, state,
-                                     data.learn_rounds, len(set(topo.machines)) == 1,
-                                     data.recheck_calls)
-        self.launcher = _core.Launcher(state, self.learning or self.chooser.choose,
+        self.launcher = _core.Launcher(state, self.chooser.choose,
                                        self._build_schedule, HOST_ALLREDUCE)
         self.launcher.shm_unavailable = self._shm_unavailable
         if self._node_segments is not None:
@@ -324,8 +315,6 @@ class HostBackend:
             self._node_segments.close()
         if self._node_comm is not None:
             self._node_comm.Free()
-        if self._learn_comm is not None:
-            self._learn_comm.Free()
         if self.state.abandoned:
             # an op abandoned at its hang timeout may still have messages in flight to or from
             # its peers (sends are never cancelled): a communicator made after MPI_Comm_free
@@ -384,10 +373,7 @@ class HostBackend:
         return _Hooks.bad_algorithm(algorithm)
 
     def explain(self, nbytes: int, itemsize: int) -> "tuning.Choice":
-        choice = self.chooser.explain(nbytes, itemsize)
-        if self.learning is not None:
-            return self.learning.explain_learned(choice, nbytes, itemsize)
-        return choice
+        return self.chooser.explain(nbytes, itemsize)
 
     # ------------------------------------------------------------------ helpers
     def _build_schedule(self, alg: str, count: int, inplace: bool):

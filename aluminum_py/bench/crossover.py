@@ -1,5 +1,7 @@
 """``mpiexec -n N python -m aluminum_py bench crossover``: time every allreduce algorithm over a
-size sweep, report the fastest per size, and optionally write the tuning table (``--tune``)."""
+size sweep in repeated passes, report the fastest per size and where a table would override
+auto's cost model (tuning.verdicts, tuning.overrides), and optionally write the table
+(``--tune``)."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +12,8 @@ import sys
 import numpy as np
 
 from ..algorithms import GPU_CANDIDATES, HOST_CANDIDATES
-from .timing import (Progress, bus_bandwidth, decide, human, iterations, parse_bytes,
-                     recvbuf_like, size_sweep, time_interleaved)
+from .timing import (Progress, bus_bandwidth, human, iterations, parse_bytes, recvbuf_like,
+                     size_sweep, time_interleaved)
 
 DEFAULT_ALGORITHMS = ",".join(HOST_CANDIDATES)       # what "auto" chooses from: all it can time
 DEFAULT_GPU_ALGORITHMS = ",".join(GPU_CANDIDATES)
@@ -30,9 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--odd", action="store_true", help="add 1.5 * 2^k sizes between the powers of two")
     ap.add_argument("--nonblocking", action="store_true", help="time Iallreduce + Wait")
-    ap.add_argument("--iters", type=int, default=0, help="iterations per size (0: adapt to size)")
-    ap.add_argument("--budget", type=float, default=2.0,
-                    help="seconds per size when adapting iterations (default 2)")
+    ap.add_argument("--passes", type=int, default=3,
+                    help="passes of the whole sweep, interleaved at each size (default 3; the "
+                         "table overrides the model only with 3 or more)")
+    ap.add_argument("--iters", type=int, default=0,
+                    help="iterations per size and pass (0: adapt to size)")
+    ap.add_argument("--budget", type=float, default=1.0,
+                    help="seconds per size and pass when adapting iterations (default 1)")
     ap.add_argument("--csv", default=None, help="write per (size, algorithm) rows")
     ap.add_argument("--json", default=None, help="write the whole run (input of `bench map`)")
     ap.add_argument("--plot", default=None, help="PNG: time vs size per algorithm")
@@ -43,86 +49,85 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-EXTRA_ROUNDS = 2    # more rounds of the two best where their medians are within noise
-
-
-def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=2.0,
-          show_progress=False, buffer="host", shared_recv=False) -> dict:
-    """Time every algorithm at every size. Returns the run: a dict with ranks, local_size,
-    ranks_per_node (the topology: ranks of each node in node order, rank 0's first; from
-    ``MPI_Comm_split_type(SHARED)`` or AL_NODE_LAYOUT, as the hierarchical algorithm sees it), dtype, dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters, and per algorithm
-    lists (one value per size) under median / min / max (seconds) and busbw (bytes/s), plus
-    per size: fastest (the algorithm chosen, timing.decide), margin (the runner-up's median over
-    the best's), clear (the two best medians' confidence intervals apart, after up to
-    EXTRA_ROUNDS more rounds of only those two where they were not) and decided ("median", or
-    "worst case": within noise, and the one with the lower 90th percentile chosen). GPU
-    buffers: every call ends with a stream sync."""
-    from ..tuning import mpi_version
+def sweep(comm, world, sizes, algorithms, dtype, nonblocking=False, iters=0, budget=1.0,
+          show_progress=False, buffer="host", shared_recv=False, passes=3) -> dict:
+    """Time every algorithm at every size, in `passes` passes of the whole sweep (each size's
+    contenders interleaved, timing.time_interleaved; a pass revisits every size, so the passes
+    see the machine at different moments).  Returns the run: a dict with ranks, local_size,
+    ranks_per_node (the topology: ranks of each node in node order, rank 0's first), dtype,
+    dtype_size, buffer, mpi, nonblocking, sizes, algorithms, iters (per size and pass), per
+    algorithm lists (one value per size) under median / min / max (seconds, over every pass's
+    samples) and busbw (bytes/s), fastest (per size, the lowest median), passes (per pass, per
+    algorithm, its median per size), model (per size, the choice of auto's rule without a
+    table) and verdicts (per size, tuning.verdicts' alternatives to the model, the best
+    first, each a list [algorithm, model, margin, spread]).  GPU buffers: every call ends with a
+    stream sync."""
+    from .. import tuning
     dt = np.dtype(dtype)
     rpn = list(comm._topology.ranks_per_node)      # computed once, at the Communicator's making
     run = {"ranks": comm.size, "local_size": rpn[0], "ranks_per_node": rpn,
            "dtype": str(dt), "dtype_size": dt.itemsize, "buffer": buffer,
-           "mpi": mpi_version(),
-           "nonblocking": bool(nonblocking), "sizes": [], "algorithms": list(algorithms),
-           "iters": [], "median": {a: [] for a in algorithms}, "min": {a: [] for a in algorithms},
-           "max": {a: [] for a in algorithms}, "busbw": {a: [] for a in algorithms}, "fastest": [],
-           "margin": [], "decided": [], "clear": []}
-    bar = Progress(len(sizes), show_progress and comm.rank == 0, "crossover")
-    for nbytes in sizes:
-        count = nbytes // dt.itemsize
-        if buffer == "cuda":
-            import cupy
-            send = cupy.ones(count, dtype=dt)
-            make_recv = lambda: cupy.empty(count, dtype=dt)         # noqa: E731
-            sync = cupy.cuda.ExternalStream(comm.stream).synchronize
-        else:
-            send, sync = np.ones(count, dtype=dt), None
-            make_recv = lambda: recvbuf_like(send)                  # noqa: E731
-        shared = make_recv() if shared_recv else None
-
-        def contender(alg):
-            # a recvbuf per algorithm (docs/tuning.md), each at the sendbuf's page offset
-            recv = shared if shared_recv else make_recv()
-            if nonblocking:
-                call = lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()   # noqa: E731
-            else:
-                call = lambda: comm.Allreduce(send, recv, algorithm=alg)           # noqa: E731
-            if sync is None:
-                return call
-            return lambda: (call(), sync())
-
-        contenders = {a: contender(a) for a in algorithms}
-        n_it = iterations(world, contenders, budget)      # also the warm-up
-        n_it = iters or n_it
-        samples = time_interleaved(world, contenders, n_it, salt=nbytes)
-        verdict = decide(samples)
-        for _ in range(0 if iters else EXTRA_ROUNDS):
-            if verdict["clear"]:
-                break
-            # the two best within noise: more samples of those two, interleaved (the same
-            # decision on every rank: the samples are the max over ranks, identical everywhere)
-            top = (verdict["best"], verdict["runner_up"])
-            more = time_interleaved(world, {a: contenders[a] for a in top}, n_it,
-                                    salt=nbytes + 1)
-            for a in top:
-                samples[a] = np.concatenate([samples[a], more[a]])
-            verdict = decide(samples)
-        run["sizes"].append(nbytes)
-        run["iters"].append(n_it)
-        for a in algorithms:
-            med = float(np.median(samples[a]))
-            run["median"][a].append(med)
-            run["min"][a].append(float(samples[a].min()))
-            run["max"][a].append(float(samples[a].max()))
-            run["busbw"][a].append(bus_bandwidth(nbytes, med, comm.size))
-        best = verdict["best"]
-        run["fastest"].append(best)
-        run["margin"].append(verdict["margin"])
-        run["decided"].append(verdict["decided"])
-        run["clear"].append(verdict["clear"])
-        bar.update(f"{human(nbytes)}: {best}")
+           "mpi": tuning.mpi_version(), "nonblocking": bool(nonblocking), "sizes": list(sizes),
+           "algorithms": list(algorithms), "iters": [0] * len(sizes)}
+    samples = [{a: [] for a in algorithms} for _ in sizes]
+    medians = [{a: [0.0] * len(sizes) for a in algorithms} for _ in range(passes)]
+    bar = Progress(len(sizes) * passes, show_progress and comm.rank == 0, "crossover")
+    for k in range(passes):
+        for i, nbytes in enumerate(sizes):
+            contenders = _contenders(comm, nbytes, dt, algorithms, nonblocking, buffer,
+                                     shared_recv)
+            if k == 0:
+                run["iters"][i] = iters or iterations(world, contenders, budget)  # and warm-up
+            got = time_interleaved(world, contenders, run["iters"][i], salt=(nbytes, k))
+            for a in algorithms:
+                samples[i][a].append(got[a])
+                medians[k][a][i] = float(np.median(got[a]))
+            bar.update(f"pass {k + 1}, {human(nbytes)}")
     bar.close()
+    every = [{a: np.concatenate(s[a]) for a in algorithms} for s in samples]
+    for key, f in (("median", np.median), ("min", np.min), ("max", np.max)):
+        run[key] = {a: [float(f(e[a])) for e in every] for a in algorithms}
+    run["busbw"] = {a: [bus_bandwidth(n, t, comm.size) for n, t in zip(sizes, run["median"][a])]
+                    for a in algorithms}
+    run["fastest"] = [min(algorithms, key=lambda a: run["median"][a][i]) for i in range(len(sizes))]
+    run["passes"] = medians
+    model = (tuning.gpu_model if buffer == "cuda" else comm._host.chooser.model)
+    run["model"] = [model(n, dt.itemsize).algorithm for n in sizes]
+    found = tuning.verdicts(sizes, medians, run["model"], [a for a in algorithms if a != "auto"])
+    run["verdicts"] = [[list(v) for v in vs] for vs in found]
     return run
+
+
+def _contenders(comm, nbytes, dt, algorithms, nonblocking, buffer, shared_recv) -> dict:
+    """Per algorithm, one call of it on `nbytes` (a recvbuf each, at the sendbuf's page offset,
+    unless `shared_recv`)."""
+    count = nbytes // dt.itemsize
+    if buffer == "cuda":
+        import cupy
+        send = cupy.ones(count, dtype=dt)
+        make_recv = lambda: cupy.empty(count, dtype=dt)         # noqa: E731
+        sync = cupy.cuda.ExternalStream(comm.stream).synchronize
+    else:
+        send, sync = np.ones(count, dtype=dt), None
+        make_recv = lambda: recvbuf_like(send)                  # noqa: E731
+    shared = make_recv() if shared_recv else None
+
+    def contender(alg):
+        recv = shared if shared_recv else make_recv()
+        if nonblocking:
+            call = lambda: comm.Iallreduce(send, recv, algorithm=alg).Wait()   # noqa: E731
+        else:
+            call = lambda: comm.Allreduce(send, recv, algorithm=alg)           # noqa: E731
+        return call if sync is None else (lambda: (call(), sync()))
+    return {a: contender(a) for a in algorithms}
+
+
+def _verdict(vs) -> str:
+    """A size's best verdict (sweep's lists) in a few characters."""
+    if not vs:
+        return "-"
+    alg, _, margin, spread = vs[0]
+    return f"{alg} {margin:.2f}x/{spread:.0%}"
 
 
 def format_table(run: dict) -> str:
@@ -130,21 +135,51 @@ def format_table(run: dict) -> str:
     width = max(12, *(len(a) + 2 for a in algs))
     lines = [f"# aluminum_py crossover: allreduce {run['dtype']} SUM"
              f"{' (Iallreduce+Wait)' if run['nonblocking'] else ''}, {topology_name(run)}, "
-             f"{run['mpi']}",
-             "# median over iterations of the max over ranks (us); busbw of the fastest (GB/s); "
-             "next: the runner-up's median over the fastest's (~: the two within noise, * the "
-             "fastest chosen for its 90th percentile)",
+             f"{run['mpi']}, {len(run['passes'])} passes",
+             "# median over passes and iterations of the max over ranks (us); busbw of the "
+             "fastest (GB/s); model: auto's choice without a table; best other: the alternative "
+             "to it with the least margin over passes (model's time / its time) / the spread "
+             "between passes",
              f"{'# Size(B)':>12}" + "".join(f"{a:>{width}}" for a in algs) + f"{'fastest':>{width}}"
-             + f"{'busbw':>10}{'next':>8}"]
+             + f"{'busbw':>10}{'model':>{width}}  best other"]
     for i, n in enumerate(run["sizes"]):
         best = run["fastest"][i]
         cells = "".join(f"{run['median'][a][i] * 1e6:>{width}.2f}" for a in algs)
-        mark = ("*" if run["decided"][i] == "worst case" else "~" if not run["clear"][i]
-                else " ") if "margin" in run else " "
-        margin = f"{run['margin'][i]:.2f}{mark}" if "margin" in run else ""
         lines.append(f"{n:>12}{cells}{best:>{width}}{run['busbw'][best][i] / 1e9:>10.2f}"
-                     f"{margin:>8}")
+                     f"{run['model'][i]:>{width}}  {_verdict(run['verdicts'][i])}")
     return "\n".join(lines)
+
+
+def describe_overrides(run: dict) -> list[str]:
+    """What a table of `run` does to auto (tuning.overrides): where it overrides the model and
+    by how much, where it keeps it and why."""
+    from ..tuning import MIN_PASSES, MIN_RUN, Verdict, overrides
+    sizes = run["sizes"]
+    if len(run["passes"]) < MIN_PASSES:
+        return [f"# {len(run['passes'])} passes: the table overrides the model only with "
+                f"{MIN_PASSES} or more; auto keeps the model at every size"]
+    found = [[Verdict(*v) for v in vs] for vs in run["verdicts"]]
+    ranges = overrides(sizes, found)
+    best = [vs[0] if vs else None for vs in found]
+    lines = [f"# overrides the model: {o.algorithm} {human(o.min_bytes)}..{human(o.max_bytes)} "
+             f"(the model's {o.model}; at least {o.margin:.2f}x faster in every pass, spread "
+             f"between passes at most {o.spread:.0%})" for o in ranges]
+    covered = {i for o in ranges for i, n in enumerate(sizes) if o.min_bytes <= n <= o.max_bytes}
+    islands = [f"{v.algorithm} at {human(n)} ({v.margin:.2f}x)" for i, (n, v) in
+               enumerate(zip(sizes, best)) if v is not None and v.beyond_noise and i not in covered]
+    noise = [f"{human(n)} ({v.algorithm} {v.margin:.2f}x, spread {v.spread:.0%})"
+             for n, v in zip(sizes, best) if v is not None and not v.beyond_noise and v.margin > 1]
+    kept = len(sizes) - len(covered)
+    lines.append(f"# keeps the model at {kept} of {len(sizes)} sizes" + (":" if kept else ""))
+    if islands:
+        lines.append(f"#   wins at fewer than {MIN_RUN} neighbouring sizes (islands, not used): "
+                     + ", ".join(islands))
+    if noise:
+        lines.append("#   faster in the median but not beyond the spread between passes: "
+                     + ", ".join(noise))
+    if kept and not islands and not noise:
+        lines.append("#   no alternative faster than the model's choice in every pass")
+    return lines
 
 
 def topology_name(run: dict) -> str:
@@ -170,12 +205,10 @@ def write_csv(run: dict, path: str) -> None:
 def tune(run: dict, path: str | None = None):
     """Merge this run into the tuning table; returns (path, entry)."""
     from .. import tuning
-    algs = [a for a in run["algorithms"] if a != "auto"]
-    keep = all(a in algs for a in run["fastest"])      # "auto" itself is not a choice
-    entry = tuning.make_entry(run["ranks"], run["ranks_per_node"], run["buffer"], run["dtype_size"],
-                              run["mpi"], run["sizes"], {a: run["median"][a] for a in algs},
-                              **({"choice": run["fastest"], "margin": run["margin"],
-                                  "decided": run["decided"]} if keep and "margin" in run else {}))
+    algs = [a for a in run["algorithms"] if a != "auto"]      # "auto" itself is not a choice
+    entry = tuning.make_entry(run["ranks"], run["ranks_per_node"], run["buffer"],
+                              run["dtype_size"], run["mpi"], run["sizes"],
+                              [{a: p[a] for a in algs} for p in run["passes"]])
     return tuning.merge_into_file(entry, path), entry
 
 
@@ -219,17 +252,21 @@ def main(argv=None) -> int:
     dt = np.dtype(args.dtype)
     sizes = size_sweep(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dt.itemsize,
                        odd=args.odd)
+    if args.passes < 1:
+        if world.rank == 0:
+            print("--passes: at least 1", file=sys.stderr)
+        return 2
     run = sweep(comm, world, sizes, algorithms, dt, args.nonblocking, args.iters, args.budget,
-                show_progress=not args.quiet, buffer=args.buffer)
+                show_progress=not args.quiet, buffer=args.buffer, passes=args.passes)
     if comm.rank == 0:
         if not args.quiet:
             print(format_table(run), flush=True)
         if args.tune:       # first: a failing --csv/--json/--plot must not lose the table
             path, entry = tune(run, args.tuning_file)
-            ranges = ", ".join(f"{r['algorithm']} {human(r['min_bytes'])}..{human(r['max_bytes'])}"
-                               for r in entry["ranges"])
-            print(f"# tuning table written to {path} for {entry['topology']}: {ranges}",
-                  flush=True)
+            print(f"# tuning table written to {path} for {entry['topology']}, "
+                  f"{entry['dtype_size']}-byte elements", flush=True)
+        if args.tune or not args.quiet:
+            print("\n".join(describe_overrides(run)), flush=True)
         if args.csv:
             write_csv(run, args.csv)
         if args.json:

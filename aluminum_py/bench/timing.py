@@ -46,7 +46,7 @@ def recvbuf_like(send: np.ndarray) -> np.ndarray:
     page offset, and MPICH's single copy into a recvbuf 1-63 bytes after the sendbuf's offset
     costs the MPI-based algorithms up to 1.2x even with the placed scratch (docs/performance.md,
     "A recvbuf just ahead of the sendbuf"): each recvbuf allocated in turn gave the first
-    contenders that placement and not the others (issue 31: auto 1.10-1.16x its own algorithm
+    contenders that placement and not the others (``auto`` 1.10-1.16x its own algorithm
     at 32 MiB in five runs of five; recursive doubling, Rabenseifner and ring at 1-16 MiB).
     From HUGE_FROM bytes (where numpy asks the kernel for transparent huge pages) the recvbuf
     starts at the sendbuf's offset into a 2 MiB huge page, so every contender's recvbuf lies on
@@ -79,7 +79,7 @@ def iterations(world, contenders: dict[str, Callable[[], object]], budget: float
     takes under a tenth of the budget, `rounds` rounds are timed and each contender counts its
     median: one slow first call (DeepSpeed's op took 40 ms once where it takes 5 ms, at 4
     ranks on 2 cores) had cut a 2 s budget to 50 iterations of 20 us calls, whose medians were
-    then 1.1-1.3x apart for one algorithm under two names (issue 31)."""
+    then 1.1-1.3x apart for one algorithm under two names)."""
     def one_round():
         t = []
         for f in contenders.values():
@@ -118,18 +118,18 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
     are still busy after its call, such as gloo's, then slowed the same contender every time).
     Give each size its own `salt` (its bytes): with the same orders at every size, a chance
     excess of one contender's calls right after such a peer biased it at every size alike
-    (issue 31: auto 1.1-1.4x of shm up to 2 KiB in six runs, the same algorithm).
+    (``auto`` 1.1-1.4x of shm up to 2 KiB in six runs, the same algorithm).
     The orders are drawn before the first call (:func:`interleaved_orders`): drawn between
     iterations, the ~30 us of Python that makes a generator ran between the last call of one
     iteration and the barrier of the next, and at 4 ranks on 2 cores the rank that ran it held
     its core while a peer on that core still had to finish the call: the last call of every
     iteration took 2-3x the others' time (53 against 16 us at 64 B, 80 against 40 us at 64 KiB),
     the first 1.1-1.3x, and a contender that drew the last place more often than the others
-    looked slower (issue 31: ``auto`` 2-7% above its own algorithm, shm, at 4 B-32 KiB).
+    looked slower (``auto`` 2-7% above its own algorithm, shm, at 4 B-32 KiB).
     `after_call(i, it)`, if given, runs after each timed call (contender i of `contenders`,
     iteration it), outside its time: bench/peers_trace.py records each call's context there.
     `run` > 1: each contender's turn is `run` calls in a row, only the last one timed (after
-    its barrier), as learning in use times them and as a committed ``auto`` runs in a loop: a
+    its barrier), as ``auto`` runs in a loop of one size: a
     call then finds the caches as its own algorithm left them, not as the previous contender
     did (docs/performance.md, "After itself or after another contender")."""
     from mpi4py import MPI
@@ -149,49 +149,6 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
                 after_call(i, it)
     world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
     return {name: samples[i] for i, name in enumerate(names)}
-
-
-def median_interval(samples, z: float = 1.96) -> tuple[float, float]:
-    """A distribution-free confidence interval (about 95% for z=1.96) of the median of
-    `samples`: the order statistics at n/2 -/+ z*sqrt(n)/2 (the binomial's normal
-    approximation; no assumption about the timing distribution, which is skewed and, on this
-    kind of machine, sometimes bimodal)."""
-    s = np.sort(np.asarray(samples, dtype=float))
-    n = len(s)
-    half = z * math.sqrt(n) / 2
-    lo = max(0, int(math.floor(n / 2 - half)))
-    hi = min(n - 1, int(math.ceil(n / 2 + half)) - 1)
-    return float(s[lo]), float(s[max(lo, hi)])
-
-
-WORST_QUANTILE = 0.9        # "the worst case" of a contender: this quantile of its samples
-
-
-def decide(samples: dict[str, np.ndarray]) -> dict:
-    """The fastest contender from interleaved samples, and how sure that is.
-
-    Returns ``best`` (lowest median), ``runner_up`` (second lowest, None alone), ``margin``
-    (the runner-up's median over the best's: >= 1, below 1 for a "worst case" decision),
-    ``clear`` (the two medians' confidence
-    intervals, :func:`median_interval`, do not overlap) and ``decided``: ``"median"``, or,
-    where the two are within noise, ``"worst case"``: the one of the two with the lower
-    WORST_QUANTILE of its samples is ``best`` (a tie in the typical time goes to the
-    contender that is slow less often)."""
-    med = {k: float(np.median(v)) for k, v in samples.items()}
-    order = sorted(med, key=med.get)
-    best = order[0]
-    if len(order) == 1:
-        return {"best": best, "runner_up": None, "margin": 1.0, "clear": True,
-                "decided": "median"}
-    runner = order[1]
-    clear = median_interval(samples[best])[1] < median_interval(samples[runner])[0]
-    decided = "median"
-    if not clear:
-        worst = {k: float(np.quantile(samples[k], WORST_QUANTILE)) for k in (best, runner)}
-        if worst[runner] < worst[best]:
-            best, runner, decided = runner, best, "worst case"
-    return {"best": best, "runner_up": runner, "margin": med[runner] / med[best],
-            "clear": clear, "decided": decided}
 
 
 def bus_bandwidth(nbytes: int, seconds: float, p: int) -> float:

@@ -64,6 +64,20 @@ from typing import Callable
 
 import numpy as np
 
+
+def fit_alpha_beta(sizes, times) -> dict:
+    """Least-squares t = alpha + beta * n over the measured sizes (seconds, seconds per byte),
+    weighted by 1/t so small sizes count as much as large ones (relative error)."""
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    if len(n) == 1:
+        return {"alpha": float(t[0]), "beta": 0.0}
+    w = 1.0 / np.maximum(t, 1e-12)
+    A = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(A, t * w, rcond=None)
+    return {"alpha": float(max(alpha, 0.0)), "beta": float(max(beta, 0.0))}
+
+
 Cost = Callable[[float], float]
 
 
@@ -135,13 +149,12 @@ class AllreduceCost:
                 meet if they meet between the last logarithmic and the first linear size,
                 else at the first linear size.
 
-        Residuals are relative (weighted by 1/t), as in :func:`aluminum_py.tuning.fit_alpha_beta`,
+        Residuals are relative (weighted by 1/t), as in :func:`fit_alpha_beta`,
         so small messages count as much as large ones.  Raises ValueError on bad data (and, for
         "piecewise", fewer than two points on a side).
         """
         n, t = _check_samples(sizes_bytes, times_s)
         if kind == "alpha_beta":
-            from ..tuning import fit_alpha_beta
             f = fit_alpha_beta(n, t)
             return AlphaBetaCost(f["alpha"], f["beta"])
         if kind == "piecewise":
@@ -225,7 +238,6 @@ class TableCost(AllreduceCost):
 
     def __post_init__(self):
         if math.isnan(self.beta):
-            from ..tuning import fit_alpha_beta
             object.__setattr__(self, "beta", fit_alpha_beta(self.sizes, self.times)["beta"])
 
     def _positive(self, x):

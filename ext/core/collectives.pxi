@@ -67,23 +67,12 @@ cdef class HostCollectives:
         cdef Launcher L = self.launcher
         cdef int opcode = op_code(op)
         cdef str alg
-        cdef double t0
         if min_ctas is not None or max_ctas is not None:
             _hooks.no_ctas()                                             # raises
         hold = parse_reduce(&m, sendbuf, recvbuf, opcode, 1, "one element per sendbuf element",
                             "sendbuf")
-        alg = L.choose_for(algorithm, m.count * m.esize, m.esize, LEARN_TIMED)
-        if L.trial is None:
-            return self.run_allreduce(&m, opcode, alg, blocking)
-        learner, L.trial = L.trial, None        # auto is learning (learning.py): time it
-        if not blocking:
-            request = self.run_allreduce(&m, opcode, alg, False)
-            learner.record_op(request._op)      # its start and completion, read later
-            return request
-        t0 = al_now()
-        self.run_allreduce(&m, opcode, alg, True)
-        learner.record(t0, al_now())
-        return None
+        alg = L.choose_for(algorithm, m.count * m.esize, m.esize)
+        return self.run_allreduce(&m, opcode, alg, blocking)
 
     cdef object run_allreduce(self, al_msg* m, int opcode, str alg, bint blocking):
         """Launch the allreduce of the message `m` with the host algorithm `alg`."""

@@ -30,37 +30,12 @@ cdef inline int shm_poll(al_op* op, int polls) noexcept nogil:
     return 0
 
 
-# choose_for's `learn`: what a call does to a size class that auto is still learning
-# (aluminum_py.learning): LEARN_CALL a call of the schedule, not timed (its sample stays empty);
-# LEARN_TIMED a call of the schedule that the caller times (Launcher.trial is set to the
-# Learner); LEARN_PEEK no call (the committed choice, else the table's)
-DEF LEARN_CALL = 0
-DEF LEARN_TIMED = 1
-DEF LEARN_PEEK = 2
-
-
-cdef class Decided:
-    """auto's cached decision for a message size: the algorithm, and where learning in use
-    committed it, the calls of its size class left before the class learns again (one entry per
-    class, shared by the sizes of the class: learning.py, AL_AUTO_RECHECK)."""
-    cdef str alg
-    cdef Py_ssize_t left          # calls before the re-check (PY_SSIZE_T_MAX: none)
-    cdef object learner           # the committed Learner (None: the table's or model's choice)
-    cdef object renewed           # the Learner of the re-check, once it has started
-
-    def __cinit__(self, str alg, Py_ssize_t left, learner):
-        self.alg = alg
-        self.left = left
-        self.learner = learner
-
-
 cdef class Launcher:
     """Per-communicator call path: caches of auto's choice and of native schedules."""
     cdef readonly CommState state
-    cdef object trial             # the Learner of the last LEARN_TIMED call, until it is timed
-    cdef dict auto_cache          # key -> a Decided, or a Learner while the class learns
-    cdef Py_ssize_t last_key      # the key of auto's last decided call (-1: none) ...
-    cdef Decided last             # ... and its decision: a loop of one size skips the dict
+    cdef dict auto_cache          # (nbytes, itemsize) key -> auto's choice
+    cdef Py_ssize_t last_key      # the key of auto's last call (-1: none) ...
+    cdef str last                 # ... and its choice: a loop of one size skips the dict
                                   # (set together under the GIL, which no step between drops)
     cdef dict sched_cache
     cdef object chooser           # (nbytes, itemsize) -> algorithm name (tuning.Chooser.choose; cached here)
@@ -75,7 +50,7 @@ cdef class Launcher:
 
     def choose(self, Py_ssize_t nbytes, int itemsize):
         """auto's (cached) choice for a message of `nbytes` with elements of `itemsize` bytes."""
-        return self.choose_for("auto", nbytes, itemsize, LEARN_PEEK)
+        return self.choose_for("auto", nbytes, itemsize)
 
     def __cinit__(self, CommState state, chooser, builder, host_algs):
         self.state = state
@@ -192,85 +167,26 @@ cdef class Launcher:
             return
         self.checker(o.name, op.kind, op.count, op.dtype, op.rop, op.mpi.root)
 
-    cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize,
-                        int learn=LEARN_CALL):
-        """The algorithm of a call: `algorithm` checked, or auto's choice: the chooser's answer,
-        cached per (nbytes, itemsize): a name, or while AL_AUTO_LEARN learns the size class a
-        Learner (learning.py), asked at every call until it commits (then its choice is cached:
-        a committed class costs what any other does, and a count of its calls, after which
-        it learns again: AL_AUTO_RECHECK)."""
-        cdef object entry
-        cdef Decided d
+    cdef str choose_for(self, str algorithm, Py_ssize_t nbytes, int itemsize):
+        """The algorithm of a call: `algorithm` checked, or auto's choice: the chooser's answer
+        (tuning.Chooser.choose), cached per (nbytes, itemsize)."""
         cdef Py_ssize_t key
+        cdef str alg
         if algorithm == "auto":
             key = (nbytes << 5) | itemsize
             if key == self.last_key:
-                d = self.last
-            else:
-                entry = self.auto_cache.get(key)
-                if entry is None:
-                    entry = self.chooser(nbytes, itemsize)
-                    if type(entry) is str:
-                        entry = Decided(<str>entry, PY_SSIZE_T_MAX, None)
-                    if len(self.auto_cache) > 4096:
-                        self.auto_cache.clear()
-                    self.auto_cache[key] = entry
-                if type(entry) is not Decided:
-                    return self.learning(key, entry, learn)
-                d = <Decided>entry
-                self.last_key, self.last = key, d
-            return self.decided(key, d, learn)
+                return self.last
+            alg = self.auto_cache.get(key)
+            if alg is None:
+                alg = self.chooser(nbytes, itemsize)
+                if len(self.auto_cache) > 4096:
+                    self.auto_cache.clear()
+                self.auto_cache[key] = alg
+            self.last_key, self.last = key, alg
+            return alg
         if algorithm in self.host_algs:
             return algorithm
         return _hooks.bad_algorithm(algorithm)     # raises
-
-    cdef inline str decided(self, Py_ssize_t key, Decided d, int learn):
-        """choose_for for a decided size: its algorithm, the call counted (not a peek); past
-        the class's count, the start of its re-check."""
-        if learn == LEARN_PEEK:
-            return d.alg
-        d.left -= 1
-        if d.left >= 0:
-            return d.alg
-        return self.recheck(key, d, learn)
-
-    cdef str recheck(self, Py_ssize_t key, Decided d, int learn):
-        """choose_for at the call of a committed class that starts its re-check (the same call
-        of the class on every rank) or, for another size of the class, any call after it: the
-        re-check's Learner (learning.py: Learning.recheck_class) takes the key's cache entry."""
-        if d.renewed is None:
-            if unusual(self.state):         # as in learning: a refused call changes nothing
-                self.state.check_usable("allreduce/auto")
-            d.renewed = self.chooser.recheck_class(d.learner)
-            d.learner = None
-        self.auto_cache[key] = d.renewed
-        self.last_key = -1
-        return self.learning(key, d.renewed, learn)
-
-    cdef str learning(self, Py_ssize_t key, learner, int learn):
-        """choose_for for a size class still learning: the schedule's next contender (timed
-        by the caller where `learn` is LEARN_TIMED), or once committed its choice (cached, with
-        the calls left before its re-check: one Decided per class)."""
-        if learner.committed is None and learn == LEARN_PEEK:
-            return learner.prior
-        if unusual(self.state):
-            # before the schedule moves: a call the communicator refuses (another thread's: it
-            # raises here) must neither take a contender's turn nor start the exchange, a
-            # collective on the learning communicator, beside the owner's (two threads in one
-            # collective: MPICH crashed, issue 31)
-            self.state.check_usable("allreduce/auto")
-        cdef Decided d
-        name = learner.next()
-        if learner.committed is not None:   # this call runs the choice: the class counts it
-            d = learner.decided
-            if d is None:
-                d = Decided(learner.committed, learner.recheck_after, learner)
-                learner.decided = d
-            self.auto_cache[key] = d
-            return self.decided(key, d, learn)
-        elif learn == LEARN_TIMED:
-            self.trial = learner
-        return name
 
     cdef Schedule schedule(self, str alg, Py_ssize_t count, bint inplace):
         key = (alg, count, inplace)

@@ -5,7 +5,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import aluminum_py as al
-from aluminum_py.learning import size_class
 from aluminum_py.testing import at_page_offset
 from conftest import (DTYPES, all_ranks_ok, differences, every_rank, gather_all, make_input,
                       ops_for, ramp, ramp_reference, reference)
@@ -17,16 +16,6 @@ SIZES = [0, 1, 2, 3, 7, 64, 1001, 65537]
 
 
 _AUTO_CHOICE = {}
-
-
-def allowed_algorithms(comm, x, algorithm):
-    """What may run: while auto learns this message's size class (AL_AUTO_LEARN,
-    aluminum_py.learning), any of its contenders; else expected_algorithm."""
-    learning = comm._host.learning if algorithm == "auto" else None
-    learner = learning and learning.learners.get((size_class(x.nbytes), x.dtype.itemsize))
-    if learner is not None:
-        return learner.names if learner.committed is None else (learner.committed,)
-    return (expected_algorithm(comm, x, algorithm),)
 
 
 def expected_algorithm(comm, x, algorithm):
@@ -66,9 +55,9 @@ def run_allreduce(comm, x, op, algorithm, inplace, blocking, failures):
             req.Wait(timeout=60)
         if not np.array_equal(src, x, equal_nan=True):
             failures.append(f"{what()}: out-of-place input was modified")
-    if req is not None and req.algorithm not in allowed_algorithms(comm, x, algorithm):
+    if req is not None and req.algorithm != expected_algorithm(comm, x, algorithm):
         failures.append(f"{what()}: req.algorithm is {req.algorithm!r}, expected one of "
-                        f"{allowed_algorithms(comm, x, algorithm)!r} "
+                        f"{expected_algorithm(comm, x, algorithm)!r} "
                         f"(auto: {comm.explain(x.nbytes, x.dtype)})")
     return out
 

@@ -23,7 +23,6 @@ def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, mo
     if WORLD.size < 2:
         pytest.skip("needs a peer")
     monkeypatch.setenv("AL_TUNING_FILE", str(tmp_path_factory.mktemp("none") / "missing.json"))
-    monkeypatch.setenv("AL_AUTO_LEARN", "0")    # auto's choice is shm at every call
     comm = al.Communicator()
     device = ht.CpuDevice()
     stream = device.stream()

@@ -28,7 +28,6 @@ def no_table(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AL_TUNING_FILE", str(tmp_path_factory.mktemp("none") / "missing.json"))
     for name in ("AL_SHM_SYNC", "AL_SHM_BYTE", "AL_ALPHA", "AL_BETA", "AL_GAMMA"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AL_AUTO_LEARN", "0")    # the model's choice, not one learned in use
 
 
 def run_auto(c, nbytes: int, problems: list) -> None:
@@ -57,7 +56,7 @@ def test_auto_runs_shm_on_one_node_without_a_table(no_table):
         assert info is None and {ch.algorithm for ch in choices} == {"recursive_doubling"}
     else:
         for n, ch in zip(SIZES, choices):
-            if ch.algorithm != "shm" or ch.source != "model" or "shm sync=" not in ch.detail:
+            if ch.algorithm != "shm" or ch.source != "model" or "shm formula" not in ch.detail:
                 problems.append(f"{n} B: {ch}")
     for n in SIZES:
         before = info and shm_info(c._state)["rounds"]
