@@ -382,7 +382,7 @@ def default_engine_yield(local_size: int) -> int:
 def model_params() -> tuple[float, float, float]:
     """AL_ALPHA (s per message), AL_BETA (s per byte), AL_GAMMA (s per byte reduced).
 
-    Defaults: measured with bench/allreduce_vs_mpi.py on the reference 2-core machine
+    Defaults: measured with bench/peers.py on the reference 2-core machine
     (MPICH 5, shared memory); see docs/algorithms.md.
     """
     return (_model("AL_ALPHA", 2.0e-6), _model("AL_BETA", 1.6e-10), _model("AL_GAMMA", 1.0e-10))

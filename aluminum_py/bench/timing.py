@@ -127,7 +127,7 @@ def time_interleaved(world, contenders: dict[str, Callable[[], object]], iters: 
     the first 1.1-1.3x, and a contender that drew the last place more often than the others
     looked slower (``auto`` 2-7% above its own algorithm, shm, at 4 B-32 KiB).
     `after_call(i, it)`, if given, runs after each timed call (contender i of `contenders`,
-    iteration it), outside its time: bench/peers_trace.py records each call's context there.
+    iteration it), outside its time (e.g. to record each call's context).
     `run` > 1: each contender's turn is `run` calls in a row, only the last one timed (after
     its barrier), as ``auto`` runs in a loop of one size: a
     call then finds the caches as its own algorithm left them, not as the previous contender

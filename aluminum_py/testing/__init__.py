@@ -6,7 +6,7 @@
   NCCL code paths run, with their semantics, on machines without a GPU; NCCL's collectives
   run over MPI.
 * :func:`at_page_offset`: an array placed at a chosen offset into a page (the placements of
-  sendbuf against recvbuf that change the speed of a copy: tests and bench/recvbuf_offsets.py),
+  sendbuf against recvbuf that change the speed of a copy: tests),
   or into a 2 MiB huge page; :func:`huge_share`: how much of an array lies on huge pages.
 * :func:`nccl_launches`: the NCCL launches the stand-in recorded (collective, count, dtype, op,
   the communicator's minCTAs/maxCTAs, ...).
@@ -27,7 +27,7 @@ def at_page_offset(nbytes: int, offset: int, dtype="float32", page: int = 4096,
     MiB pages wholly inside it (numpy asks for them from 4 MiB).  (numpy's own allocations of
     a few MiB may reuse memory of the process's heap, already on small or huge pages.)
     `huge` True or False instead: the whole mapping on huge pages, or on none
-    (bench/huge_pages.py)."""
+   ."""
     import numpy as np
     if page > 4096 and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap.mmap, "madvise"):
         m = mmap.mmap(-1, nbytes + 2 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -93,7 +93,7 @@ static void al_shm_copy_nt(char *dst, const char *src, size_t n) {
  * places in a cache line (a slot starts on one, numpy's large arrays 16 bytes into one).
  * There glibc's memcpy aligns its wide (32- or 64-byte) stores and every load then spans two
  * lines: copying a peer's slot into such a recvbuf made a 2-rank allreduce of 1-4 MiB 1.15-1.45x
- * slower (bench/recvbuf_offsets.py, docs/performance.md "recvbuf alignment").  16-byte vectors,
+ * slower (measured by sweeping the recvbuf offset).  16-byte vectors,
  * aligned on the destination, never span two lines when the source is 16-byte aligned too. */
 static void al_shm_copy_lines(char *dst, const char *src, size_t n) {
 #if AL_SHM_CAN_STREAM
