@@ -188,8 +188,8 @@ cdef class HostCollectives:
         cdef int p = self.state.c.size
         cdef NativeOp o
         cdef bint shm = self.vshm("allgatherv", algorithm)
-        rc, rd = parse_vgather(&m, sendbuf, recvbuf, counts, displs, p, self.state.c.rank,
-                               "Allgatherv")
+        rc, rd, hold = parse_vgather(&m, sendbuf, recvbuf, counts, displs, p, self.state.c.rank,
+                                     "Allgatherv")
         if shm:
             return run_shm_allgatherv(L, &m, rc, rd, blocking, self.wait_limit())
         if L.checker is not None:               # AL_CHECK: what it sends and expects per rank
@@ -207,8 +207,8 @@ cdef class HostCollectives:
         cdef Launcher L = self.launcher
         cdef NativeOp o
         cdef bint shm = self.vshm("alltoallv", algorithm)
-        sc, sd, rc, rd = parse_alltoallv(&m, sendbuf, scounts, sdispls, recvbuf, rcounts,
-                                         rdispls, self.state.c.size, self.state.c.rank)
+        sc, sd, rc, rd, hold = parse_alltoallv(&m, sendbuf, scounts, sdispls, recvbuf, rcounts,
+                                               rdispls, self.state.c.size, self.state.c.rank)
         if shm:
             return run_shm_alltoallv(L, &m, sc, sd, rc, rd, blocking, self.wait_limit())
         if L.checker is not None:

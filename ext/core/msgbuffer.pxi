@@ -390,7 +390,9 @@ cdef tuple parse_vlayout(counts, displs, int p, str name, Py_ssize_t elems, bint
 cdef tuple parse_vgather(al_msg* m, sendbuf, recvbuf, counts, displs, int p, int me, str what):
     """A gather into a v-layout (Allgatherv): sendbuf holding exactly counts[me] elements (None:
     in place, this rank's block already at recvbuf[displs[me]:]), recvbuf and its receive
-    layout, sharing no memory with sendbuf.  `count` is this rank's; returns (counts, displs)."""
+    layout, sharing no memory with sendbuf.  `count` is this rank's; returns (counts, displs,
+    hold): `hold` (msg_hold's) keeps the message's arrays alive, so the caller keeps it until
+    the message is used."""
     cdef cnp.ndarray s = None, r
     cdef int code
     cdef int64_t n
@@ -411,15 +413,15 @@ cdef tuple parse_vgather(al_msg* m, sendbuf, recvbuf, counts, displs, int p, int
                               f"for an in-place {what}")                # raises
     msg_set(m, s, r, n, code)
     m.inplace = s is None
-    return rc, rd
+    return rc, rd, msg_hold(m, sendbuf, recvbuf)
 
 cdef tuple parse_alltoallv(al_msg* m, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls,
                            int p, int me):
     """Alltoallv's two v-messages: sendbuf with its layout (None: in place, recvbuf's layout
     for both sides, and no send layout may be given), recvbuf with its receive layout; the
     buffers apart; what this rank sends itself is what it receives from itself.  `count` is
-    what this rank sends in all; returns (scounts, sdispls, rcounts, rdispls), the send
-    layout None in place."""
+    what this rank sends in all; returns (scounts, sdispls, rcounts, rdispls, hold), the send
+    layout None in place, and `hold` as parse_vgather's."""
     cdef cnp.ndarray s = None, r
     cdef int code
     sc = sd = None
@@ -442,7 +444,7 @@ cdef tuple parse_alltoallv(al_msg* m, sendbuf, scounts, sdispls, recvbuf, rcount
             _hooks.vself_counts(sc, rc, me)                             # raises
     msg_set(m, s, r, vtotal_of(rc if sc is None else sc), code)
     m.inplace = s is None
-    return sc, sd, rc, rd
+    return sc, sd, rc, rd, msg_hold(m, sendbuf, recvbuf)
 
 cdef int64_t vtotal_of(object counts) except -1:
     """The sum of an int32 count array (vlayout's)."""

@@ -27,8 +27,8 @@ def shm_allgatherv(Launcher L, s, r, counts, displs, bint blocking, double timeo
     parsed as Communicator.Allgatherv's.  `timeout`: seconds (< 0: none)."""
     cdef al_msg m
     L.shm_ready("allgatherv/shm")
-    rc, rd = parse_vgather(&m, s, r, counts, displs, L.state.c.size, L.state.c.rank,
-                           "Allgatherv")
+    rc, rd, hold = parse_vgather(&m, s, r, counts, displs, L.state.c.size, L.state.c.rank,
+                                 "Allgatherv")
     return run_shm_allgatherv(L, &m, rc, rd, blocking, timeout)
 
 
@@ -102,8 +102,8 @@ def shm_alltoallv(Launcher L, s, scounts, sdispls, r, rcounts, rdispls, bint blo
     L.shm_ready("alltoallv/shm")
     if s is None:
         scounts = sdispls = None
-    sc, sd, rc, rd = parse_alltoallv(&m, s, scounts, sdispls, r, rcounts, rdispls,
-                                     L.state.c.size, L.state.c.rank)
+    sc, sd, rc, rd, hold = parse_alltoallv(&m, s, scounts, sdispls, r, rcounts, rdispls,
+                                           L.state.c.size, L.state.c.rank)
     return run_shm_alltoallv(L, &m, sc, sd, rc, rd, blocking, timeout)
 
 
