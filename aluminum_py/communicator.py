@@ -60,6 +60,13 @@ def _duplicate(base, timeout: float | None):
     return made
 
 
+def _is_mpi_exception(e: BaseException) -> bool:
+    """`e` is mpi4py's MPI.Exception (MPI is imported by then)."""
+    import sys
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(e, mpi.Exception)
+
+
 def _bounded(reqs, deadline, timeout, made, what) -> None:
     """Wait for the MPI requests `reqs` until `deadline` (time.monotonic; None: for ever),
     polling with naps of up to 1 ms (Ctrl-C is raised between them)."""
@@ -193,7 +200,7 @@ class Communicator:
         held = self._held = _Held(self._state)
         try:
             self._construct(base, stream, held)
-        except BaseException:
+        except BaseException as e:
             # every rank fails construction at the same point (settings are compared first)
             self._state.freed = True
             topo = getattr(self, "_topology", None)
@@ -202,6 +209,10 @@ class Communicator:
                 node.Free()
             if not self._state.pending:
                 held.release()
+            if _is_mpi_exception(e):        # e.g. MPI out of communicators in a split
+                raise Error(f"Communicator(): MPI failed during construction: {e} (MPI has no "
+                            f"communicator left? Free() the Communicators you no longer "
+                            f"use)") from None
             raise
         # dropped without Free(): its MPI communicators are freed at a later construction
         weakref.finalize(self, _drop, held).atexit = False
