@@ -210,9 +210,8 @@ class Communicator:
             if not self._state.pending:
                 held.release()
             if _is_mpi_exception(e):        # e.g. MPI out of communicators in a split
-                raise Error(f"Communicator(): MPI failed during construction: {e} (MPI has no "
-                            f"communicator left? Free() the Communicators you no longer "
-                            f"use)") from None
+                raise Error(f"Communicator(): MPI failed during construction (no communicator "
+                            f"left? Free() the Communicators you no longer use): {e}") from None
             raise
         # dropped without Free(): its MPI communicators are freed at a later construction
         weakref.finalize(self, _drop, held).atexit = False
