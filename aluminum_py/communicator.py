@@ -60,13 +60,6 @@ def _duplicate(base, timeout: float | None):
     return made
 
 
-def _is_mpi_exception(e: BaseException) -> bool:
-    """`e` is mpi4py's MPI.Exception (MPI is imported by then)."""
-    import sys
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi is not None and isinstance(e, mpi.Exception)
-
-
 def _bounded(reqs, deadline, timeout, made, what) -> None:
     """Wait for the MPI requests `reqs` until `deadline` (time.monotonic; None: for ever),
     polling with naps of up to 1 ms (Ctrl-C is raised between them)."""
@@ -209,7 +202,8 @@ class Communicator:
                 node.Free()
             if not self._state.pending:
                 held.release()
-            if _is_mpi_exception(e):        # e.g. MPI out of communicators in a split
+            from mpi4py import MPI
+            if isinstance(e, MPI.Exception):    # e.g. MPI out of communicators in a split
                 raise Error(f"Communicator(): MPI failed during construction (no communicator "
                             f"left? Free() the Communicators you no longer use): {e}") from None
             raise
