@@ -11,7 +11,7 @@ import numpy as np
 from . import _core
 from .errors import UnavailableError
 from .gpu import cuda_device_count, is_gpu_buffer
-from .ops import DTYPE_CODES
+from .ops import DTYPE_CODES, known_dtype, supported_dtypes
 
 _ndarray = np.ndarray
 
@@ -48,9 +48,9 @@ def as_array(obj, name: str, writable: bool = False) -> np.ndarray:
         raise ValueError(f"{name} is not C-contiguous (pass np.ascontiguousarray({name}))")
     if writable and not arr.flags.writeable:
         raise ValueError(f"{name} is read-only but is written by this operation")
-    if arr.dtype not in DTYPE_CODES:
+    if not known_dtype(arr.dtype):
         raise TypeError(f"{name}: dtype {arr.dtype} is not supported (supported: "
-                        f"{', '.join(str(d) for d in DTYPE_CODES)})")
+                        f"{', '.join(supported_dtypes())})")
     return arr
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core, _dlpack, config
 from .errors import Error, UnavailableError
-from .ops import DTYPE_CODES
+from .ops import dtype_named, known_dtype
 
 CUDA_DLPACK_DEVICES = {2, 3, 13}   # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
@@ -129,12 +129,9 @@ class GpuArray:
         return self.count * self.dtype.itemsize
 
 
-_DTYPES_BY_NAME = {str(dt): dt for dt in DTYPE_CODES}
-
-
 def _dlpack_dtype(t, name: str) -> np.dtype:
     """The numpy dtype of a DLPack tensor (kDLBfloat, 16 bits: bfloat16)."""
-    dtype = _DTYPES_BY_NAME.get(t.dtype_name)
+    dtype = dtype_named(t.dtype_name)
     if dtype is None:
         hint = " (bfloat16 needs ml_dtypes)" if t.dtype_name == "bfloat16" else ""
         raise TypeError(f"{name}: DLPack dtype {t.dtype_name} is not supported{hint}")
@@ -200,7 +197,7 @@ def _checked(name, ptr, shape, strides, dtype, readonly, writable, keep) -> GpuA
             raise ValueError(f"{name} is not C-contiguous")
     if writable and readonly:
         raise ValueError(f"{name} is read-only but is written by this operation")
-    if dtype not in DTYPE_CODES:
+    if not known_dtype(dtype):
         raise TypeError(f"{name}: dtype {dtype} is not supported")
     return GpuArray(int(ptr), count, dtype, bool(readonly), keep)
 

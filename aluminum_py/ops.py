@@ -57,26 +57,57 @@ _VALID = {(code, o.code) for code, kind in DTYPES.values() for o in OPS_FOR_KIND
 
 
 def _dtype_table() -> dict:
+    """np.dtype -> (code, kind) for the dtypes numpy knows at import: its own, and bfloat16 where
+    ml_dtypes is imported already. Importing ml_dtypes costs most of a second of CPU in every
+    process, so it is left to the first bfloat16 buffer (:func:`known_dtype`, :func:`dtype_named`)."""
     table = {}
     for name, (code, kind) in DTYPES.items():
         try:
-            dt = np.dtype(name)
+            table[np.dtype(name)] = (code, kind)
         except TypeError:
-            try:
-                import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
-                dt = np.dtype(name)
-            except (ImportError, TypeError):
-                continue
-        table[dt] = (code, kind)
+            pass
     return table
 
 
-DTYPE_CODES = _dtype_table()   # np.dtype -> (code, kind)
+DTYPE_CODES = _dtype_table()   # np.dtype -> (code, kind); known_dtype adds to it
+
+
+def known_dtype(dtype: np.dtype) -> bool:
+    """Whether buffers of `dtype` are supported. A dtype of DTYPES that numpy learnt after this
+    module's import (bfloat16: an array of it exists only once ml_dtypes is imported) is added
+    to DTYPE_CODES and to the native core's table here, on first use."""
+    if dtype in DTYPE_CODES:
+        return True
+    entry = DTYPES.get(dtype.name)
+    try:
+        if entry is None or np.dtype(dtype.name) != dtype:
+            return False
+    except TypeError:
+        return False
+    DTYPE_CODES[dtype] = entry
+    _core.add_dtype(dtype, entry[0])
+    return True
+
+
+def dtype_named(name: str) -> np.dtype | None:
+    """The supported dtype called `name` (a DLPack tensor's dtype), importing ml_dtypes for
+    bfloat16 where numpy does not know it yet; None if unsupported or ml_dtypes is missing."""
+    if name not in DTYPES:
+        return None
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        try:
+            import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+            dt = np.dtype(name)
+        except (ImportError, TypeError):
+            return None
+    return dt if known_dtype(dt) else None
 
 
 def supported_dtypes() -> list[str]:
     """Names of the dtypes this installation supports (bfloat16 needs ml_dtypes)."""
-    return [str(dt) for dt in DTYPE_CODES]
+    return [name for name in DTYPES if dtype_named(name) is not None]
 
 
 def as_op(op) -> Op:

@@ -8,7 +8,9 @@ subprocess (``sys.executable``; MPI as a singleton, or under mpiexec at 2 ranks)
   communicator still work (checked against numpy at 2 ranks). At "multiple" (mpi4py's default)
   the same script's nonblocking calls work: the harness itself is sound.
 * docs/api.md "Buffers and dtypes": ``aluminum_py.ops.supported_dtypes()`` lists bfloat16 only
-  when ml_dtypes can be imported (here: made unimportable in the subprocess).
+  when ml_dtypes can be imported (here: made unimportable in the subprocess); ``import
+  aluminum_py`` does not import ml_dtypes (most of a second of CPU in every process), and a
+  bfloat16 array made after the import (ml_dtypes imported later) is reduced and gathered.
 """
 import json
 import os
@@ -16,6 +18,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 TIMEOUT = 120        # seconds for each subprocess
@@ -148,6 +151,29 @@ print("RESULT " + json.dumps([{"dtypes": ops.supported_dtypes(), "numpy_knows": 
                                "allreduce": x.tolist()}]), flush=True)
 '''
 
+LATE_BFLOAT16_SCRIPT = r'''
+import json, sys
+import numpy as np
+import aluminum_py as al
+imported_at_import = "ml_dtypes" in sys.modules
+import ml_dtypes
+from mpi4py import MPI
+comm = al.Communicator()
+x = (np.arange(8) + comm.rank).astype(ml_dtypes.bfloat16)
+res = {"rank": comm.rank, "imported_at_import": imported_at_import}
+for algorithm in ("auto", "ring", "mpi"):
+    y = x.copy()
+    comm.Allreduce(y, algorithm=algorithm)
+    res[algorithm] = y.astype(np.float32).tolist()
+out = np.zeros(8 * comm.size, ml_dtypes.bfloat16)
+comm.Allgather(x, out)
+res["allgather"] = out.astype(np.float32).tolist()
+comm.Free()
+results = MPI.COMM_WORLD.gather(res)
+if results is not None:
+    print("RESULT " + json.dumps(results), flush=True)
+'''
+
 DOCUMENTED_DTYPES = ("int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 bfloat16 float32 "
                      "float64 complex64 complex128").split()
 
@@ -262,3 +288,17 @@ def test_supported_dtypes_without_ml_dtypes():
     assert len(got) == len(set(got))
     assert sorted(got) == sorted(d for d in DOCUMENTED_DTYPES if d != "bfloat16")
     assert res["allreduce"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_bfloat16_made_after_import():
+    """ml_dtypes is not imported by ``import aluminum_py``; a bfloat16 array made once the
+    program imports it later takes the native call path (Allreduce with three algorithms,
+    Allgather) with results equal to numpy's over every rank's input."""
+    pytest.importorskip("ml_dtypes")
+    results = run_script(LATE_BFLOAT16_SCRIPT, nranks=2)
+    inputs = [np.arange(8) + r for r in range(2)]
+    for res in results:
+        assert not res["imported_at_import"], res
+        for algorithm in ("auto", "ring", "mpi"):
+            assert res[algorithm] == np.sum(inputs, axis=0).tolist(), (algorithm, res)
+        assert res["allgather"] == np.concatenate(inputs).tolist(), res

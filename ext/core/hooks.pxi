@@ -22,3 +22,9 @@ def configure(hooks, dtype_codes, valid_pairs):
     memset(_valid, 0, sizeof(_valid))
     for d, o in valid_pairs:
         _valid[d][o] = 1
+
+
+def add_dtype(dtype, int code):
+    """Add a dtype numpy learnt after configure() (bfloat16 once ml_dtypes is imported) to the
+    call path's table (aluminum_py.ops.known_dtype)."""
+    _dtype_codes[dtype] = code

@@ -65,8 +65,9 @@ cdef inline cnp.ndarray as_array(obj, str name, bint writable):
 cdef inline int dtype_code_of(cnp.ndarray a, str name) except -1:
     code = _dtype_codes.get(<object>cnp.PyArray_DESCR(a))
     if code is None:
-        _hooks.as_array(a, name, False)           # raises the unsupported-dtype error
-        return -1
+        # raises the unsupported-dtype error, or adds a dtype numpy learnt after import
+        _hooks.as_array(a, name, False)
+        code = _dtype_codes[<object>cnp.PyArray_DESCR(a)]
     return code
 
 cdef inline void same_dtype_of(cnp.ndarray s, cnp.ndarray r, str sname, str rname) except *:

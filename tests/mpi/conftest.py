@@ -8,12 +8,12 @@ import pytest
 from mpi4py import MPI
 
 import aluminum_py as al
-from aluminum_py.ops import DTYPE_CODES, OPS_FOR_KIND
+from aluminum_py.ops import DTYPES as _DTYPE_TABLE, OPS_FOR_KIND, supported_dtypes
 
 WORLD = MPI.COMM_WORLD
 
-DTYPES = [str(dt) for dt in DTYPE_CODES]
-KIND = {str(dt): kind for dt, (_, kind) in DTYPE_CODES.items()}
+DTYPES = supported_dtypes()         # bfloat16 where ml_dtypes is installed (imported here)
+KIND = {name: _DTYPE_TABLE[name][1] for name in DTYPES}
 
 
 @pytest.fixture(scope="session")
