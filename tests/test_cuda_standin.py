@@ -981,7 +981,9 @@ def test_driver_lock_mode_reports_a_call_made_with_the_gil_held(L, dev):
     """With the driver lock on (cs.driver_lock), a thread inside cuCtxSynchronize holds it while
     the device is busy; other calls wait for it. A call that waits while its thread holds the
     GIL (ctypes.PyDLL keeps it) is reported once, with the calls named; one without it (ctypes'
-    CDLL releases the GIL) waits unreported. Off, nothing waits."""
+    CDLL releases the GIL) waits unreported. Off, nothing waits.  The device is busy until
+    both calls have met the lock (cs.stream_hold), or, with the lock off, until the test opens
+    a gate: never for a time."""
     s, other = dev.stream(), dev.stream()
     held_gil = ctypes.PyDLL(cs.path()).cuStreamQuery      # the same library, GIL kept
     held_gil.restype, held_gil.argtypes = c_int, [c_void_p]
@@ -990,22 +992,25 @@ def test_driver_lock_mode_reports_a_call_made_with_the_gil_held(L, dev):
     try:
         cs.reset_counters()
         before = cs.driver_lock_violations()[0]
-        cs.stream_delay(s, 0.6)                             # a long kernel
+        cs.stream_hold(s, 2)                                # busy until two calls met the lock
         sync = Call(L.cuCtxSynchronize, ctx=dev.ctx)
         assert eventually(cs.driver_lock_held)
         free = Call(L.cuStreamQuery, other, ctx=dev.ctx)  # waits for the lock, GIL released
+        assert eventually(lambda: cs.driver_lock_waits() == 1)
         assert held_gil(other) == SUCCESS                   # waited for the lock, GIL held
         assert sync.finished() and sync.result == SUCCESS
         assert free.finished() and free.result == SUCCESS
         count, message = cs.driver_lock_violations()
-        assert count == before + 1
+        assert count == before + 1 and cs.driver_lock_waits() == 2
         assert message.startswith("cuStreamQuery called while its thread holds the GIL and "
                                   "another thread waits in the driver (cuCtxSynchronize)")
         cs.driver_lock(False)
-        cs.stream_delay(s, 0.6)
+        g = dev.gate(s)                                     # busy until opened
         sync = Call(L.cuCtxSynchronize, ctx=dev.ctx)
         assert not cs.driver_lock_held() and held_gil(other) == SUCCESS
+        g.open()
         assert sync.finished() and cs.driver_lock_violations()[0] == before + 1
+        assert cs.driver_lock_waits() == 2
     finally:
         cs.driver_lock(bool(was))
 

@@ -198,7 +198,11 @@ def free(alg):
         t = threading.Thread(target=owner, daemon=True)
         t.start()
         bound.wait(30)
-        time.sleep(0.5)                         # the owner waits for rank 1 inside its call
+        deadline = time.monotonic() + 60        # a hang guard: the owner's call starts at once
+        while not c._state.busy and time.monotonic() < deadline:
+            time.sleep(0.002)                   # until the owner waits inside its call
+        if not c._state.busy:
+            findings.append(f"HANG free {alg}: the owner's call never started")
         try:
             c.Free()
             findings.append(f"NOERROR free {alg}: Free returned during the call")

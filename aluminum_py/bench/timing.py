@@ -31,14 +31,6 @@ HUGE_PAGE = 2 << 20     # x86-64's transparent huge page
 HUGE_FROM = 4 << 20     # numpy's allocations from this size ask for them (madvise)
 
 
-def shm_stores_class(info: dict | None, nbytes: int, coll: str = "allreduce") -> dict | None:
-    """What `_core.shm_info(...)` (`info`; None without a segment) holds on the slot stores of
-    the size class of an op of `nbytes` bytes of collective `coll` (calls, how many streamed,
-    each kind's cost, ...), or None where the class has none yet: the classes are keyed by the
-    power of two at or below the size."""
-    return (info or {}).get("stores", {}).get(coll, {}).get(1 << (nbytes.bit_length() - 1))
-
-
 def recvbuf_like(send: np.ndarray) -> np.ndarray:
     """A recvbuf for `send` (same shape and dtype, zeroed) that starts at the sendbuf's offset
     into its page, as two fresh large numpy arrays do.  Contenders timed side by side each get

@@ -247,6 +247,7 @@ static atomic_int g_lock_mode = -1;        /* -1: not read from the environment 
 static pthread_mutex_t g_drv = PTHREAD_MUTEX_INITIALIZER;
 static const char *_Atomic g_drv_holder;   /* the synchronizing call holding the lock */
 static atomic_long g_violations;
+static atomic_long g_lock_waits;           /* calls that found the lock held (standin_stream_hold) */
 static char g_violation[320];
 static int (*g_gil_check)(void);           /* PyGILState_Check when Python is in the process */
 
@@ -294,6 +295,7 @@ static void drv_release(int held) {
 static void drv_pass(const char *who) {
   if (!lock_mode()) return;
   if (pthread_mutex_trylock(&g_drv) != 0) {
+    atomic_fetch_add(&g_lock_waits, 1);
     const char *holder = atomic_load(&g_drv_holder);
     if (g_gil_check && g_gil_check()) {
       long n = atomic_fetch_add(&g_violations, 1);
@@ -973,6 +975,7 @@ void standin_reset_counters(void) {
   for (int i = 0; i < N_ENTRY_POINTS; i++) atomic_store(&entry_calls[i], 0);
   atomic_store(&g_sync_waits, 0);
   atomic_store(&g_violations, 0);
+  atomic_store(&g_lock_waits, 0);
   pthread_mutex_lock(&g_mu);
   g_violation[0] = 0;
   pthread_mutex_unlock(&g_mu);
@@ -983,24 +986,38 @@ void standin_driver_lock(int on) { lock_mode(); atomic_store(&g_lock_mode, on ? 
 int standin_driver_lock_mode(void) { return lock_mode(); }
 int standin_driver_lock_held(void) { return atomic_load(&g_drv_holder) != NULL; }
 long standin_driver_lock_violations(void) { return atomic_load(&g_violations); }
+/* The calls that found the lock held and waited for it, since load (or the last reset). */
+long standin_driver_lock_waits(void) { return atomic_load(&g_lock_waits); }
 void standin_driver_lock_report(char *buf, size_t n) {
   pthread_mutex_lock(&g_mu);
   snprintf(buf, n, "%s", g_violation);
   pthread_mutex_unlock(&g_mu);
 }
-/* A host command that keeps stream h busy for `secs` seconds (a long kernel). */
-static void sleep_cmd(void *arg) {
-  double secs = *(double *)arg;
+/* A host command that keeps stream h busy until `waits` calls in all have waited for the
+ * driver lock (standin_driver_lock_waits), or for `guard` seconds (a hang guard): a kernel
+ * that a thread in a synchronizing call waits for until the calls a test makes meanwhile
+ * have met the lock, whatever the machine's speed. */
+struct hold { long waits; double guard; };
+static void hold_cmd(void *arg) {
+  struct hold h = *(struct hold *)arg;
   free(arg);
-  struct timespec ts = { (time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9) };
-  nanosleep(&ts, NULL);
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (atomic_load(&g_lock_waits) < h.waits) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > h.guard)
+      break;
+    struct timespec ts = { 0, 20000 };                       /* poll every ~20 us */
+    nanosleep(&ts, NULL);
+  }
 }
-CUresult standin_stream_delay(CUstream h, double secs) {
-  double *arg = malloc(sizeof *arg);
+CUresult standin_stream_hold(CUstream h, long waits, double guard) {
+  if (!atomic_load(&g_initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+  struct hold *arg = malloc(sizeof *arg);
   if (!arg) return CUDA_ERROR_OUT_OF_MEMORY;
-  *arg = secs;
-  if (!atomic_load(&g_initialized)) { free(arg); return CUDA_ERROR_NOT_INITIALIZED; }
-  struct cmd c = { .kind = CMD_HOST, .fn = sleep_cmd, .arg = arg };
+  arg->waits = waits;
+  arg->guard = guard;
+  struct cmd c = { .kind = CMD_HOST, .fn = hold_cmd, .arg = arg };
   CUresult r = enqueue_on(h, &c, NULL, NULL, NULL);
   if (r) free(arg);
   return r;

@@ -47,7 +47,7 @@ __all__ = ["path", "load", "error_name", "CudaStandinError", "make_current", "st
            "live_streams", "calls", "pinned_live", "sync_waits", "blocked_streams",
            "reset_counters", "HostBackedArray", "nccl_launches", "reset_nccl_launches",
            "nccl_stall", "NcclLaunch", "driver_lock", "driver_lock_held", "driver_lock_violations",
-           "no_driver_lock_violations", "stream_delay", "main"]
+           "no_driver_lock_violations", "driver_lock_waits", "stream_hold", "main"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, "cuda_standin.c"), os.path.join(_HERE, "nccl_standin.c")]
@@ -103,7 +103,8 @@ _INTROSPECTION = {
     "standin_driver_lock_held": (c_int, []),
     "standin_driver_lock_violations": (c_long, []),
     "standin_driver_lock_report": (None, [c_char_p, c_size_t]),
-    "standin_stream_delay": (c_int, [c_void_p, ctypes.c_double]),
+    "standin_driver_lock_waits": (c_long, []),
+    "standin_stream_hold": (c_int, [c_void_p, c_long, ctypes.c_double]),
 }
 
 
@@ -391,9 +392,18 @@ def no_driver_lock_violations():
                              f"thread waited in the driver; the first reported: {message}")
 
 
-def stream_delay(h: int, seconds: float) -> None:
-    """Enqueue on stream `h` a command that keeps it busy for `seconds` (a long kernel)."""
-    _check(load().standin_stream_delay(h, seconds), "standin_stream_delay")
+def driver_lock_waits() -> int:
+    """The calls that found the driver lock held and waited for it (lock mode on), since load or
+    :func:`reset_counters`."""
+    return load().standin_driver_lock_waits()
+
+
+def stream_hold(h: int, lock_waits: int, guard: float = 60.0) -> None:
+    """Enqueue on stream `h` a command that keeps it busy (a long kernel) until
+    :func:`driver_lock_waits` reaches `lock_waits`: a thread synchronizing on it holds the
+    driver lock until the calls a test makes meanwhile have waited for that lock, whatever the
+    machine's speed.  `guard` seconds end it all the same (a hang guard)."""
+    _check(load().standin_stream_hold(h, lock_waits, guard), "standin_stream_hold")
 
 
 def main() -> int:

@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import aluminum_py as al
-from aluminum_py import _core
+from aluminum_py.testing.internals import (CommState, shm_attach, shm_bytes, shm_detach,
+                                           shm_header_check, shm_info)
 from conftest import WORLD, all_ranks_ok, gather_all
 
 
@@ -92,7 +93,7 @@ def node_state():
     if node.Get_size() != WORLD.size:
         node.Free()
         pytest.skip("the ranks are not on one node")
-    return _core.CommState(node, node), node
+    return CommState(node, node), node
 
 
 @pytest.mark.skipif(WORLD.size < 2, reason="a segment needs two ranks")
@@ -102,12 +103,12 @@ def test_segment_size_overflow_is_refused_on_every_rank(slot):
     # 2 * size * slot wrapped around to a small length, the header check passed, and the first
     # "shm" allreduce wrote far past the mapping (SIGSEGV on every rank)
     state, node = node_state()
-    how, what = within(60, lambda: _core.shm_attach(state, node, slot, 65536, 30.0))
+    how, what = within(60, lambda: shm_attach(state, node, slot, 65536, 30.0))
     ok = how == "raised" and isinstance(what, al.Error) and "overflows" in str(what)
-    _core.shm_detach(state)
+    shm_detach(state)
     node.Free()
     assert all_ranks_ok(ok), (how, what)
-    assert _core.shm_info(state) is None
+    assert shm_info(state) is None
 
 
 def test_slot_that_overflows_the_segment_is_refused(monkeypatch):
@@ -152,7 +153,7 @@ def test_bad_header_on_one_rank_disables_shm_on_every_rank(monkeypatch):
     with pytest.raises(al.UnavailableError) as e:
         c.Allreduce(x.copy(), algorithm="shm")
     assert f"rank {bad}: " in str(e.value) and "nonce differs" in str(e.value), e.value
-    assert all_ranks_ok(c._host.state is not None and _core.shm_info(c._host.state) is None)
+    assert all_ranks_ok(c._host.state is not None and shm_info(c._host.state) is None)
     assert WORLD.allgather(str(e.value)) == [str(e.value)] * WORLD.size
     y = np.empty_like(x)
     c.Allreduce(x, y)
@@ -163,15 +164,15 @@ def test_bad_header_on_one_rank_disables_shm_on_every_rank(monkeypatch):
 @pytest.mark.local
 def test_header_check_names_what_differs():
     slot, nonce = 4096, 0x1234
-    header = np.zeros(_core.shm_bytes(2, slot), dtype=np.uint8)
+    header = np.zeros(shm_bytes(2, slot), dtype=np.uint8)
     words = header[:40].view(np.uint64)
     words[:] = (0x6d68735f6c61, 2, slot, 0, nonce)          # AL_SHM_MAGIC, ranks, slot, health, nonce
-    assert _core.shm_header_check(header, 2, slot, nonce) is None
+    assert shm_header_check(header, 2, slot, nonce) is None
     for expect, args in (("nonce", (2, slot, nonce + 1)), ("slot bytes", (2, 2 * slot, nonce)),
                          ("ranks", (3, slot, nonce))):
-        assert f"header: {expect} differs" in _core.shm_header_check(header, *args)
-    assert "length differs" in _core.shm_header_check(header[:-4096], 2, slot, nonce)
+        assert f"header: {expect} differs" in shm_header_check(header, *args)
+    assert "length differs" in shm_header_check(header[:-4096], 2, slot, nonce)
     words[0] = 0
-    assert "magic differs" in _core.shm_header_check(header, 2, slot, nonce)
-    assert _core.shm_bytes(2, 2 ** 62) == 0 and _core.shm_bytes(2, 4097) == 0
-    assert _core.shm_bytes(2, 4096) == 4096 + 4 * 4096
+    assert "magic differs" in shm_header_check(header, 2, slot, nonce)
+    assert shm_bytes(2, 2 ** 62) == 0 and shm_bytes(2, 4097) == 0
+    assert shm_bytes(2, 4096) == 4096 + 4 * 4096

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 import aluminum_py as al
-from aluminum_py import _core, config
+from aluminum_py import config
 from aluminum_py import host_transfer as ht
+from aluminum_py.testing.internals import (_waits_anew, addr, host_transfer_allreduce,
+                                           scratch_stats, set_scratch_cache)
 from conftest import WORLD, all_ranks_ok, wait_for
 
 pytestmark = pytest.mark.mpi
@@ -91,7 +93,7 @@ def test_a_finished_inner_shm_op_is_not_progress(no_table):
     req = ht.allreduce(comm, device, stream, x, algorithm="ht_auto")
     req.Wait(timeout=30)
     assert req.algorithm == "ht_shm" and stream.synchronize(timeout=30)
-    counted = _core._waits_anew(req._op, inner_polls=1)
+    counted = _waits_anew(req._op, inner_polls=1)
     assert all_ranks_ok(not counted), "a host-transfer op waiting for its copy back is progress"
     comm.Free()
     stream.destroy()
@@ -116,16 +118,16 @@ def test_abandoned_hierarchical_inner_op_leaks_its_scratch(no_table, monkeypatch
     code = al.ops.DTYPE_CODES[x.dtype][0]
 
     def start(timeout):
-        return _core.host_transfer_allreduce(launcher, device, stream.handle, _core.addr(x),
-                                             _core.addr(x), x.size, code, x.itemsize,
-                                             al.SUM.code, "hierarchical", (x,), timeout)
+        return host_transfer_allreduce(launcher, device, stream.handle, addr(x), addr(x),
+                                       x.size, code, x.itemsize, al.SUM.code, "hierarchical",
+                                       (x,), timeout)
 
     op = start(-1.0)                                   # it works (and its plan is built)
     assert op.wait(30) and op.error is None, op.error
     assert stream.synchronize(timeout=30) and np.all(x == 3)
     x[:] = 1
-    _core.set_scratch_cache(0)                         # empty the pool, then let it cache again
-    _core.set_scratch_cache(256 << 20)
+    set_scratch_cache(0)                         # empty the pool, then let it cache again
+    set_scratch_cache(256 << 20)
     WORLD.Barrier()
     others = [r for r in range(WORLD.size) if r != 2]
     if comm.rank == 2:
@@ -136,7 +138,7 @@ def test_abandoned_hierarchical_inner_op_leaks_its_scratch(no_table, monkeypatch
         problems.append("the host-transfer op did not end")
     if comm.rank != 2:
         WORLD.send(None, dest=2, tag=GATE)
-    cached = _core.scratch_stats()["cached"]
+    cached = scratch_stats()["cached"]
     if comm.rank == 0:
         if "hierarchical at phase 2" not in str(op.error):       # the inter-node phase
             problems.append(f"rank 0: {op.error!r}")

@@ -1,16 +1,19 @@
 """Reliability under the conditions users hit (issue 16): Ctrl-C while a peer is late, fork,
 threads, long runs.
 
-The SIGINT tests send the signal from a timer thread (``os.kill``) while rank 0 waits for a
-late rank 1, which joins only once rank 0 has been interrupted and says so (a message on
-MPI.COMM_WORLD: a gate, not a sleep); they assert on state (KeyboardInterrupt raised, op
-pending, results equal to numpy's) and bound the latency only as a hang guard (BOUND): the
-measured figure is printed and recorded in docs/semantics.md, never asserted tightly.
+The SIGINT tests send the signal from another thread (``os.kill``) once it has seen rank 0
+waiting inside its call for a late rank 1 (state, not a clock: CommState.busy, or the main
+thread's stack in Request.Wait / Waitall), and rank 1 joins only once rank 0 has been
+interrupted and says so (a message on MPI.COMM_WORLD: a gate, not a sleep); they assert on
+state (KeyboardInterrupt raised, op pending, results equal to numpy's) and bound the latency
+only as a hang guard (BOUND): the measured figure is printed and recorded in
+docs/semantics.md, never asserted tightly.
 """
 import contextlib
 import os
 import signal
 import statistics
+import sys
 import threading
 import time
 
@@ -23,48 +26,66 @@ import conftest
 from conftest import WORLD, all_ranks_ok, differences, every_rank, ramp, ramp_reference, wait_for
 
 GATE = 4343         # tag of rank 0's message (on MPI.COMM_WORLD) that lets the late rank 1 join
-SIGNAL_AT = 0.5     # rank 0 gets SIGINT this long after it started waiting
 BOUND = 30.0        # a hang guard on the SIGINT latency (the target is 100 ms)
 
 
 @contextlib.contextmanager
-def sigint_after(delay: float, sent: list):
-    """Send this process SIGINT after `delay` seconds (from a timer thread), recording when in
-    `sent`. The default handler (KeyboardInterrupt) is installed for the duration: a launcher
-    may start ranks with SIGINT ignored."""
+def sigint_when(waiting, sent: list):
+    """Send this process SIGINT (from another thread) once `waiting()` holds, recording when
+    and whether it held in `sent` (after a 60 s hang guard the signal is sent all the same,
+    recorded as not waiting). The default handler (KeyboardInterrupt) is installed for the
+    duration: a launcher may start ranks with SIGINT ignored."""
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = threading.Event()
 
     def fire():
-        sent.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)
+        seen = wait_for(lambda: done.is_set() or waiting())
+        if not done.is_set():
+            sent.append((time.monotonic(), seen))
+            os.kill(os.getpid(), signal.SIGINT)
 
-    t = threading.Timer(delay, fire)
+    t = threading.Thread(target=fire)
     t.start()
     try:
         yield
     finally:
-        t.cancel()
+        done.set()
         t.join()
         signal.signal(signal.SIGINT, old)
 
 
-def interrupted(call, failures: list) -> float | None:
-    """Run `call` with a SIGINT sent SIGNAL_AT seconds later; the seconds from the signal to
-    the KeyboardInterrupt (None, and a failure, if it was not raised)."""
+def in_wait(thread: int) -> bool:
+    """Whether thread `thread` (an ident) is inside Request.Wait or Waitall."""
+    waits = (al.Request.Wait.__code__, al.Waitall.__code__)
+    f = sys._current_frames().get(thread)
+    while f is not None and f.f_code not in waits:
+        f = f.f_back
+    return f is not None
+
+
+def interrupted(call, waiting, failures: list) -> float | None:
+    """Run `call` with a SIGINT sent once `waiting()` holds (rank 0 waits inside the call);
+    the seconds from the signal to the KeyboardInterrupt (None, and a failure, if it was not
+    raised)."""
     sent = []
     try:
-        with sigint_after(SIGNAL_AT, sent):
+        with sigint_when(waiting, sent):
             call()
     except KeyboardInterrupt:
-        return time.monotonic() - sent[0]
-    failures.append(f"no KeyboardInterrupt: {call} returned")
-    return None
+        raised = time.monotonic()
+    else:
+        failures.append(f"no KeyboardInterrupt: {call} returned")
+        return None
+    if not (sent and sent[0][1]):
+        failures.append(f"{call} was not seen waiting inside the call (SIGINT after the guard)")
+        return None
+    return raised - sent[0][0]
 
 
 @pytest.mark.parametrize("mode", ["blocking", "nonblocking", "waitall"])
 def test_sigint_while_peer_is_late(mode):
     """Rank 1 joins an Allreduce only once rank 0 has been interrupted; rank 0 gets SIGINT
-    after SIGNAL_AT seconds and raises KeyboardInterrupt within BOUND (today's target:
+    once it waits inside the call and raises KeyboardInterrupt within BOUND (today's target:
     100 ms). The op stays with the engine and completes when rank 1 arrives (result equal to
     numpy's). Blocking: the
     communicator refuses new ops, naming the interrupted one, until it completes, then works
@@ -92,7 +113,9 @@ def test_sigint_while_peer_is_late(mode):
                 else:
                     req[0].Wait()
 
-        latency = interrupted(call, failures)
+        main = threading.get_ident()
+        latency = interrupted(call, (lambda: comm._state.busy) if mode == "blocking" else
+                              (lambda: in_wait(main)), failures)
         if latency is not None:
             print(f"\nSIGINT latency ({mode}): {latency * 1e3:.1f} ms")
             if latency > BOUND:
@@ -141,7 +164,7 @@ def test_sigint_latency():
             WORLD.recv(source=0, tag=GATE)   # until rank 0 has been interrupted
             comm.Allreduce(x)
         elif comm.rank == 0:
-            lat = interrupted(lambda: comm.Allreduce(x), failures)
+            lat = interrupted(lambda: comm.Allreduce(x), lambda: comm._state.busy, failures)
             if lat is not None:
                 blocking.append(lat)
             WORLD.send(None, dest=1, tag=GATE)
@@ -155,7 +178,8 @@ def test_sigint_latency():
             WORLD.recv(source=0, tag=GATE)
         req = comm.Iallreduce(y)
         if comm.rank == 0:
-            lat = interrupted(req.Wait, failures)
+            main = threading.get_ident()
+            lat = interrupted(req.Wait, lambda: in_wait(main), failures)
             if lat is not None:
                 waits.append(lat)
             WORLD.send(None, dest=1, tag=GATE)

@@ -3,8 +3,6 @@ without NCCL: the host auto picks shm), abandoned at the hang timeout on one ran
 segment's rounds out of step: the segment is marked unusable, the peers' waiting ops fail at
 once (not at their own, later timeout), every later op over the segment fails on every rank
 with an error naming why, and the other algorithms still work.  Run on the CPU device."""
-import time
-
 import numpy as np
 import pytest
 
@@ -33,19 +31,19 @@ def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, mo
     assert req.algorithm == "ht_shm"
     assert stream.synchronize(timeout=60) and np.all(x == comm.size)
     problems = []
-    # rank 0's stream is held, so its host part never starts and is abandoned after 0.3 s;
-    # the peers' host parts publish and wait for rank 0, with a timeout far later (every wait
-    # of this test is bounded, so that it fails rather than hangs without the mark)
-    monkeypatch.setattr(config, "_hang_timeout", 0.3 if comm.rank == 0 else 8.0)
+    # rank 0's stream is held until its host part is abandoned (after 0.3 s: it never starts);
+    # the peers' host parts publish and wait for rank 0, with a timeout that is only a hang
+    # guard: they must fail on rank 0's mark, a MPIError, never on their own TimeoutError
+    # (every wait of this test is bounded, so that it fails rather than hangs without the mark)
+    monkeypatch.setattr(config, "_hang_timeout", 0.3 if comm.rank == 0 else 60.0)
     gate = np.zeros(1, dtype=np.uint32)
     if comm.rank == 0:
         stream.wait_value32(al._core.addr(gate), 1)
     req = ht.allreduce(comm, device, stream, x, algorithm="ht_auto")
-    if not wait_for(lambda: comm._state.pending == 0, 4.0):
-        problems.append("the host part did not end long before the peers' 8 s timeout")
-        wait_for(lambda: comm._state.pending == 0, 20.0)
+    if not wait_for(lambda: comm._state.pending == 0, 90.0):
+        problems.append("the host part did not end")
     gate[0] = 1
-    monkeypatch.setattr(config, "_hang_timeout", 5.0)
+    monkeypatch.setattr(config, "_hang_timeout", 30.0)
     if not stream.synchronize(timeout=60):
         problems.append("the stream was not released")
     info = shm_info(comm._state)
@@ -55,26 +53,26 @@ def test_abandoned_shm_host_part_makes_the_segment_unusable(tmp_path_factory, mo
     want = ((al.TimeoutError, "host part not complete after 0.3 s")
             if comm.rank == 0 else (al.MPIError, UNUSABLE))
     try:
-        req.Wait(timeout=10)
+        req.Wait(timeout=60)
         problems.append("no error for the abandoned op")
     except al.Error as e:
         if (type(e) is not want[0] or want[1] not in str(e)
                 or (comm.rank == 0 and "segment is now unusable" not in str(e))):
             problems.append(f"host-transfer op: {e!r}")
     WORLD.Barrier()
-    # every later op over the segment fails at once on every rank, auto's choice too
-    # (unchanged: it must stay the same on every rank)
+    # every later op over the segment fails at once on every rank (al.MPIError naming why,
+    # not a TimeoutError at the hang timeout), auto's choice too (unchanged: it must stay the
+    # same on every rank)
     for call in (lambda: comm.Allreduce(np.ones(8, np.float32), algorithm="shm"),
                  lambda: comm.Allreduce(np.ones(8, np.float32)),
-                 lambda: comm.Iallreduce(np.ones(8, np.float32)).Wait(timeout=10),
+                 lambda: comm.Iallreduce(np.ones(8, np.float32)).Wait(timeout=60),
                  lambda: comm.Bcast(np.ones(8), algorithm="shm"),
                  lambda: comm.Barrier(algorithm="shm")):
-        t0 = time.monotonic()
         try:
             call()
             problems.append("an op over the broken segment ran")
         except al.Error as e:
-            if type(e) is not al.MPIError or UNUSABLE not in str(e) or time.monotonic() - t0 > 4:
+            if type(e) is not al.MPIError or UNUSABLE not in str(e):
                 problems.append(f"shm op: {e!r}")
     # the MPI-based algorithms are not affected
     y = np.full(1000, comm.rank + 1.0)

@@ -16,7 +16,7 @@ import pytest
 
 import aluminum_py as al
 from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gather_all,
-                      make_input, ops_for, ramp, ramp_reference, reference)
+                      make_input, ops_for, ramp, ramp_reference, reference, wait_for)
 from test_bad_input import CASES, FakeGPUArray
 from test_shm import late_peers, tiny, with_env  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
 
@@ -414,32 +414,52 @@ def test_bcast_root_runs_ahead(comm, tiny):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+GIL_GATE = 4344        # tag of rank 0's message (on MPI.COMM_WORLD) that lets its peers in
+COUNTED = 1000         # what rank 0's other thread counts while its call waits
+
+
 def test_waiting_call_releases_the_gil(comm):
     """A blocking shm call that waits for a late peer lets this process's other threads run
-    (it polls with the GIL held only briefly): a counting thread advances while rank 0 waits
-    0.2 s in a barrier the others join late."""
+    (it polls with the GIL held only briefly): rank 0's other thread, which runs only if it
+    gets the GIL, is what lets the others into the barrier, once it has seen rank 0's main
+    thread inside the call (CommState.busy: the GIL is released from there on) and counted
+    on meanwhile.  A call that kept the GIL would hold the gate shut until the 60 s guard."""
     if comm.size < 2:
         pytest.skip("needs a peer")
     counts, stop = [0], threading.Event()
+    peers = range(1, comm.size)
 
     def count():
-        while not stop.is_set():
+        """Count; once rank 0's call is seen waiting (and COUNTED counts later), open the gate
+        for the peers (always opened, at the latest when the call is over)."""
+        seen = None
+        while not stop.is_set() and (seen is None or counts[0] - seen < COUNTED):
             counts[0] += 1
+            if seen is None and comm._state.busy:
+                seen = counts[0]
+        for r in peers:
+            WORLD.send(seen is not None, dest=r, tag=GIL_GATE)
 
     failures = []
     if comm.rank == 0:
         t = threading.Thread(target=count)
-        t.start()
         WORLD.Barrier()
-        before = counts[0]
+        t.start()
         comm.Barrier(algorithm="shm")
-        during = counts[0] - before
         stop.set()
         t.join()
-        if during < 100:
-            failures.append(f"the other thread counted {during} during the wait")
     else:
         WORLD.Barrier()
-        time.sleep(0.2)
+        gate, opened = WORLD.irecv(source=0, tag=GIL_GATE), []
+
+        def arrived():
+            done, seen = gate.test()
+            if done:
+                opened.append(seen)
+            return done
+
+        wait_for(arrived)
         comm.Barrier(algorithm="shm")
+        if not (opened or [gate.wait()])[0]:
+            failures.append("rank 0's other thread did not run while its call waited")
     assert all_ranks_ok(not failures), every_rank(failures)

@@ -1,5 +1,5 @@
 """Allgatherv, Alltoall and Alltoallv over the shared-memory segment, through their native
-entries (``_core.shm_allgatherv`` / ``shm_alltoall`` / ``shm_alltoallv``, which the
+entries (``shm_allgatherv`` / ``shm_alltoall`` / ``shm_alltoallv``, which the
 Communicator's checked calls use): dtypes, counts that are zero, uneven, or all on one rank,
 displacements with gaps and out of rank order, sizes crossing the slot (test_shm's `tiny`
 communicator: 4 KiB slots), in place, blocking and nonblocking with several in flight; results
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import aluminum_py as al
-from aluminum_py import _core
 from aluminum_py.buffers import vlayout
+from aluminum_py.testing.internals import shm_allgatherv, shm_alltoall, shm_alltoallv
 from conftest import WORLD, all_ranks_ok, differences, every_rank
 from test_shm import late_peers, tiny  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
 
@@ -87,7 +87,7 @@ def allgatherv_case(c, dtype, counts, gaps, inplace, blocking, key):
     if inplace:
         out[dsp[me]:dsp[me] + cnt[me]] = mine
     head, tail = entry_args(c, blocking)
-    finish(_core.shm_allgatherv(*head, None if inplace else mine, out, cnt, dsp, *tail),
+    finish(shm_allgatherv(*head, None if inplace else mine, out, cnt, dsp, *tail),
            blocking)
     return out, expected
 
@@ -134,7 +134,7 @@ def test_alltoall(comm, tiny, dtype):
                 expected = np.concatenate([rows[j][me * n:(me + 1) * n] for j in range(p)])
                 out = x.copy() if inplace else np.full(p * n, SENTINEL, dtype)
                 head, tail = entry_args(c, blocking)
-                finish(_core.shm_alltoall(*head, None if inplace else x, out, n, *tail),
+                finish(shm_alltoall(*head, None if inplace else x, out, n, *tail),
                        blocking)
                 failures += differences(f"{label} n={n} inplace={inplace} blocking={blocking}",
                                         out, expected)
@@ -165,7 +165,7 @@ def alltoallv_case(c, dtype, f, gaps, inplace, blocking, key):
     for j, (xj, scj, sdj) in enumerate(WORLD.allgather((x, sc, sdsp))):
         expected[rdsp[j]:rdsp[j] + rc[j]] = xj[sdj[me]:sdj[me] + scj[me]]
     head, tail = entry_args(c, blocking)
-    finish(_core.shm_alltoallv(*head, None if inplace else x, sc, sdsp, out, rc, rdsp, *tail),
+    finish(shm_alltoallv(*head, None if inplace else x, sc, sdsp, out, rc, rdsp, *tail),
            blocking)
     return out, expected
 
@@ -219,12 +219,12 @@ def test_several_in_flight(comm, tiny):
                 cnt, dsp = vlayout(counts, None, p, "recvbuf", sum(counts))
                 x = values("float32", counts[me], me, i)
                 out = np.empty(sum(counts), np.float32)
-                reqs.append(_core.shm_allgatherv(*head, x, out, cnt, dsp, *tail))
+                reqs.append(shm_allgatherv(*head, x, out, cnt, dsp, *tail))
                 checks.append((f"allgatherv {i}", out, np.concatenate(WORLD.allgather(x))))
             elif kind == 1:
                 x = values("int16", p * n, me, i)
                 out = np.empty(p * n, np.int16)
-                reqs.append(_core.shm_alltoall(*head, x, out, n, *tail))
+                reqs.append(shm_alltoall(*head, x, out, n, *tail))
                 rows = WORLD.allgather(x)
                 checks.append((f"alltoall {i}", out,
                                np.concatenate([r[me * n:(me + 1) * n] for r in rows])))
@@ -236,7 +236,7 @@ def test_several_in_flight(comm, tiny):
                                  sum(f(j, me) for j in range(p)))
                 x = values("float64", int(sc.sum()), me, i)
                 out = np.empty(int(rc.sum()), np.float64)
-                reqs.append(_core.shm_alltoallv(*head, x, sc, sd, out, rc, rd, *tail))
+                reqs.append(shm_alltoallv(*head, x, sc, sd, out, rc, rd, *tail))
                 rows = WORLD.allgather((x, sd))
                 checks.append((f"alltoallv {i}", out, np.concatenate(
                     [xj[sdj[me]:sdj[me] + rc[j]] for j, (xj, sdj) in enumerate(rows)])))
@@ -250,7 +250,7 @@ def test_several_in_flight(comm, tiny):
         cnt, dsp = vlayout(counts, None, p, "recvbuf", sum(counts))
         x = values("int8", counts[me], me, 77)
         last = np.empty(sum(counts), np.int8)
-        _core.shm_allgatherv(c._host.launcher, x, last, cnt, dsp, True, 60.0)
+        shm_allgatherv(c._host.launcher, x, last, cnt, dsp, True, 60.0)
         checks.append(("blocking after them", last, np.concatenate(WORLD.allgather(x))))
         al.Waitall(reqs)
         failures += [m for what, got, want in checks
@@ -274,7 +274,7 @@ def test_counts_that_differ_fail_the_communicator():
     x, out = np.ones(2 * p, np.float32), np.zeros(sum(rcounts), np.float32)
     failures = []
     try:
-        _core.shm_alltoallv(c._host.launcher, x, sc, sd, out, rc, rd, True, 60.0)
+        shm_alltoallv(c._host.launcher, x, sc, sd, out, rc, rd, True, 60.0)
         if me == 1:
             failures.append("rank 1's Alltoallv did not fail")
     except al.Error as e:
@@ -282,7 +282,7 @@ def test_counts_that_differ_fail_the_communicator():
             failures.append(f"message: {e}")
     WORLD.Barrier()
     with pytest.raises(al.Error):
-        _core.shm_alltoall(c._host.launcher, x, np.zeros(2 * p, np.float32), 2, True, 60.0)
+        shm_alltoall(c._host.launcher, x, np.zeros(2 * p, np.float32), 2, True, 60.0)
     c.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
 
@@ -298,7 +298,7 @@ def test_allgatherv_counts_that_differ_fail():
     counts = [4] * p if me != 1 else [4] * (p - 1) + [5]
     cnt, dsp = vlayout(counts, None, p, "recvbuf", sum(counts))
     with pytest.raises(al.Error, match="calls.*differ"):
-        _core.shm_allgatherv(c._host.launcher, None, np.zeros(sum(counts), np.int32), cnt, dsp,
+        shm_allgatherv(c._host.launcher, None, np.zeros(sum(counts), np.int32), cnt, dsp,
                              True, 60.0)
     c.Free()
 
@@ -312,11 +312,11 @@ def test_hang_timeout_names_the_missing_rank():
     p, me = c.size, c.rank
     cnt, dsp = vlayout([1] * p, None, p, "recvbuf", p)
     x, out = np.arange(p, dtype=np.float32), np.zeros(p, np.float32)
-    failures = late_peers(c, lambda: _core.shm_alltoallv(c._host.launcher, x, cnt, dsp, out,
+    failures = late_peers(c, lambda: shm_alltoallv(c._host.launcher, x, cnt, dsp, out,
                                                          cnt, dsp, True, 0.5),
                           "alltoallv/shm")
     y = np.zeros(p, np.float32)
-    _core.shm_alltoall(c._host.launcher, x * (me + 1), y, 1, True, 60.0)
+    shm_alltoall(c._host.launcher, x * (me + 1), y, 1, True, 60.0)
     failures += differences("next op", y, np.arange(1, p + 1, dtype=np.float32) * me)
     c.Free()
     assert all_ranks_ok(not failures), every_rank(failures)
@@ -330,18 +330,18 @@ def test_entry_checks(comm):
     out = np.full(2 * p, 7, np.float32)
     good = vlayout([2] * p, None, p, "recvbuf", 2 * p)
     with pytest.raises(ValueError, match="recvbuf: the block of rank"):
-        _core.shm_allgatherv(L, None, out[:-1], *good, True, 60.0)
+        shm_allgatherv(L, None, out[:-1], *good, True, 60.0)
     with pytest.raises(TypeError, match="dtype"):
-        _core.shm_allgatherv(L, np.zeros(2, np.int32), out, *good, True, 60.0)
+        shm_allgatherv(L, np.zeros(2, np.int32), out, *good, True, 60.0)
     with pytest.raises(ValueError, match="sendbuf is too short"):
-        _core.shm_alltoall(L, np.zeros(p, np.float32), out, 2, True, 60.0)
+        shm_alltoall(L, np.zeros(p, np.float32), out, 2, True, 60.0)
     with pytest.raises(ValueError, match="overlap"):
-        _core.shm_alltoallv(L, out[1:], *vlayout([1] * p, None, p, "s", p), out, *good, True,
+        shm_alltoallv(L, out[1:], *vlayout([1] * p, None, p, "s", p), out, *good, True,
                             60.0)
     bad = vlayout([2 + (j == me) for j in range(p)], None, p, "sendbuf", 2 * p + 1)
     with pytest.raises(ValueError, match=rf"sendcounts\[{me}\] is 3 but recvcounts\[{me}\] is 2"):
-        _core.shm_alltoallv(L, np.zeros(2 * p + 1, np.float32), *bad, out, *good, True, 60.0)
+        shm_alltoallv(L, np.zeros(2 * p + 1, np.float32), *bad, out, *good, True, 60.0)
     # counts as lists go through vlayout (converted)
     x = np.full(2, me, np.float32)
-    _core.shm_allgatherv(L, x, out, [2] * p, None, True, 60.0)
+    shm_allgatherv(L, x, out, [2] * p, None, True, 60.0)
     assert all_ranks_ok(np.array_equal(out, np.repeat(np.arange(p, dtype=np.float32), 2)))

@@ -40,7 +40,8 @@ def test_host_transfer_enqueue_releases_the_gil_in_the_driver(bound):
     try:
         before = cs.driver_lock_violations()[0]
         busy = cs.stream_create(1)
-        cs.stream_delay(busy, 1.0)                  # a long kernel another thread waits for
+        # a long kernel another thread waits for, until a call has waited for the driver lock
+        cs.stream_hold(busy, cs.driver_lock_waits() + 1)
 
         def synchronize():
             cs.make_current(0)
@@ -50,15 +51,17 @@ def test_host_transfer_enqueue_releases_the_gil_in_the_driver(bound):
         t.start()
         while not cs.driver_lock_held() and t.is_alive():
             pass
-        held = cs.driver_lock_held()
+        held, waits = cs.driver_lock_held(), cs.driver_lock_waits()
         comm.Allreduce(buf, algorithm="ht_ring")    # enqueued while that thread is in the driver
         t.join()
+        met = cs.driver_lock_waits() > waits        # the enqueue waited for the lock
         cs.stream_synchronize(stream)
         cs.stream_destroy(busy)
         after, message = cs.driver_lock_violations()
     finally:
         cs.driver_lock(bool(was))
     assert held, "the other thread never held the driver lock"
+    assert met, "the allreduce made no call while the other thread held the driver lock"
     assert after == before, message
     assert np.all(x == expected)
 
