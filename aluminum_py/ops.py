@@ -53,7 +53,8 @@ OPS_FOR_KIND = {
     "float": (SUM, PROD, MIN, MAX, AVG),
     "complex": (SUM, PROD),
 }
-_VALID = {(code, o.code) for code, kind in DTYPES.values() for o in OPS_FOR_KIND[kind]}
+# (dtype code, op code) pairs the kernels accept: check_op and the native core's table
+VALID_PAIRS = {(code, o.code) for code, kind in DTYPES.values() for o in OPS_FOR_KIND[kind]}
 
 
 def _dtype_table() -> dict:
@@ -128,7 +129,7 @@ def as_op(op) -> Op:
 
 
 def check_op(op: Op, dtype_code: int, dtype) -> None:
-    if (dtype_code, op.code) not in _VALID:
+    if (dtype_code, op.code) not in VALID_PAIRS:
         kind = next(k for c, k in DTYPE_CODES.values() if c == dtype_code)
         allowed = ", ".join(o.name for o in OPS_FOR_KIND[kind])
         raise TypeError(f"op: {op.name} is not defined for dtype {dtype} (allowed: {allowed})")

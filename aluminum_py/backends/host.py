@@ -22,7 +22,7 @@ from ..buffers import (MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count
                        vself_counts)
 from ..errors import Error, MPIError, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
-from ..ops import AVG, DTYPE_CODES, DTYPES, OPS, OPS_FOR_KIND, Op, as_op, check_op
+from ..ops import AVG, DTYPE_CODES, OPS, VALID_PAIRS, Op, as_op, check_op
 from ..request import Request, _check, _status_of
 from ..status import ANY_SOURCE, ANY_TAG, Status
 from .hier_shm import NodeSegments, attach_segment
@@ -227,8 +227,7 @@ class _Hooks:
                            f"sent it?)")
 
 
-_core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()},
-                [(c, o.code) for c, kind in DTYPES.values() for o in OPS_FOR_KIND[kind]])
+_core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()}, VALID_PAIRS)
 
 
 # The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
