@@ -1,5 +1,9 @@
 """Run the multi-rank suite (tests/mpi) under mpiexec at 1, 2, 3 and 4 ranks, and its
-allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).
+allreduce matrix again at 6 ranks (oversubscribed, the engine yielding).  Above FULL_RANKS
+ranks only the tests marked ``layout`` run: those of how data moves between ranks, whose code
+path changes with the count (recursive doubling's steps, ring blocks, shm slots, hierarchical
+splits); the rest (lifecycle, errors, progress, the torch and GPU glue) see nothing at 4
+ranks that 2 and 3 have not shown.
 
 Each rank runs the same pytest session; a hang is caught by pytest-timeout inside the ranks and
 by the subprocess timeout here (HANG); both are hang guards, far above what a busy machine
@@ -24,6 +28,8 @@ RANKS = [int(n) for n in os.environ.get("AL_TEST_RANKS", "1,2,3,4").split(",") i
 # arguments that only exist with two ranks, such as a root that is another rank, runs there)
 LOCAL_RANKS = min((n for n in RANKS if n >= 2), default=max(RANKS, default=1))
 # every launched suite's pytest options (AL_TEST_ARGS comes after them)
+# the largest rank count that runs every test; larger ones run the `layout` tests only
+FULL_RANKS = 3
 HANG = 3600         # seconds a launched suite may take before it counts as hung
 COMMON = ["--with-mpi", "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
 
@@ -104,21 +110,27 @@ def run_suite(nranks: int, own: list, env: dict) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("nranks", RANKS)
 def test_mpi_suite(nranks):
     """Every file of tests/mpi (new ones included) at `nranks` ranks; the tests marked
-    ``local`` only at LOCAL_RANKS."""
-    proc = run_suite(nranks, [os.path.join(HERE, "mpi"), "-x", "--timeout=300"], suite_env())
+    ``local`` only at LOCAL_RANKS, and only those marked ``layout`` above FULL_RANKS."""
+    own = [os.path.join(HERE, "mpi"), "-x", "--timeout=300"]
+    if nranks > FULL_RANKS:
+        own += ["-m", "layout"]
+    proc = run_suite(nranks, own, suite_env())
     assert proc.returncode == 0, f"multi-rank suite failed at {nranks} ranks:\n{proc.stdout[-8000:]}"
 
 
 def test_allreduce_at_six_ranks_oversubscribed():
-    """The allreduce matrix (every algorithm x dtype x op x size, in and out of place, blocking
-    and nonblocking) and the bit-identity checks at 6 ranks: not a power of two (recursive
-    doubling and Rabenseifner fold two ranks in, ring blocks are uneven), more ranks than the
-    1-4 runs, and (on this 2-core machine) oversubscribed, with the progress engine yielding
-    after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any machine)."""
+    """The allreduce matrix (every algorithm x op x size, in and out of place, blocking and
+    nonblocking, for dtypes of 1, 4 and 16 bytes: the reduction kernels do not change with the
+    rank count, the 1-4 rank runs take every dtype) and the bit-identity checks at 6 ranks: not
+    a power of two (recursive doubling and Rabenseifner fold two ranks in, ring blocks are
+    uneven), more ranks than the 1-4 runs, and (on a 2-core machine) oversubscribed, with the
+    progress engine yielding after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any
+    machine)."""
     allreduce = os.path.join(HERE, "mpi", "test_allreduce.py")
     proc = run_suite(6, [f"{allreduce}::{name}" for name in (
         "test_allreduce_matrix", "test_results_identical_on_all_ranks",
         "test_min_max_nan_and_signed_zero")] + [
+        "-k", "not test_allreduce_matrix or uint8 or float32 or complex128",
         "-x", "--timeout=600", "--timeout-method=thread"], suite_env(AL_ENGINE_YIELD="1"))
     assert proc.returncode == 0, f"allreduce at 6 ranks failed:\n{proc.stdout[-8000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
@@ -169,8 +181,10 @@ def test_gpu_suite_on_standins(nranks):
     every GPU algorithm, written for CuPy) and tests/standin/test_nccl_path.py (what reaches
     NCCL: launch records, thread limits, nonblocking communicators) on the CUDA and NCCL
     stand-ins, with the CuPy stand-in as ``cupy`` (-p aluminum_py.testing.pytest_standins).
-    Four ranks run the NCCL-path file, the allreduce tests and the v-collectives' uneven
-    layouts only: oversubscribed on two cores, the whole suite takes minutes there."""
+    Four ranks run the NCCL-path file, the allreduce tests (float32 SUM: the reduction itself
+    does not change with the count, and one and two ranks take every op and dtype) and the
+    v-collectives' uneven layouts only: oversubscribed on two cores, the whole suite takes
+    minutes there."""
     from aluminum_py.testing import cuda_standin
     path = cuda_standin.path()
     args = ["-p", "aluminum_py.testing.pytest_standins", os.path.join(HERE, "gpu"),
@@ -179,7 +193,7 @@ def test_gpu_suite_on_standins(nranks):
             "--timeout-method=thread"]
     if nranks > 2:
         args += ["-k", "test_nccl_path or test_nccl_api or test_allreduce_blocking_and_nonblocking or "
-                       "(test_allreduce and float32) or (test_gpu_vcollectives and (uneven or launches))"]
+                       "(test_allreduce and float32 and SUM) or (test_gpu_vcollectives and (uneven or launches))"]
     proc = run_suite(nranks, args, suite_env(AL_CUDA_LIBRARY=path, AL_NCCL_LIBRARY=path,
                                              AL_STANDIN_DRIVER_LOCK="1"))
     assert proc.returncode == 0, f"GPU suite on the stand-ins failed at {nranks} ranks:\n{proc.stdout[-8000:]}"

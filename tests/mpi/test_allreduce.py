@@ -9,7 +9,7 @@ from aluminum_py.testing import at_page_offset
 from conftest import (DTYPES, all_ranks_ok, differences, every_rank, gather_all, make_input,
                       ops_for, ramp, ramp_reference, reference)
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 ALGORITHMS = ["mpi", "recursive_doubling", "rabenseifner", "ring", "auto"]
 SIZES = [0, 1, 2, 3, 7, 64, 1001, 65537]

@@ -12,7 +12,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from conftest import DTYPES, WORLD, all_ranks_ok, gather_all, make_input, ops_for, reference
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 SIZES = [0, 1, 3, 7, 1001]
 # dtypes on which every valid op is checked (int, unsigned, half, float, complex)

@@ -10,7 +10,7 @@ import aluminum_py as al
 from conftest import DTYPES, WORLD, all_ranks_ok, every_rank, gather_all
 from test_allreduce import matrix_failures
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 SIZES = [0, 1, 3, 7, 1001, 20000]   # 20000: the split form (one rank per node: leaders by ring)
 

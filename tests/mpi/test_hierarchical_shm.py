@@ -16,7 +16,7 @@ from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gath
 from test_allreduce import matrix_failures
 from test_shm import late_peers, with_env
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 TINY = {"AL_SHM_SLOT_BYTES": "4096", "AL_SHM_SMALL_BYTES": "1024"}
 # 1001: the first form over several 4 KiB chunks; 20003: the reduce-scatter form (from

@@ -15,7 +15,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from conftest import all_ranks_ok
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 DTYPES = ["uint8", "int32", "float32", "float64"]
 N = 6                   # elements per block

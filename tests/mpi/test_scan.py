@@ -10,7 +10,7 @@ from mpi4py import MPI
 import aluminum_py as al
 from conftest import DTYPES, all_ranks_ok, every_rank, gather_all, make_input, ops_for, reference
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 COUNTS = [0, 1, 7]
 # every valid op on these (int, unsigned, half, float, complex); SUM and the last op elsewhere

@@ -6,7 +6,7 @@ import aluminum_py as al
 from aluminum_py import tuning
 from conftest import WORLD, all_ranks_ok, gather_all
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 
 def test_choice_follows_rank0_even_with_divergent_files(tmp_path_factory, monkeypatch):

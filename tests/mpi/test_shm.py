@@ -18,7 +18,7 @@ from conftest import (DTYPES, WORLD, all_ranks_ok, every_rank, gather_all, make_
                       ramp_reference, reference, wait_for, differences)
 from test_allreduce import matrix_failures, run_allreduce
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 # 65537: above the default symmetric limit (64 KiB) for every dtype, below the 1 MiB slot
 SIZES = [0, 1, 7, 1001, 65537]

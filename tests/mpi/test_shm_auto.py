@@ -10,7 +10,7 @@ import aluminum_py as al
 from aluminum_py.testing.internals import shm_info
 from conftest import WORLD, all_ranks_ok, gather_all
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 SIZES = [4, 4096, 64 << 10, (64 << 10) + 64, 3 << 20]       # bytes of float32
 

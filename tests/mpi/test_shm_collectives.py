@@ -20,7 +20,7 @@ from conftest import (DTYPES, WORLD, all_ranks_ok, differences, every_rank, gath
 from test_bad_input import CASES, FakeGPUArray
 from test_shm import late_peers, tiny, with_env  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 COUNTS = [0, 1, 7, 1001]
 TINY_COUNTS = [1, 5, 1025, 9001]     # 9001 int8 .. complex128: 3 .. 36 chunks of a 4 KiB slot

@@ -16,7 +16,7 @@ from conftest import (WORLD, all_ranks_ok, every_rank, gather_all, make_input, r
 from test_allreduce import matrix_failures
 from test_shm import with_env
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 # below the 4 KiB from which the slots stream by size; at it; the symmetric protocol above it;
 # both protocols; above one 1 MiB slot (several rounds, an uneven last one); above

@@ -15,7 +15,7 @@ from aluminum_py.testing.internals import shm_allgatherv, shm_alltoall, shm_allt
 from conftest import WORLD, all_ranks_ok, differences, every_rank
 from test_shm import late_peers, tiny  # noqa: F401  (tiny: the 4 KiB-slot communicator fixture)
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 DTYPES = ["int8", "uint16", "float16", "int32", "float32", "float64", "complex128"]
 SENTINEL = 99          # what recvbuf holds outside the receive blocks (must stay there)

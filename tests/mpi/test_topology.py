@@ -11,6 +11,8 @@ from conftest import WORLD, all_ranks_ok
 from test_hostile import within
 from test_shm import with_env
 
+pytestmark = pytest.mark.layout
+
 COLLECTIVES = ["Dup", "Split", "Split_type", "Create_group", "allgather", "allreduce", "bcast",
                "gather", "scatter", "alltoall", "barrier", "Allgather", "Allreduce", "Bcast",
                "Barrier"]

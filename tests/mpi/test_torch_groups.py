@@ -14,7 +14,7 @@ import torch.distributed as dist  # noqa: E402
 
 import aluminum_py.torch as alt  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 
 @pytest.fixture(scope="module")

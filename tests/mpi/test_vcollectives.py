@@ -13,7 +13,7 @@ import aluminum_py as al
 from conftest import (WORLD, all_ranks_ok, differences, every_rank, make_input, ops_for,
                       reference)
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.layout]
 
 DTYPES = ["int32", "float32", "float64", "complex128", "int8"]
 PATTERNS = ["zeros", "uneven", "one"]
