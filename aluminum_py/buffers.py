@@ -103,24 +103,36 @@ def no_overlap(a: np.ndarray, b: np.ndarray, aname: str, bname: str,
 # mpi4py's message forms, buf / [buf, counts] / [buf, counts, displs] / [buf, (counts, displs)],
 # split here, and the per-rank counts and displacements checked once for every backend.
 
+_LAYOUT_TYPES = (list, tuple, _ndarray)   # what counts and displs usually are
+
+
 def vspec(spec, name: str, counts=None, displs=None):
     """Split a v-message argument into (buf, counts, displs), either None where not given.
     `counts` / `displs`: the call's keywords (recvcounts=, displs=, ...), which may not be given
     together with the same part inside the list form."""
-    buf = spec
-    if isinstance(spec, (list, tuple)) and not isinstance(spec, _ndarray):
-        if not 1 <= len(spec) <= 3:
-            raise TypeError(f"{name}: expected buf, [buf, counts] or [buf, counts, displs], got "
-                            f"a {type(spec).__name__} of {len(spec)} items")
-        buf, c, d = (list(spec) + [None, None])[:3]
-        if len(spec) == 2 and isinstance(c, tuple) and len(c) == 2 and not _is_int(c[0]):
-            c, d = c                                    # [buf, (counts, displs)]
-        if c is not None and counts is not None:
-            raise TypeError(f"{name}: counts given twice (in the list and as a keyword)")
-        if d is not None and displs is not None:
-            raise TypeError(f"{name}: displacements given twice (in the list and as a keyword)")
-        counts = c if c is not None else counts
-        displs = d if d is not None else displs
+    if type(spec) is list or type(spec) is tuple:
+        if counts is None and displs is None:       # the usual forms, at the cost of a lookup
+            if len(spec) == 3:
+                return spec[0], spec[1], spec[2]
+            if len(spec) == 2:
+                c = spec[1]
+                if type(c) is tuple and len(c) == 2 and type(c[0]) in _LAYOUT_TYPES:
+                    return spec[0], c[0], c[1]      # [buf, (counts, displs)]
+    elif not isinstance(spec, (list, tuple)) or isinstance(spec, _ndarray):
+        return spec, counts, displs
+    if not 1 <= len(spec) <= 3:
+        raise TypeError(f"{name}: expected buf, [buf, counts] or [buf, counts, displs], got "
+                        f"a {type(spec).__name__} of {len(spec)} items")
+    buf, c, d = (list(spec) + [None, None])[:3]
+    if len(spec) == 2 and isinstance(c, tuple) and len(c) == 2 and (
+            type(c[0]) in _LAYOUT_TYPES or not _is_int(c[0])):
+        c, d = c                                    # [buf, (counts, displs)]
+    if c is not None and counts is not None:
+        raise TypeError(f"{name}: counts given twice (in the list and as a keyword)")
+    if d is not None and displs is not None:
+        raise TypeError(f"{name}: displacements given twice (in the list and as a keyword)")
+    counts = c if c is not None else counts
+    displs = d if d is not None else displs
     return buf, counts, displs
 
 

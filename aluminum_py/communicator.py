@@ -538,8 +538,9 @@ class Communicator:
     def _allgatherv(self, sendbuf, recvbuf, recvcounts, displs, algorithm, blocking):
         rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
         s = unless_in_place(sendbuf)
-        return self._vbackend(s, "sendbuf", rbuf, "recvbuf").allgatherv(
-            s, rbuf, counts, displs, blocking, algorithm=algorithm)
+        backend = (self._host if type(s) is _ndarray
+                   else self._vbackend(s, "sendbuf", rbuf, "recvbuf"))
+        return backend.allgatherv(s, rbuf, counts, displs, blocking, algorithm)
 
     def Allgatherv(self, sendbuf, recvbuf, *, recvcounts=None, displs=None,
                    algorithm: str = "auto") -> None:
@@ -593,11 +594,15 @@ class Communicator:
 
     def _alltoallv(self, sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls, algorithm,
                    blocking):
-        s = unless_in_place(sendbuf)
-        sbuf, scounts, sdispls = vspec(s, "sendbuf", sendcounts, sdispls)
+        # numpy arrays in mpi4py's usual forms: split and run natively
+        done = self._host.alltoallv_msg(sendbuf, recvbuf, sendcounts, sdispls, recvcounts,
+                                        rdispls, blocking, algorithm)
+        if done is not NotImplemented:
+            return done
+        sbuf, scounts, sdispls = vspec(unless_in_place(sendbuf), "sendbuf", sendcounts, sdispls)
         rbuf, rcounts, rdispls = vspec(recvbuf, "recvbuf", recvcounts, rdispls)
         return self._vbackend(sbuf, "sendbuf", rbuf, "recvbuf").alltoallv(
-            sbuf, scounts, sdispls, rbuf, rcounts, rdispls, blocking, algorithm=algorithm)
+            sbuf, scounts, sdispls, rbuf, rcounts, rdispls, blocking, algorithm)
 
     def Alltoallv(self, sendbuf, recvbuf, *, sendcounts=None, sdispls=None, recvcounts=None,
                   rdispls=None, algorithm: str = "auto") -> None:

@@ -307,6 +307,9 @@ class HostBackend:
         self.calls = _core.HostCollectives(self.launcher)
         for name in NATIVE_CALLS:
             setattr(self, name, getattr(self.calls, name))
+        # Alltoallv's arguments as the user gave them, split natively (the Communicator's
+        # first try: a small call then costs what mpi4py's does)
+        self.alltoallv_msg = self.calls.alltoallv_msg
 
     def close(self) -> None:
         _core.shm_detach(self.state)

@@ -198,11 +198,31 @@ cdef class HostCollectives:
                 msg_obj(m.r), m.count, None, None, rc, rd, 0, 0)
         return L.launch(o, blocking, self.wait_limit(), "mpi")
 
+    def alltoallv_msg(self, sendbuf, recvbuf, scounts, sdispls, rcounts, rdispls,
+                      bint blocking, algorithm):
+        """Communicator.Alltoallv's arguments as the caller gave them (MPI.IN_PLACE, the
+        list forms, the keywords), split here (vsplit) and run as alltoallv; NotImplemented,
+        having done nothing, where a form or a buffer is not the usual numpy one (the
+        Communicator then splits it in Python and picks the backend)."""
+        cdef tuple s, r
+        if sendbuf is _IN_PLACE:
+            sendbuf = None
+        s = vsplit(sendbuf, scounts, sdispls)
+        r = vsplit(recvbuf, rcounts, rdispls)
+        if s is None or r is None or r[0] is None:
+            return NotImplemented
+        return self.run_alltoallv(s[0], s[1], s[2], r[0], r[1], r[2], blocking, algorithm)
+
     def alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, bint blocking,
                   algorithm="auto"):
         """Block j of sendbuf (scounts[j] elements at sdispls[j]) to rank j, block i of recvbuf
         (rcounts[i] at rdispls[i]) from rank i; sendbuf None: in place (recvbuf's layout for
         both sides, no send layout)."""
+        return self.run_alltoallv(sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, blocking,
+                                  algorithm)
+
+    cdef object run_alltoallv(self, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls,
+                              bint blocking, algorithm):
         cdef al_msg m
         cdef Launcher L = self.launcher
         cdef NativeOp o

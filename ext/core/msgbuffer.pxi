@@ -11,6 +11,7 @@
 #   parse_vgather  a v-message gathered into recvbuf's layout (allgatherv)
 #   parse_alltoallv  two v-messages, each with its layout (alltoallv)
 #   parse_vlayout  per-rank counts and displacements (the v-forms)
+#   vsplit         mpi4py's usual v-message forms split into buffer, counts and displs
 #
 # mpi4py's in-place idiom is read here, once for every backend: MPI.IN_PLACE as sendbuf (as
 # recvbuf for Scatter at the root) is the in-place form, the data in the other buffer
@@ -415,6 +416,31 @@ cdef tuple parse_vgather(al_msg* m, sendbuf, recvbuf, counts, displs, int p, int
     msg_set(m, s, r, n, code)
     m.inplace = s is None
     return rc, rd, msg_hold(m, sendbuf, recvbuf)
+
+cdef tuple vsplit(spec, counts, displs):
+    """(buf, counts, displs) of a v-message in one of mpi4py's usual forms, the buffer a numpy
+    array: ``[buf, counts, displs]`` or ``[buf, (counts, displs)]`` with no keyword, or the
+    array (or None: in place) with the keywords `counts` and `displs`.  None for any other
+    form (buffers.vspec splits it, and says what is wrong)."""
+    cdef Py_ssize_t n
+    if type(spec) is list or type(spec) is tuple:
+        if counts is not None or displs is not None:
+            return None
+        n = len(<object>spec)
+        if n == 3:
+            buf, counts, displs = spec
+        elif n == 2:
+            buf, c = spec
+            if not (type(c) is tuple and len(<tuple>c) == 2 and (
+                    type(c[0]) is list or type(c[0]) is tuple or type(c[0]) is cnp.ndarray)):
+                return None
+            counts, displs = c
+        else:
+            return None
+        return (buf, counts, displs) if type(buf) is cnp.ndarray else None
+    if spec is None or type(spec) is cnp.ndarray:
+        return (spec, counts, displs)
+    return None
 
 cdef tuple parse_alltoallv(al_msg* m, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls,
                            int p, int me):

@@ -3,6 +3,8 @@
 Results are always checked against numpy computed from every rank's inputs (gathered with
 mpi4py), never against the library itself.
 """
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -12,8 +14,25 @@ from aluminum_py.ops import DTYPES as _DTYPE_TABLE, OPS_FOR_KIND, supported_dtyp
 
 WORLD = MPI.COMM_WORLD
 
-DTYPES = supported_dtypes()         # bfloat16 where ml_dtypes is installed (imported here)
-KIND = {name: _DTYPE_TABLE[name][1] for name in DTYPES}
+# The dtypes a test parametrized by every dtype runs at the rank counts other than the runner's
+# AL_TEST_LOCAL_RANKS (2): one of each kind (signed, unsigned, float, complex, bfloat16) and
+# every element size (1, 2, 4, 8, 16 bytes). The reduction kernels are the same at every
+# count; what a count changes (block boundaries, AVG's division) depends on kind and size.
+EVERY_COUNT_DTYPES = ("int8", "uint16", "float32", "int64", "float64", "complex128", "bfloat16")
+
+
+def at_this_count(dtypes, also=()) -> list:
+    """`dtypes` (names), all of them at AL_TEST_LOCAL_RANKS ranks or when the variable is unset
+    (a suite run by hand), else those in EVERY_COUNT_DTYPES or `also` (a kind of the file's
+    own, such as torch's bool)."""
+    want = os.environ.get("AL_TEST_LOCAL_RANKS")
+    if not want or WORLD.size == int(want):
+        return list(dtypes)
+    return [d for d in dtypes if d in EVERY_COUNT_DTYPES or d in also]
+
+
+DTYPES = at_this_count(supported_dtypes())   # bfloat16 where ml_dtypes is installed
+KIND = {name: _DTYPE_TABLE[name][1] for name in supported_dtypes()}
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import aluminum_py.torch  # noqa: E402,F401  (registers the "aluminum" backend and mpi://)
 
-from conftest import WORLD, all_ranks_ok, every_rank, wait_for  # noqa: E402
+from conftest import WORLD, all_ranks_ok, at_this_count, every_rank, wait_for  # noqa: E402
 # the DDP hook's tests: their data, model, single-process training and comparison
 import test_torch as torch_hook_tests  # noqa: E402
 from test_torch import max_diff, shard, train  # noqa: E402
@@ -51,6 +51,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
           "uint8": torch.uint8, "bool": torch.bool}
 FLOATS = ("float32", "float64", "float16", "bfloat16")
+# the dtypes the tests run at this rank count (every one at two ranks; conftest.at_this_count;
+# uint8 is torch's one unsigned kind)
+RUN_DTYPES = at_this_count(DTYPES, also=("uint8", "bool"))
 # async_op=False; async_op=True then Work.wait(); then Work.get_future().wait(). The two async
 # ways run each collective's main variants only (fewer sizes, ops and roots): the suite's
 # time budget is a minute at 4 ranks on 2 cores.
@@ -248,7 +251,7 @@ def case_all_reduce(group, dtype, op, mode):
     return out
 
 
-ALL_REDUCE = [(d, op, m) for d in DTYPES for op in ops_for(d) for m in MODES]
+ALL_REDUCE = [(d, op, m) for d in RUN_DTYPES for op in ops_for(d) for m in MODES]
 
 
 @pytest.mark.parametrize("dtype,op,mode", ALL_REDUCE)
@@ -363,7 +366,7 @@ COLLECTIVES = {"all_gather": case_all_gather, "reduce_scatter": case_reduce_scat
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", RUN_DTYPES)
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_collective(collective, dtype, mode):
     differential(COLLECTIVES[collective], dtype, mode)
@@ -465,14 +468,14 @@ def case_isend_irecv(group, dtype, mode):
 
 
 @needs_two
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", RUN_DTYPES)
 def test_send_recv(dtype):
     differential(case_send_recv, dtype)
 
 
 @needs_two
 @pytest.mark.parametrize("mode", ("wait", "future"))
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", RUN_DTYPES)
 def test_isend_irecv(dtype, mode):
     differential(case_isend_irecv, dtype, mode)
 
