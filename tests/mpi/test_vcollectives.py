@@ -222,6 +222,42 @@ def test_alltoallv(comm, dtype, pattern):
     assert all_ranks_ok(not failures), every_rank(failures)
 
 
+def test_alltoallv_every_argument_form(comm):
+    """Alltoallv's argument forms give one result: mpi4py's usual ones on numpy arrays (split
+    in C: [buf, counts, displs], [buf, (counts, displs)], tuples, keywords) and those the
+    Python split takes (a list subclass, a memoryview buffer, counts in the list with displs
+    as a keyword), blocking and not."""
+    p, r = comm.size, comm.rank
+    C = pair_counts("uneven", p)
+    sc, rc = [int(v) for v in C[r]], [int(v) for v in C[:, r]]
+    sd, rd = [int(v) for v in packed(sc)], [int(v) for v in packed(rc)]
+    send = inp(r, sum(sc), "float64")
+    blocks = [inp(i, int(C[i].sum()), "float64")[packed(C[i])[r]:][:C[i, r]] for i in range(p)]
+    expected = place(np.full(sum(rc), FILL, "float64"), rc, rd, blocks)
+
+    class Spec(list):
+        pass
+
+    forms = {
+        "lists": lambda o: ([send, sc, sd], [o, rc, rd], {}),
+        "pairs": lambda o: ([send, (sc, sd)], [o, (rc, rd)], {}),
+        "tuples": lambda o: ((send, np.array(sc), np.array(sd)), (o, tuple(rc), tuple(rd)), {}),
+        "keywords": lambda o: (send, o, dict(sendcounts=sc, sdispls=sd, recvcounts=rc,
+                                               rdispls=rd)),
+        "subclass": lambda o: (Spec([send, sc, sd]), Spec([o, rc, rd]), {}),
+        "memoryview": lambda o: ([memoryview(send), sc, sd], [memoryview(o), rc, rd], {}),
+        "mixed": lambda o: ([send, sc], [o, rc], dict(sdispls=sd, rdispls=rd)),
+    }
+    failures = []
+    for name, form in forms.items():
+        for blocking in (True, False):
+            out = np.full(sum(rc), FILL, "float64")
+            s, o, kw = form(out)
+            run(comm, blocking, "Alltoallv", s, o, **kw)
+            failures += differences(f"{name} blocking={blocking}", out, expected)
+    assert all_ranks_ok(not failures), every_rank(failures)
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("dtype", ["int32", "float32", "float64", "complex64", "int8", "float16"])
 def test_reduce_scatter_with_counts(comm, dtype, pattern):
