@@ -62,7 +62,8 @@ inc, libdirs, libs = find_mpi()
 # _core.pyx is a list of `include "core/*.pxi"` lines and cimports ext/libal.pxd (mpi4py's
 # MPI.pyx layout). cythonize follows those includes and cimports to decide what to regenerate;
 # `depends` makes the C compile step rebuild when a header changes too.
-core_depends = sorted(glob.glob("ext/core/*.pxi") + glob.glob("ext/shm/*.h")) + [
+core_depends = sorted(glob.glob("ext/core/*.pxi") + glob.glob("ext/shm/*.h") +
+                      glob.glob("ext/device/*.h")) + [
     "ext/libal.pxd", "ext/al_reduce.h", "ext/al_shm.h", "ext/al_device.h"]
 ext = Extension(
     "aluminum_py._core",
