@@ -27,10 +27,10 @@ RANKS = [int(n) for n in os.environ.get("AL_TEST_RANKS", "1,2,3,4").split(",") i
 # the rank count that runs the tests marked `local`: the smallest with peers (a check of
 # arguments that only exist with two ranks, such as a root that is another rank, runs there)
 LOCAL_RANKS = min((n for n in RANKS if n >= 2), default=max(RANKS, default=1))
-# every launched suite's pytest options (AL_TEST_ARGS comes after them)
 # the largest rank count that runs every test; larger ones run the `layout` tests only
 FULL_RANKS = 3
 HANG = 3600         # seconds a launched suite may take before it counts as hung
+# every launched suite's pytest options (AL_TEST_ARGS comes after them)
 COMMON = ["--with-mpi", "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
 
 
@@ -121,7 +121,7 @@ def test_mpi_suite(nranks):
 def test_allreduce_at_six_ranks_oversubscribed():
     """The allreduce matrix (every algorithm x op x size, in and out of place, blocking and
     nonblocking, for dtypes of 1, 4 and 16 bytes: the reduction kernels do not change with the
-    rank count, the 1-4 rank runs take every dtype) and the bit-identity checks at 6 ranks: not
+    rank count, the 2-rank run takes every dtype) and the bit-identity checks at 6 ranks: not
     a power of two (recursive doubling and Rabenseifner fold two ranks in, ring blocks are
     uneven), more ranks than the 1-4 runs, and (on a 2-core machine) oversubscribed, with the
     progress engine yielding after idle polls (AL_ENGINE_YIELD=1, set here so it holds on any
