@@ -532,15 +532,16 @@ class Communicator:
     def _vbackend(self, a, aname: str, b, bname: str):
         """The backend of `a`, or of `b` where `a` is None or MPI.IN_PLACE (in place: the
         data in `b`)."""
+        if type(a) is _ndarray:             # the usual case, without a call
+            return self._host
         return (self._backend_for(a, aname) if a is not None and a is not _IN_PLACE
                 else self._backend_for(b, bname))
 
     def _allgatherv(self, sendbuf, recvbuf, recvcounts, displs, algorithm, blocking):
         rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
         s = unless_in_place(sendbuf)
-        backend = (self._host if type(s) is _ndarray
-                   else self._vbackend(s, "sendbuf", rbuf, "recvbuf"))
-        return backend.allgatherv(s, rbuf, counts, displs, blocking, algorithm)
+        return self._vbackend(s, "sendbuf", rbuf, "recvbuf").allgatherv(
+            s, rbuf, counts, displs, blocking, algorithm)
 
     def Allgatherv(self, sendbuf, recvbuf, *, recvcounts=None, displs=None,
                    algorithm: str = "auto") -> None:
