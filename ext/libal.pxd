@@ -133,6 +133,8 @@ cdef extern from "al_device.h" nogil:
         int (*host_alloc)(void*, size_t, void**) noexcept nogil
         int (*host_free)(void*, void*) noexcept nogil
         int (*synchronize)(void*) noexcept nogil
+        int (*mem_alloc_async)(void*, size_t, void*, void**) noexcept nogil
+        int (*mem_free_async)(void*, void*, void*) noexcept nogil
         int (*stream_create)(void*, void**) noexcept nogil
         int (*stream_destroy)(void*, void*) noexcept nogil
         int (*stream_wait_event)(void*, void*, void*) noexcept nogil

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from ctypes import byref, c_char_p, c_int, c_void_p
+from ctypes import byref, c_char_p, c_int, c_uint64, c_void_p
 
 import numpy as np
 import pytest
@@ -448,6 +448,32 @@ def test_cuMemFreeHost_takes_only_what_cuMemHostAlloc_returned(L, ctx):
     assert L.cuMemFreeHost(p) == SUCCESS and L.cuMemFreeHost(q) == SUCCESS
     assert cs.pinned_live() == live
     assert L.cuMemFreeHost(p) == INVALID_VALUE         # double free
+
+
+def test_stream_ordered_memory_is_released_after_the_work_queued_before(L, dev):
+    """cuMemAllocAsync's block is usable by work queued on the stream after the call and
+    cuMemFreeAsync returns at once, the release queued behind that work (here a gated stream's
+    copies into and out of the block still run); it takes only a live block of
+    cuMemAllocAsync's, once."""
+    s = dev.stream()
+    g = dev.gate(s)
+    p = c_uint64()
+    live = cs.device_live()
+    assert L.cuMemAllocAsync(byref(p), 4096, s) == SUCCESS and p.value % 256 == 0
+    assert cs.device_live() == live + 1
+    src, dst = dev.array(np.arange(512, dtype=np.int64)), dev.array(np.zeros(512, np.int64))
+    assert L.cuMemcpyAsync(p.value, ptr(src), 4096, s) == SUCCESS
+    assert L.cuMemcpyAsync(ptr(dst), p.value, 4096, s) == SUCCESS
+    assert L.cuMemFreeAsync(p.value, s) == SUCCESS
+    assert cs.device_live() == live
+    assert L.cuMemFreeAsync(p.value, s) == INVALID_VALUE          # double free
+    assert L.cuMemFreeAsync(ptr(src), s) == INVALID_VALUE         # not cuMemAllocAsync's
+    assert L.cuMemAllocAsync(byref(p), 0, s) == INVALID_VALUE
+    assert L.cuMemAllocAsync(byref(p), 64, 0xdead) == INVALID_HANDLE
+    assert not dst.any()
+    g.open()
+    dev.sync(s)
+    assert np.array_equal(dst, np.arange(512))
 
 
 # ------------------------------------------------------------------ contexts

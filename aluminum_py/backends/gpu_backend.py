@@ -786,21 +786,40 @@ class GpuBackend:
         _, _, _, (s, r, c, d, nccl_op), _ = self._agreed("reduce_scatter", plan)
         me, dt, es = self.rank, str(s.dtype), s.dtype.itemsize
         blocks = [(j, s.ptr + int(d[j]) * es, int(c[j])) for j in range(self.size) if c[j]]
+        at, nbytes = int(d[me]) * es, int(c[me]) * es
 
         def launch(comm, st):
+            # In place, this rank's result must end at the front of sendbuf, where other ranks'
+            # blocks are still being read by the group: it is reduced where its block lies and
+            # moved down after the group. Where the block is longer than the elements before
+            # it, source and destination overlap, which a device copy may not: the result then
+            # goes to stream-ordered scratch memory and comes back in one copy.
+            moved = r is s and at > 0 and nbytes > 0
+            scratch = self._scratch(nbytes, st) if moved and nbytes > at else 0
+            mine = r.ptr if r is not s else (scratch or s.ptr + at)
             with nccl.group():
                 for j, src, n in blocks:    # the receive pointer matters at the root only
-                    comm.reduce(src, r.ptr if j == me and r is not s else src, n, dt, nccl_op,
-                                j, st)
-            if r is s:                      # in place: the result moves to the front
-                self._move_down(s.ptr, s.ptr + int(d[me]) * es, int(c[me]) * es, st)
+                    comm.reduce(src, mine if j == me else src, n, dt, nccl_op, j, st)
+            if scratch:
+                self.device.memcpy(s.ptr, scratch, nbytes, st)
+                self.device.free_async(scratch, st)
+            elif moved:
+                self._move_down(s.ptr, s.ptr + at, nbytes, st)
         return self._run("reduce_scatter", blocking, (s.obj, r.obj), launch)
 
+    def _scratch(self, nbytes: int, stream: int) -> int:
+        """Device memory of `nbytes` ordered on `stream` (freed by the caller with
+        device.free_async on the same stream), or 0 where the device cannot give it (out of
+        memory, or no memory pools): the caller then takes the path that needs none."""
+        try:
+            return self.device.alloc_async(nbytes, stream)
+        except Error:
+            return 0
+
     def _move_down(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        """Move `nbytes` from `src` down to `dst` < `src` on `stream`. Device copies may not
-        overlap: where the ranges do, the move is ascending copies of (src - dst) bytes, each
-        reading what no earlier one wrote (one copy for layouts with counts[rank] <= the
-        elements before this rank's block; the library holds no device scratch memory)."""
+        """Move `nbytes` from `src` down to `dst` < `src` on `stream` without scratch memory.
+        Device copies may not overlap: where the ranges do, the move is ascending copies of
+        (src - dst) bytes, each reading what no earlier one wrote."""
         gap = src - dst
         if not nbytes or not gap:
             return

@@ -30,7 +30,9 @@
  *     are freed on destroy (nothing queued points at them).
  * NCCL: nccl_standin.c, built into the same library, runs its collectives as host commands on
  * these streams (standin_enqueue_host).
- * Not modelled: kernels, device (non-host) memory, timing events, callbacks, graphs, the
+ *   - cuMemAllocAsync returns host memory at once (device memory is host memory); its
+ *     cuMemFreeAsync queues the release on the stream, after the work queued there before.
+ * Not modelled: kernels, device (non-host) memory pools, timing events, callbacks, graphs, the
  * per-thread default stream, and resetting a primary context's streams when its count hits 0. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -79,7 +81,8 @@ enum { WAIT_GEQ = 0, WAIT_EQ = 1, WAIT_AND = 2, WAIT_NOR = 3 };
   X(cuStreamWaitValue32_v2) X(cuStreamWriteValue32) X(cuStreamWriteValue32_v2)               \
   X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_v2) X(cuEventQuery) X(cuEventSynchronize) \
   X(cuEventDestroy) X(cuEventDestroy_v2) X(cuMemcpyAsync) X(cuMemcpy) X(cuMemHostAlloc)      \
-  X(cuMemAllocHost_v2) X(cuMemFreeHost) X(cuGetErrorName) X(cuGetErrorString)
+  X(cuMemAllocHost_v2) X(cuMemFreeHost) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuGetErrorName)  \
+  X(cuGetErrorString)
 #define AS_ENUM(name) E_##name,
 #define AS_NAME(name) #name,
 enum { ENTRY_POINTS(AS_ENUM) N_ENTRY_POINTS };
@@ -142,10 +145,11 @@ static _Thread_local int t_depth;
 
 /* ------------------------------------------------------------------ registries
  * Open addressing with linear probing; keys are non-zero (0 marks an empty slot), values
- * non-NULL. Live streams and events (handle -> struct), pinned blocks (pointer -> ctx). */
+ * non-NULL. Live streams and events (handle -> struct), pinned blocks and stream-ordered
+ * device blocks (pointer -> ctx). */
 struct slot { uintptr_t key; void *val; };
 struct map { struct slot *slots; size_t cap, n; };
-static struct map g_streams, g_events, g_pinned;
+static struct map g_streams, g_events, g_pinned, g_device;
 
 static size_t map_home(const struct map *m, uintptr_t key) {
   return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 29) & (m->cap - 1);
@@ -905,6 +909,43 @@ CUresult cuMemFreeHost(void *p) {
   return r;
 }
 
+/* ------------------------------------------------------------------ stream-ordered memory */
+static void release_block(void *p) { free(p); }
+
+CUresult cuMemAllocAsync(CUdeviceptr *pp, size_t n, CUstream h) {
+  struct ctx *c;
+  struct stream *s;
+  void *p = NULL;
+  ENTER(cuMemAllocAsync);
+  PASS(cuMemAllocAsync);
+  pthread_mutex_lock(&g_mu);
+  CUresult r = current_ctx_locked(&c);
+  if (!r && (!pp || !n)) r = CUDA_ERROR_INVALID_VALUE;
+  if (!r) r = stream_of_locked(h, &s);
+  if (!r && posix_memalign(&p, 256, n)) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (!r && map_put(&g_device, (uintptr_t)p, c)) { free(p); r = CUDA_ERROR_OUT_OF_MEMORY; }
+  pthread_mutex_unlock(&g_mu);
+  if (!r) *pp = (CUdeviceptr)(uintptr_t)p;
+  return r;
+}
+
+/* p must come from cuMemAllocAsync and not be freed yet (else CUDA_ERROR_INVALID_VALUE). */
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream h) {
+  struct stream *s;
+  ENTER(cuMemFreeAsync);
+  PASS(cuMemFreeAsync);
+  pthread_mutex_lock(&g_mu);
+  CUresult r = stream_of_locked(h, &s);
+  if (!r && (!p || !map_get(&g_device, (uintptr_t)p))) r = CUDA_ERROR_INVALID_VALUE;
+  if (!r) {
+    struct cmd c = { .kind = CMD_HOST, .fn = release_block, .arg = (void *)(uintptr_t)p };
+    r = enqueue_locked(s, &c, NULL, NULL);
+  }
+  if (!r) map_remove(&g_device, (uintptr_t)p);
+  pthread_mutex_unlock(&g_mu);
+  return r;
+}
+
 /* ------------------------------------------------------------------ error strings */
 static const struct { CUresult code; const char *name, *text; } errors[] = {
   { CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
@@ -957,6 +998,13 @@ long standin_calls(const char *name) {
 long standin_pinned_live(void) {
   pthread_mutex_lock(&g_mu);
   long n = (long)g_pinned.n;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+/* Blocks from cuMemAllocAsync not passed to cuMemFreeAsync. */
+long standin_device_live(void) {
+  pthread_mutex_lock(&g_mu);
+  long n = (long)g_device.n;
   pthread_mutex_unlock(&g_mu);
   return n;
 }

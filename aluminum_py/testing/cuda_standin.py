@@ -82,6 +82,8 @@ _SIGNATURES = {
     "cuMemcpy": [c_uint64, c_uint64, c_size_t],
     "cuMemHostAlloc": [_PP, c_size_t, c_uint], "cuMemAllocHost_v2": [_PP, c_size_t],
     "cuMemFreeHost": [c_void_p],
+    "cuMemAllocAsync": [POINTER(c_uint64), c_size_t, c_void_p],
+    "cuMemFreeAsync": [c_uint64, c_void_p],
     "cuGetErrorName": [c_int, POINTER(c_char_p)], "cuGetErrorString": [c_int, POINTER(c_char_p)],
 }
 # (restype, argtypes) of the introspection functions
@@ -91,6 +93,7 @@ _INTROSPECTION = {
     "standin_live_streams": (c_int, []),
     "standin_calls": (c_long, [c_char_p]),
     "standin_pinned_live": (c_long, []),
+    "standin_device_live": (c_long, []),
     "standin_sync_waits": (c_long, []),
     "standin_blocked_streams": (c_int, []),
     "standin_reset_counters": (None, []),
@@ -261,6 +264,11 @@ def calls(name: str) -> int:
 
 def pinned_live() -> int:
     return load().standin_pinned_live()
+
+
+def device_live() -> int:
+    """Blocks from cuMemAllocAsync not yet passed to cuMemFreeAsync."""
+    return load().standin_device_live()
 
 
 def sync_waits() -> int:

@@ -71,6 +71,26 @@ cdef class Device:
         if rc != 0:
             self.fail("cuMemcpyAsync", rc)
 
+    def alloc_async(self, size_t nbytes, uintptr_t stream):
+        """Device memory of `nbytes` for the work queued on `stream` from now on
+        (cuMemAllocAsync; returned by free_async on the same stream). Does not synchronize."""
+        cdef void* p = NULL
+        cdef int rc
+        with nogil:
+            rc = self.dev.mem_alloc_async(self.dev.ctx, nbytes, <void*>stream, &p)
+        if rc != 0:
+            self.fail("cuMemAllocAsync", rc)
+        return <uintptr_t>p
+
+    def free_async(self, uintptr_t ptr, uintptr_t stream):
+        """Return memory from alloc_async once the work queued on `stream` so far has run
+        (cuMemFreeAsync)."""
+        cdef int rc
+        with nogil:
+            rc = self.dev.mem_free_async(self.dev.ctx, <void*>ptr, <void*>stream)
+        if rc != 0:
+            self.fail("cuMemFreeAsync", rc)
+
     def stream_wait_event(self, uintptr_t stream, uintptr_t ev):
         """Work queued on `stream` later waits for the event's latest record so far."""
         cdef int rc

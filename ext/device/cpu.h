@@ -319,6 +319,18 @@ static int al_cpu_host_free(void *ctx_, void *p) {
   return 0;
 }
 
+/* Device memory is host memory: allocated at once, freed by a command queued on the stream,
+ * so after the work queued before the free (stream order, as cuMemFreeAsync). */
+static int al_cpu_mem_alloc_async(void *ctx, size_t n, void *stream, void **p) {
+  *p = malloc(n ? n : 1);
+  return *p ? 0 : -1;
+}
+static int al_cpu_mem_free_async(void *ctx, void *p, void *stream) {
+  al_cmd *c = al_cpu_cmd(AL_CMD_HOSTFN); if (!c) return -1;
+  c->fn = free; c->arg = p;
+  al_cpu_enter(ctx); return al_cpu_leave(ctx, al_cpu_push((al_cpu_stream *)stream, c));
+}
+
 static void al_cpu_describe(void *ctx, int code, char *buf, size_t n) {
   snprintf(buf, n, code == -2 ? "not a pointer returned by host_alloc (CPU device)"
                               : "CPU device error %d (out of memory?)", code);

@@ -41,6 +41,8 @@ typedef struct {
   al_CUresult (*cuStreamDestroy)(void *);           /* _v2 */
   al_CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
   al_CUresult (*cuMemFreeHost)(void *);
+  al_CUresult (*cuMemAllocAsync)(uintptr_t *, size_t, void *);
+  al_CUresult (*cuMemFreeAsync)(uintptr_t, void *);
   al_CUresult (*cuGetErrorName)(al_CUresult, const char **);
   al_CUresult (*cuGetErrorString)(al_CUresult, const char **);
 } al_cuda_ctx;
@@ -113,6 +115,12 @@ static int al_cuda_host_alloc(void *ctx, size_t n, void **p) {
 static int al_cuda_host_free(void *ctx, void *p) {
   AL_CU_CALL(ctx, AL_CU(ctx)->cuMemFreeHost(p));
 }
+static int al_cuda_mem_alloc_async(void *ctx, size_t n, void *stream, void **p) {
+  AL_CU_CALL(ctx, AL_CU(ctx)->cuMemAllocAsync((uintptr_t *)p, n ? n : 1, stream));
+}
+static int al_cuda_mem_free_async(void *ctx, void *p, void *stream) {
+  AL_CU_CALL(ctx, AL_CU(ctx)->cuMemFreeAsync((uintptr_t)p, stream));
+}
 static int al_cuda_synchronize(void *ctx) {
   AL_CU_CALL(ctx, AL_CU(ctx)->cuCtxSynchronize());
 }
@@ -184,6 +192,7 @@ static al_device *al_cuda_device_new(const char *path, int ordinal, char *err, s
   AL_CU_SYM(cuEventQuery); AL_CU_SYM_V2(cuEventDestroy); AL_CU_SYM_V2(cuStreamWaitValue32);
   AL_CU_SYM_V2(cuStreamWriteValue32); AL_CU_SYM(cuStreamWaitEvent); AL_CU_SYM(cuStreamCreate);
   AL_CU_SYM_V2(cuStreamDestroy); AL_CU_SYM(cuMemHostAlloc); AL_CU_SYM(cuMemFreeHost);
+  AL_CU_SYM(cuMemAllocAsync); AL_CU_SYM(cuMemFreeAsync);
   AL_CU_SYM(cuGetErrorName); AL_CU_SYM(cuGetErrorString);
   if ((r = c->cuInit(0)) != 0 || (r = c->cuDeviceGetCount(&n)) != 0 || n == 0) {
     snprintf(err, errlen, "no CUDA device is available"); goto fail; }

@@ -16,6 +16,9 @@
  *                  a flag only that thread writes): the engine only takes buffers from and
  *                  returns them to the pinned pool below.
  *   synchronize    wait until every stream of the device is idle (cuCtxSynchronize)
+ *   mem_alloc_async  device memory ordered on the stream (cuMemAllocAsync): usable by work
+ *   mem_free_async   queued on it after the call; the free returns it once the work queued
+ *                  before the free has run (cuMemFreeAsync). Neither synchronizes.
  *   stream_create  a new stream (CUDA: non-blocking); stream_destroy releases it once the work
  *                  queued on it has run (CUDA: cuStreamDestroy returns at once; CPU: joins)
  *   stream_wait_event  the stream waits for the event's latest record at the time of the call
@@ -51,6 +54,8 @@ typedef struct al_device {
   int (*host_alloc)(void *ctx, size_t n, void **p);
   int (*host_free)(void *ctx, void *p);
   int (*synchronize)(void *ctx);
+  int (*mem_alloc_async)(void *ctx, size_t n, void *stream, void **p);
+  int (*mem_free_async)(void *ctx, void *p, void *stream);
   int (*stream_create)(void *ctx, void **stream);
   int (*stream_destroy)(void *ctx, void *stream);
   int (*stream_wait_event)(void *ctx, void *stream, void *ev);
@@ -70,6 +75,8 @@ typedef struct al_device {
     (d)->event_destroy = PREFIX##event_destroy; (d)->wait_value32 = PREFIX##wait_value32;   \
     (d)->write_value32 = PREFIX##write_value32; (d)->host_alloc = PREFIX##host_alloc;       \
     (d)->host_free = PREFIX##host_free; (d)->synchronize = PREFIX##synchronize;             \
+    (d)->mem_alloc_async = PREFIX##mem_alloc_async;                                         \
+    (d)->mem_free_async = PREFIX##mem_free_async;                                           \
     (d)->stream_create = PREFIX##stream_create;                                             \
     (d)->stream_destroy = PREFIX##stream_destroy;                                           \
     (d)->stream_wait_event = PREFIX##stream_wait_event; (d)->describe = PREFIX##describe;   \

@@ -299,10 +299,16 @@ def test_reduce_scatterv(comm, place, op, dtype, pattern):
     ck.settle()
 
 
-def test_reduce_scatterv_in_place_overlapping_move(comm):
+@pytest.mark.parametrize("scratch", ["device", "none"])
+def test_reduce_scatterv_in_place_overlapping_move(comm, scratch, monkeypatch):
     """In place, rank r's result moves from its block down to the front of sendbuf; where the
     block is longer than the elements before it the two ranges overlap (here counts 1, 40, 3,
-    ...: rank 1's block of 40 starts at element 1), and the move must still be exact."""
+    ...: rank 1's block of 40 starts at element 1), and the move must still be exact: through
+    stream-ordered scratch memory, or, where the device gives none ("none"), in copies that
+    each read what no earlier one wrote."""
+    if scratch == "none":
+        from aluminum_py.backends.gpu_backend import GpuBackend
+        monkeypatch.setattr(GpuBackend, "_scratch", lambda self, nbytes, stream: 0)
     c, stream = comm
     ck = Checks()
     counts = [1, 40, 3, 5][:c.size] + [2] * max(0, c.size - 4)
@@ -314,6 +320,37 @@ def test_reduce_scatterv_in_place_overlapping_move(comm):
     run(c, stream, True, "reduce_scatterv", x, None, counts, al.SUM)
     (out,) = fetch(stream, x)
     ck.same(out[:n], exp, f"in-place reduce_scatterv rank {c.rank}")
+    ck.settle()
+
+
+def test_in_place_reduce_scatterv_launches_one_copy_per_rank(comm):
+    """On the CUDA stand-in, which counts driver calls: in place, a rank whose block is longer
+    than the elements before it (counts 1, 4096, ...: rank 1's 4096 start at element 1) gets
+    its result to the front of sendbuf in one device copy from stream-ordered scratch memory,
+    not a copy per gap's length (4096 of 8 bytes), and the stream frees the scratch."""
+    from aluminum_py import nccl
+    from aluminum_py.testing import cuda_standin
+    if nccl.library_path() != cuda_standin.path():
+        pytest.skip("driver call counts are the CUDA stand-in's")
+    c, stream = comm
+    ck = Checks()
+    counts = [1] + [4096] * (c.size - 1)
+    total, n = sum(counts), counts[c.rank]
+    at = packed_displs(counts)[c.rank]
+    mine = (np.arange(total, dtype=np.int64) * 3 + c.rank) % 1000
+    exp = gather_inputs(mine).sum(axis=0)[at:at + n]
+    x = to_gpu(mine, stream)
+    live, copies = cuda_standin.device_live(), cuda_standin.calls("cuMemcpyAsync")
+    run(c, stream, True, "reduce_scatterv", x, None, counts, al.SUM)
+    copies = cuda_standin.calls("cuMemcpyAsync") - copies
+    (out,) = fetch(stream, x)
+    ck.same(out[:n], exp, f"in-place reduce_scatterv rank {c.rank}")
+    if copies != (1 if at else 0):
+        ck.problems.append(f"{copies} device copies to move its result to the "
+                           f"front, expected {1 if at else 0}")
+    if cuda_standin.device_live() != live:
+        ck.problems.append(f"{cuda_standin.device_live() - live} scratch blocks "
+                           f"not freed")
     ck.settle()
 
 
