@@ -110,16 +110,9 @@ def vspec(spec, name: str, counts=None, displs=None):
     """Split a v-message argument into (buf, counts, displs), either None where not given.
     `counts` / `displs`: the call's keywords (recvcounts=, displs=, ...), which may not be given
     together with the same part inside the list form."""
-    if type(spec) is list or type(spec) is tuple:
-        if counts is None and displs is None:       # the usual forms, at the cost of a lookup
-            if len(spec) == 3:
-                return spec[0], spec[1], spec[2]
-            if len(spec) == 2:
-                c = spec[1]
-                if type(c) is tuple and len(c) == 2 and type(c[0]) in _LAYOUT_TYPES:
-                    return spec[0], c[0], c[1]      # [buf, (counts, displs)]
-    elif not isinstance(spec, (list, tuple)) or isinstance(spec, _ndarray):
-        return spec, counts, displs
+    split = _core.vsplit(spec, counts, displs)      # the usual forms, natively
+    if split is not None:
+        return split
     if not 1 <= len(spec) <= 3:
         raise TypeError(f"{name}: expected buf, [buf, counts] or [buf, counts, displs], got "
                         f"a {type(spec).__name__} of {len(spec)} items")

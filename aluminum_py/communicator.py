@@ -523,10 +523,11 @@ class Communicator:
                               status)
 
     # ------------------------------------------------------------------ v-collectives
-    # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts (issue
-    # 29): mpi4py's argument forms ([buf, counts], [buf, counts, displs], [buf, (counts,
-    # displs)], or buf with the keywords) split once (buffers.vspec), MPI.IN_PLACE and None both
-    # mean in place; the backend of the first buffer given checks everything else.  Counts and
+    # Allgatherv, Gatherv, Scatterv, Alltoallv and Reduce_scatter with per-rank counts:
+    # mpi4py's argument forms ([buf, counts], [buf, counts, displs], [buf, (counts, displs)],
+    # or buf with the keywords) split once (buffers.vspec, whose usual forms are _core.vsplit's),
+    # MPI.IN_PLACE and None both mean in place; the backend of the first buffer given checks
+    # everything else.  Counts and
     # displacements are in elements; displs None: the blocks packed in rank order.
 
     def _vbackend(self, a, aname: str, b, bname: str):

@@ -300,11 +300,18 @@ class ProcessGroupAluminum(dist.ProcessGroup):
         calls (`p2p`) start nonblocking, so consecutive ones form one group, and are waited
         for on that stream when the Work is first waited for or asked about.  Under torch's
         profiler the call is the event ``aluminum:<what>`` with the shapes of `shown` (default:
-        `tensor`)."""
+        `tensor`): for host tensors from the call to the op's completion, for CUDA tensors the
+        enqueue (as ProcessGroupNCCL's, which ends its event once the op is on the stream)."""
         self._usable(what)
         device = cuda.pieces.device_of(tensor)
         if device is not None:
-            work = self._start_cuda(what, device, calls, result, finish, p2p)
+            handle = (self._record(what, shown or (tensor,))
+                      if _profiling() and not self._quiet else None)
+            try:
+                work = self._start_cuda(what, device, calls, result, finish, p2p)
+            finally:
+                if handle is not None:
+                    torch.autograd._record_function_with_args_exit(handle)
         elif _profiling() and not self._quiet:
             handle = self._record(what, shown or (tensor,))
             work = self._start_host(what, opts, calls, result, finish, receive, blocking=False)

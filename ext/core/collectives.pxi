@@ -209,7 +209,8 @@ cdef class HostCollectives:
             sendbuf = None
         s = vsplit(sendbuf, scounts, sdispls)
         r = vsplit(recvbuf, rcounts, rdispls)
-        if s is None or r is None or r[0] is None:
+        if s is None or r is None or type(r[0]) is not cnp.ndarray or (
+                s[0] is not None and type(s[0]) is not cnp.ndarray):
             return NotImplemented
         return self.run_alltoallv(s[0], s[1], s[2], r[0], r[1], r[2], blocking, algorithm)
 

@@ -417,30 +417,28 @@ cdef tuple parse_vgather(al_msg* m, sendbuf, recvbuf, counts, displs, int p, int
     m.inplace = s is None
     return rc, rd, msg_hold(m, sendbuf, recvbuf)
 
-cdef tuple vsplit(spec, counts, displs):
-    """(buf, counts, displs) of a v-message in one of mpi4py's usual forms, the buffer a numpy
-    array: ``[buf, counts, displs]`` or ``[buf, (counts, displs)]`` with no keyword, or the
-    array (or None: in place) with the keywords `counts` and `displs`.  None for any other
-    form (buffers.vspec splits it, and says what is wrong)."""
+cpdef tuple vsplit(spec, counts=None, displs=None):
+    """(buf, counts, displs) of a v-message in one of mpi4py's usual forms: ``[buf, counts,
+    displs]`` or ``[buf, (counts, displs)]`` with no keyword, or a buffer that is no list or
+    tuple with the keywords `counts` and `displs` (either None where not given).  None for any
+    other list or tuple (buffers.vspec splits it, and says what is wrong).  The buffer is not
+    looked at."""
     cdef Py_ssize_t n
     if type(spec) is list or type(spec) is tuple:
         if counts is not None or displs is not None:
             return None
         n = len(<object>spec)
         if n == 3:
-            buf, counts, displs = spec
-        elif n == 2:
-            buf, c = spec
-            if not (type(c) is tuple and len(<tuple>c) == 2 and (
-                    type(c[0]) is list or type(c[0]) is tuple or type(c[0]) is cnp.ndarray)):
-                return None
-            counts, displs = c
-        else:
-            return None
-        return (buf, counts, displs) if type(buf) is cnp.ndarray else None
-    if spec is None or type(spec) is cnp.ndarray:
-        return (spec, counts, displs)
-    return None
+            return (spec[0], spec[1], spec[2])
+        if n == 2:
+            c = spec[1]
+            if type(c) is tuple and len(<tuple>c) == 2 and (
+                    type(c[0]) is list or type(c[0]) is tuple or type(c[0]) is cnp.ndarray):
+                return (spec[0], c[0], c[1])
+        return None
+    if isinstance(spec, (list, tuple)):
+        return None
+    return (spec, counts, displs)
 
 cdef tuple parse_alltoallv(al_msg* m, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls,
                            int p, int me):

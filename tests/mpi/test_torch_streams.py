@@ -175,6 +175,19 @@ def test_collective_ordered_after_the_current_stream_of_the_tensors_device(doubl
     assert all_ranks_ok(ok), log
 
 
+def test_profiler_records_the_enqueue_of_a_cuda_collective(double, group):
+    """Under torch's profiler a collective on a CUDA tensor is the event
+    ``aluminum:all_reduce`` with the input shapes, spanning its enqueue on the collective
+    stream (as ProcessGroupNCCL's): the op is in the double's log when the event has ended."""
+    t = double.put(torch.from_numpy(values(7, 6).reshape(2, 3)), 0)
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        group.allreduce([t], options()).wait()
+    ar = [e for e in prof.function_events if e.name == "aluminum:all_reduce"]
+    ok = (len(ar) == 1 and str(ar[0].input_shapes) == "[[2, 3]]"
+          and ("Allreduce",) in double.calls())
+    assert all_ranks_ok(ok), [(e.name, e.input_shapes) for e in prof.function_events]
+
+
 def test_wait_orders_the_then_current_stream(double, group):
     """work.wait() (and synchronize()) make the stream current at the time of the wait wait
     for the op's end event, not the stream that issued the call."""
