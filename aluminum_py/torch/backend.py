@@ -112,16 +112,22 @@ class Work(dist.Work):
     ``synchronize()`` make the then-current stream wait for its end, ``is_completed()`` asks
     the end's event, and the Future is completed on the collective stream."""
 
+    # The state of a call that ran to completion in the caller (what most calls are): an
+    # instance sets only what differs, as setting attributes on a torch class costs time.
+    _source = _handed = _enqueued = _completion = None
+    _queued = False
+    _by_waiter = False                  # profiled: the waiter thread completes it
+
     def __init__(self, group: "ProcessGroupAluminum", what: str, requests: list,
                  finish: Callable[[], None] | None, result: list, receive=None,
                  enqueued: cuda.Enqueued | None = None):
         super().__init__()
-        self._what, self._source, self._outputs = what, None, result
-        self._queued, self._handed, self._enqueued = False, None, enqueued
-        self._by_waiter = False         # profiled: the waiter thread completes it
-        if enqueued is not None or not requests:    # on a stream, or ran to completion
-            self._completion = None
-            if enqueued is None and finish is not None:
+        self._what, self._outputs = what, result
+        if enqueued is not None:        # on a stream
+            self._enqueued = enqueued
+            return
+        if not requests:                # ran to completion
+            if finish is not None:
                 finish()
             return
 
