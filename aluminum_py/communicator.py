@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _core, config, timeline, topology
 from .backends.gpu_backend import GpuBackend
-from .backends.host import HostBackend, rank_arg, source_arg
+from .backends.host import HostBackend, source_arg
 from .backends.ht_enqueue import HostTransfer
 from .buffers import _IN_PLACE, unless_in_place, vspec
 from .errors import Error, ThreadLevelWarning, TimeoutError
@@ -325,9 +325,6 @@ class Communicator:
             raise failure
 
     # ------------------------------------------------------------------ helpers
-    def _rank_arg(self, value, name: str) -> int:
-        return rank_arg(value, name, self.size)
-
     def _source(self, source) -> int:
         """`source` as a rank or MPI.ANY_SOURCE (else the error naming it)."""
         return source_arg(source, self.size)
@@ -558,7 +555,6 @@ class Communicator:
         return self._allgatherv(sendbuf, recvbuf, recvcounts, displs, algorithm, False)
 
     def _gatherv(self, sendbuf, recvbuf, root, recvcounts, displs, blocking):
-        root = self._rank_arg(root, "root")
         rbuf, counts, displs = vspec(recvbuf, "recvbuf", recvcounts, displs)
         s = unless_in_place(sendbuf)
         return self._vbackend(s, "sendbuf", rbuf, "recvbuf").gatherv(
@@ -576,7 +572,6 @@ class Communicator:
         return self._gatherv(sendbuf, recvbuf, root, recvcounts, displs, False)
 
     def _scatterv(self, sendbuf, recvbuf, root, sendcounts, displs, blocking):
-        root = self._rank_arg(root, "root")
         sbuf, counts, displs = vspec(sendbuf, "sendbuf", sendcounts, displs)
         r = unless_in_place(recvbuf)
         return self._vbackend(r, "recvbuf", sbuf, "sendbuf").scatterv(

@@ -666,6 +666,8 @@ class GpuBackend:
         displs[j]); recvbuf, counts, displs matter at the root only; at the root sendbuf None
         is in place. A rank's sendbuf must hold the root's counts[rank] elements (NCCL sends
         are matched by size; checked across ranks only with AL_CHECK=1)."""
+        root = rank_arg(root, "root", self.size)
+
         def plan():
             if self.rank != root:
                 s = self._arr(sendbuf, "sendbuf")
@@ -692,6 +694,8 @@ class GpuBackend:
         recvbuf; sendbuf, counts, displs matter at the root only; at the root recvbuf None is
         in place. A rank's recvbuf must hold the root's counts[rank] elements (checked across
         ranks only with AL_CHECK=1)."""
+        root = rank_arg(root, "root", self.size)
+
         def plan():
             if self.rank != root:
                 r = self._arr(recvbuf, "recvbuf", writable=True)

@@ -129,6 +129,10 @@ class _Hooks:
                          "displacements: recvbuf's layout is used for both sides")
 
     @staticmethod
+    def required_off_root(name):
+        raise TypeError(f"{name}: required on non-root ranks (in place is the root's form only)")
+
+    @staticmethod
     def v_algorithm(what, algorithm):
         """The error of `algorithm`, a name the v-collective `what` does not run."""
         if not isinstance(algorithm, str):
@@ -232,7 +236,8 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()}, VALID_P
 
 # The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
 NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
-                "scatter", "barrier", "send", "recv", "sendrecv", "allgatherv", "alltoallv")
+                "scatter", "barrier", "send", "recv", "sendrecv", "allgatherv", "gatherv", "scatterv",
+                "alltoallv")
 
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
@@ -445,12 +450,11 @@ class HostBackend:
         return self._launch(nop, blocking, "mpi")
 
     # ------------------------------------------------------------------ v-collectives
-    # Gatherv, Scatterv and Reduce_scatter with per-rank counts (Allgatherv and Alltoallv are
-    # native entries: HostCollectives).  Buffers are the caller's objects (None: in place, the
-    # Communicator's MPI.IN_PLACE included), counts and displacements the user's values: each
-    # method checks them here, before any communication (buffers.vlayout / vno_overlap: one per
-    # rank, ints, non-negative, every block inside its buffer, receive blocks disjoint), then
-    # runs one native op (ext/core/vcollectives.pxi: the MPI library's MPI_I*v call).
+    # Reduce_scatter with per-rank counts (the other v-collectives are native entries:
+    # HostCollectives).  Buffers are the caller's objects (None: in place, the Communicator's
+    # MPI.IN_PLACE included), counts the user's values, checked here before any communication
+    # (buffers.vlayout: one per rank, ints, non-negative), then one native op
+    # (ext/core/vcollectives.pxi: the MPI library's MPI_Ireduce_scatter).
 
     @staticmethod
     def _v_algorithm(what: str, algorithm) -> None:
@@ -475,67 +479,6 @@ class HostBackend:
         if at is not None:
             row[at] = n
         return row
-
-    def _v_gathered(self, sendbuf, recvbuf, counts, displs, what: str):
-        """The arguments of a gather into a v-layout (Gatherv at the root): sendbuf
-        (None: in place) holding exactly this rank's count, recvbuf and its checked layout
-        (counts, displs), sharing no memory. Returns (s, r, counts, displs)."""
-        s = None if sendbuf is None else as_array(sendbuf, "sendbuf")
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        if s is not None:
-            same_dtype(s, r, "sendbuf", "recvbuf")
-        rc, rd = vlayout(counts, displs, self.size, "recvbuf", r.size)
-        vno_overlap(rc, rd, "recvbuf")
-        if s is not None:                       # (the messages are built only to raise)
-            if s.size != rc[self.rank]:
-                vsame_count(s, int(rc[self.rank]), "sendbuf", f"recvcounts[{self.rank}] (this "
-                            f"rank's block)")
-            if s.size and r.size and np.may_share_memory(s, r):
-                no_overlap(s, r, "sendbuf", "recvbuf", f"pass sendbuf=None (or MPI.IN_PLACE) "
-                           f"for an in-place {what}")
-        return s, r, rc, rd
-
-    def gatherv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
-        self._v_algorithm("gatherv", algorithm)
-        if self.rank != root:
-            if sendbuf is None:
-                raise TypeError("sendbuf: required on non-root ranks (in place is the root's "
-                                "form only)")
-            s = as_array(sendbuf, "sendbuf")
-            check_count(s.size, "sendbuf")
-            self._v_expect("gatherv", lambda: (self._v_rows(s.size, root),
-                                               self._v_rows(at=root)))
-            return _core.gatherv(self.launcher, s, None, None, None, root, blocking,
-                                 self.calls.wait_limit())
-        s, r, rc, rd = self._v_gathered(sendbuf, recvbuf, counts, displs, "Gatherv at the root")
-        self._v_expect("gatherv", lambda: (self._v_rows(int(rc[root]), root), rc))
-        return _core.gatherv(self.launcher, s, r, rc, rd, root, blocking,
-                             self.calls.wait_limit())
-
-    def scatterv(self, sendbuf, recvbuf, counts, displs, root, blocking, algorithm="auto"):
-        self._v_algorithm("scatterv", algorithm)
-        if self.rank != root:
-            if recvbuf is None:
-                raise TypeError("recvbuf: required on non-root ranks (in place is the root's "
-                                "form only)")
-            r = as_array(recvbuf, "recvbuf", writable=True)
-            check_count(r.size, "recvbuf")
-            self._v_expect("scatterv", lambda: (self._v_rows(at=root),
-                                                self._v_rows(r.size, root)))
-            return _core.scatterv(self.launcher, None, r, None, None, root, blocking,
-                                  self.calls.wait_limit())
-        s = as_array(sendbuf, "sendbuf")
-        r = None if recvbuf is None else as_array(recvbuf, "recvbuf", writable=True)
-        if r is not None:
-            same_dtype(s, r, "sendbuf", "recvbuf")
-        sc, sd = vlayout(counts, displs, self.size, "sendbuf", s.size)
-        if r is not None:
-            at_least(r, int(sc[root]), "recvbuf", f"sendcounts[{root}] (the root's block)")
-            no_overlap(s, r, "sendbuf", "recvbuf", "pass recvbuf=None (or MPI.IN_PLACE) at the "
-                       "root for an in-place Scatterv")
-        self._v_expect("scatterv", lambda: (sc, self._v_rows(int(sc[root]), root)))
-        return _core.scatterv(self.launcher, s, r, sc, sd, root, blocking,
-                              self.calls.wait_limit())
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking, algorithm="auto"):
         """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as

@@ -198,6 +198,78 @@ cdef class HostCollectives:
                 msg_obj(m.r), m.count, None, None, rc, rd, 0, 0)
         return L.launch(o, blocking, self.wait_limit(), "mpi")
 
+    def gatherv(self, sendbuf, recvbuf, counts, displs, root_arg, bint blocking,
+                algorithm="auto"):
+        """Every rank's sendbuf into root's recvbuf, rank j's block (counts[j] elements) at
+        displs[j] (None: packed); recvbuf and the layout matter at the root only, where sendbuf
+        None is in place (the root's block already there).  The MPI library's call."""
+        cdef al_msg m
+        cdef Launcher L = self.launcher
+        cdef int p = self.state.c.size, me = self.state.c.rank
+        cdef cnp.ndarray s
+        cdef int64_t n
+        cdef int root = parse_rank(self.state, root_arg, "root")
+        if algorithm != "mpi" and algorithm != "auto":
+            _hooks.v_algorithm("gatherv", algorithm)                    # raises
+        if me != root:
+            if sendbuf is None:
+                _hooks.required_off_root("sendbuf")                     # raises
+            s = as_array(sendbuf, "sendbuf", False)
+            n = cnp.PyArray_SIZE(s)
+            check_count(n, "sendbuf")
+            if L.checker is not None:       # AL_CHECK: what it sends and expects per rank
+                L.checker.expect_v(K_GATHERV, vrow(p, root, n), vrow(p, root, -1))
+            o = vop(L, K_GATHERV, "gatherv", s, None, n, None, None, None, None, root, 0)
+            return L.launch(o, blocking, self.wait_limit(), "mpi")
+        rc, rd, hold = parse_vgather(&m, sendbuf, recvbuf, counts, displs, p, me,
+                                     "Gatherv at the root")
+        if L.checker is not None:
+            L.checker.expect_v(K_GATHERV, vrow(p, root, m.count), rc)
+        o = vop(L, K_GATHERV, "gatherv", None if m.inplace else msg_obj(m.s), msg_obj(m.r),
+                m.count, None, None, rc, rd, root, 0)
+        return L.launch(o, blocking, self.wait_limit(), "mpi")
+
+    def scatterv(self, sendbuf, recvbuf, counts, displs, root_arg, bint blocking,
+                 algorithm="auto"):
+        """Block i of root's sendbuf (counts[i] elements at displs[i]; None: packed) into rank
+        i's recvbuf, whose length is the count off the root; sendbuf and the layout matter at
+        the root only, where recvbuf None is in place (the root's block stays in sendbuf).
+        The MPI library's call."""
+        cdef Launcher L = self.launcher
+        cdef int p = self.state.c.size, me = self.state.c.rank
+        cdef cnp.ndarray s, r = None
+        cdef int64_t n
+        cdef int root = parse_rank(self.state, root_arg, "root")
+        if algorithm != "mpi" and algorithm != "auto":
+            _hooks.v_algorithm("scatterv", algorithm)                   # raises
+        if me != root:
+            if recvbuf is None:
+                _hooks.required_off_root("recvbuf")                     # raises
+            r = as_array(recvbuf, "recvbuf", True)
+            n = cnp.PyArray_SIZE(r)
+            check_count(n, "recvbuf")
+            if L.checker is not None:
+                L.checker.expect_v(K_SCATTERV, vrow(p, root, -1), vrow(p, root, n))
+            o = vop(L, K_SCATTERV, "scatterv", None, r, n, None, None, None, None, root, 0)
+            return L.launch(o, blocking, self.wait_limit(), "mpi")
+        s = as_array(sendbuf, "sendbuf", False)
+        dtype_code_of(s, "sendbuf")
+        if recvbuf is not None:
+            r = as_array(recvbuf, "recvbuf", True)
+            same_dtype_of(s, r, "sendbuf", "recvbuf")
+        sc, sd = parse_vlayout(counts, displs, p, "sendbuf", cnp.PyArray_SIZE(s), False)
+        n = vints_data(sc)[root]
+        if r is not None:
+            if cnp.PyArray_SIZE(r) < n:
+                _hooks.at_least(r, n, "recvbuf", f"sendcounts[{root}] (the root's block)")
+            if overlap(s, r):
+                _hooks.no_overlap(s, r, "sendbuf", "recvbuf", "pass recvbuf=None (or "
+                                  "MPI.IN_PLACE) at the root for an in-place Scatterv")
+        if L.checker is not None:
+            L.checker.expect_v(K_SCATTERV, sc, vrow(p, root, n))
+        o = vop(L, K_SCATTERV, "scatterv", s, r, n, sc, sd, None, None, root, 0)
+        return L.launch(o, blocking, self.wait_limit(), "mpi")
+
     def alltoallv_msg(self, sendbuf, recvbuf, scounts, sdispls, rcounts, rdispls,
                       bint blocking, algorithm):
         """Communicator.Alltoallv's arguments as the caller gave them (MPI.IN_PLACE, the

@@ -1,8 +1,8 @@
 # The v-collectives on host buffers: Allgatherv, Gatherv, Scatterv, Alltoallv and
 # Reduce_scatter with per-rank counts, as MPI pass-through ops (passthrough.pxi: MPI_I*v).
-# Each entry has one shape: build one op from arguments the host backend has checked
-# (aluminum_py/backends/host.py, "v-collectives": buffers.vlayout / vno_overlap give the counts
-# and displacements as int32 arrays of `size` entries), then launch it.  The op's keep holds the
+# Their entries (HostCollectives in collectives.pxi; reduce_scatterv below, whose arguments the
+# host backend checks) build one op from checked arguments (counts and displacements as int32
+# arrays of `size` entries) and launch it.  The op's keep holds the
 # buffers and the count arrays (op.v points into them) until it completes.
 
 cdef int* vints(object a, int size, str name) except? NULL:
@@ -40,19 +40,12 @@ cdef NativeOp vop(Launcher L, int kind, str name, s, r, int64_t count, sc, sd, r
     o.keep = (L.state, None, (s, r, sc, sd, rc, rd))
     return o
 
-def gatherv(Launcher L, s, r, counts, displs, int root, bint blocking, double timeout):
-    """Gatherv onto `root`: every rank's s (at root None: in place, root's block already at
-    displs[root] of r) into root's r at counts/displs (r, counts, displs: None off the root)."""
-    cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray?>s) if s is not None else counts[root]
-    o = vop(L, K_GATHERV, "gatherv", s, r, n, None, None, counts, displs, root, 0)
-    return L.launch(o, blocking, timeout, "mpi")
-
-def scatterv(Launcher L, s, r, counts, displs, int root, bint blocking, double timeout):
-    """Scatterv from `root`: block i of root's s (counts/displs) into rank i's r (all of it off
-    the root; at root its first counts[root] elements, or None: in place)."""
-    cdef int64_t n = counts[root] if L.state.c.rank == root else cnp.PyArray_SIZE(<cnp.ndarray?>r)
-    o = vop(L, K_SCATTERV, "scatterv", s, r, n, counts, displs, None, None, root, 0)
-    return L.launch(o, blocking, timeout, "mpi")
+cdef object vrow(int p, int at, int64_t n):
+    """AL_CHECK's row of what a rank sends to or receives from each rank of `p`: -1 (nothing
+    MPI reads) except `n` at rank `at` (a rooted v-collective)."""
+    row = _np.full(p, -1, dtype=_np.int64)
+    row[at] = n
+    return row
 
 def reduce_scatterv(Launcher L, s, r, counts, int rop, bint blocking, double timeout):
     """Reduce_scatter with per-rank counts (MPI_Ireduce_scatter): rank i gets counts[i]
