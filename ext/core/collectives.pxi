@@ -198,7 +198,7 @@ cdef class HostCollectives:
                 msg_obj(m.r), m.count, None, None, rc, rd, 0, 0)
         return L.launch(o, blocking, self.wait_limit(), "mpi")
 
-    def gatherv(self, sendbuf, recvbuf, counts, displs, root_arg, bint blocking,
+    def gatherv(self, sendbuf, recvbuf, counts, displs, root, bint blocking,
                 algorithm="auto"):
         """Every rank's sendbuf into root's recvbuf, rank j's block (counts[j] elements) at
         displs[j] (None: packed); recvbuf and the layout matter at the root only, where sendbuf
@@ -208,28 +208,28 @@ cdef class HostCollectives:
         cdef int p = self.state.c.size, me = self.state.c.rank
         cdef cnp.ndarray s
         cdef int64_t n
-        cdef int root = parse_rank(self.state, root_arg, "root")
+        cdef int at = parse_rank(self.state, root, "root")
         if algorithm != "mpi" and algorithm != "auto":
             _hooks.v_algorithm("gatherv", algorithm)                    # raises
-        if me != root:
+        if me != at:
             if sendbuf is None:
                 _hooks.required_off_root("sendbuf")                     # raises
             s = as_array(sendbuf, "sendbuf", False)
             n = cnp.PyArray_SIZE(s)
             check_count(n, "sendbuf")
             if L.checker is not None:       # AL_CHECK: what it sends and expects per rank
-                L.checker.expect_v(K_GATHERV, vrow(p, root, n), vrow(p, root, -1))
-            o = vop(L, K_GATHERV, "gatherv", s, None, n, None, None, None, None, root, 0)
+                L.checker.expect_v(K_GATHERV, vrow(p, at, n), vrow(p, at, -1))
+            o = vop(L, K_GATHERV, "gatherv", s, None, n, None, None, None, None, at, 0)
             return L.launch(o, blocking, self.wait_limit(), "mpi")
         rc, rd, hold = parse_vgather(&m, sendbuf, recvbuf, counts, displs, p, me,
                                      "Gatherv at the root")
         if L.checker is not None:
-            L.checker.expect_v(K_GATHERV, vrow(p, root, m.count), rc)
+            L.checker.expect_v(K_GATHERV, vrow(p, at, m.count), rc)
         o = vop(L, K_GATHERV, "gatherv", None if m.inplace else msg_obj(m.s), msg_obj(m.r),
-                m.count, None, None, rc, rd, root, 0)
+                m.count, None, None, rc, rd, at, 0)
         return L.launch(o, blocking, self.wait_limit(), "mpi")
 
-    def scatterv(self, sendbuf, recvbuf, counts, displs, root_arg, bint blocking,
+    def scatterv(self, sendbuf, recvbuf, counts, displs, root, bint blocking,
                  algorithm="auto"):
         """Block i of root's sendbuf (counts[i] elements at displs[i]; None: packed) into rank
         i's recvbuf, whose length is the count off the root; sendbuf and the layout matter at
@@ -239,18 +239,18 @@ cdef class HostCollectives:
         cdef int p = self.state.c.size, me = self.state.c.rank
         cdef cnp.ndarray s, r = None
         cdef int64_t n
-        cdef int root = parse_rank(self.state, root_arg, "root")
+        cdef int at = parse_rank(self.state, root, "root")
         if algorithm != "mpi" and algorithm != "auto":
             _hooks.v_algorithm("scatterv", algorithm)                   # raises
-        if me != root:
+        if me != at:
             if recvbuf is None:
                 _hooks.required_off_root("recvbuf")                     # raises
             r = as_array(recvbuf, "recvbuf", True)
             n = cnp.PyArray_SIZE(r)
             check_count(n, "recvbuf")
             if L.checker is not None:
-                L.checker.expect_v(K_SCATTERV, vrow(p, root, -1), vrow(p, root, n))
-            o = vop(L, K_SCATTERV, "scatterv", None, r, n, None, None, None, None, root, 0)
+                L.checker.expect_v(K_SCATTERV, vrow(p, at, -1), vrow(p, at, n))
+            o = vop(L, K_SCATTERV, "scatterv", None, r, n, None, None, None, None, at, 0)
             return L.launch(o, blocking, self.wait_limit(), "mpi")
         s = as_array(sendbuf, "sendbuf", False)
         dtype_code_of(s, "sendbuf")
@@ -258,16 +258,16 @@ cdef class HostCollectives:
             r = as_array(recvbuf, "recvbuf", True)
             same_dtype_of(s, r, "sendbuf", "recvbuf")
         sc, sd = parse_vlayout(counts, displs, p, "sendbuf", cnp.PyArray_SIZE(s), False)
-        n = vints_data(sc)[root]
+        n = vints_data(sc)[at]
         if r is not None:
             if cnp.PyArray_SIZE(r) < n:
-                _hooks.at_least(r, n, "recvbuf", f"sendcounts[{root}] (the root's block)")
+                _hooks.at_least(r, n, "recvbuf", f"sendcounts[{at}] (the root's block)")
             if overlap(s, r):
                 _hooks.no_overlap(s, r, "sendbuf", "recvbuf", "pass recvbuf=None (or "
                                   "MPI.IN_PLACE) at the root for an in-place Scatterv")
         if L.checker is not None:
-            L.checker.expect_v(K_SCATTERV, sc, vrow(p, root, n))
-        o = vop(L, K_SCATTERV, "scatterv", s, r, n, sc, sd, None, None, root, 0)
+            L.checker.expect_v(K_SCATTERV, sc, vrow(p, at, n))
+        o = vop(L, K_SCATTERV, "scatterv", s, r, n, sc, sd, None, None, at, 0)
         return L.launch(o, blocking, self.wait_limit(), "mpi")
 
     def alltoallv_msg(self, sendbuf, recvbuf, scounts, sdispls, rcounts, rdispls,
