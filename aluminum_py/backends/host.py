@@ -18,7 +18,7 @@ from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, 
 from ..buffers import _IN_PLACE
 from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
-from ..buffers import (MAX_COUNT, not_vlayout, vlayout, vno_overlap, vsame_count,  # v-collectives
+from ..buffers import (not_vlayout, vlayout, vno_overlap, vsame_count,  # v-collectives
                        vself_counts)
 from ..errors import Error, MPIError, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
@@ -129,6 +129,10 @@ class _Hooks:
                          "displacements: recvbuf's layout is used for both sides")
 
     @staticmethod
+    def in_place_without_data():
+        raise TypeError("sendbuf: None (in place) needs the data in recvbuf, which is None too")
+
+    @staticmethod
     def required_off_root(name):
         raise TypeError(f"{name}: required on non-root ranks (in place is the root's form only)")
 
@@ -237,7 +241,7 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()}, VALID_P
 # The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
 NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
                 "scatter", "barrier", "send", "recv", "sendrecv", "allgatherv", "gatherv", "scatterv",
-                "alltoallv")
+                "alltoallv", "reduce_scatterv")
 
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
@@ -448,65 +452,6 @@ class HostBackend:
                             avg_buf=rp if ranks else 0, avg_cnt=count if ranks else 0,
                             keep=(s, r, scratch), logical01=first)
         return self._launch(nop, blocking, "mpi")
-
-    # ------------------------------------------------------------------ v-collectives
-    # Reduce_scatter with per-rank counts (the other v-collectives are native entries:
-    # HostCollectives).  Buffers are the caller's objects (None: in place, the Communicator's
-    # MPI.IN_PLACE included), counts the user's values, checked here before any communication
-    # (buffers.vlayout: one per rank, ints, non-negative), then one native op
-    # (ext/core/vcollectives.pxi: the MPI library's MPI_Ireduce_scatter).
-
-    @staticmethod
-    def _v_algorithm(what: str, algorithm) -> None:
-        """Raise unless `algorithm` runs the v-collective `what` here ("auto" and "mpi": the MPI
-        library's call)."""
-        if algorithm != "mpi" and algorithm != "auto":
-            _Hooks.v_algorithm(what, algorithm)         # raises
-
-    def _v_expect(self, kind: str, rows) -> None:
-        """AL_CHECK: rows() -> (sends, recvs), what this rank sends to and receives from each
-        rank in the coming v-collective (-1: nothing MPI reads), compared across ranks before it
-        starts (check.CallChecker), so that a short message is caught as well as a truncation.
-        Built only under AL_CHECK."""
-        checker = self.launcher.checker
-        if checker is not None:
-            checker.expect_v(K[kind], *rows())
-
-    def _v_rows(self, n: int = -1, at: int | None = None):
-        """A row of `size` ints, all `n`, or -1 except `n` at rank `at`."""
-        import numpy as np
-        row = np.full(self.size, -1 if at is not None else n, dtype=np.int64)
-        if at is not None:
-            row[at] = n
-        return row
-
-    def reduce_scatterv(self, sendbuf, recvbuf, counts, op, blocking, algorithm="auto"):
-        """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as
-        mpi4py requires), rank i gets counts[i] of the reduction. In place: sendbuf None (the
-        data in recvbuf, mpi4py's MPI.IN_PLACE form), recvbuf None or a recvbuf at sendbuf's
-        address (the data in sendbuf); the result lands at the start of the data's buffer."""
-        self._v_algorithm("reduce_scatter with recvcounts", algorithm)
-        if sendbuf is None and recvbuf is None:
-            raise TypeError("sendbuf: None (in place) needs the data in recvbuf, which is None too")
-        if sendbuf is None or recvbuf is None:
-            name = "recvbuf" if sendbuf is None else "sendbuf"
-            s, r = None, as_array(recvbuf if sendbuf is None else sendbuf, name, writable=True)
-        else:
-            name = "sendbuf"
-            s, r = as_array(sendbuf, "sendbuf"), as_array(recvbuf, "recvbuf", writable=True)
-            same_dtype(s, r, "sendbuf", "recvbuf")
-        data = r if s is None else s
-        op, _ = self._reduction(op, data)
-        c, _ = vlayout(counts, None, self.size, "recvbuf", MAX_COUNT)
-        vsame_count(data, int(c.sum()), name, "sum(recvcounts)")
-        if s is not None:
-            at_least(r, int(c[self.rank]), "recvbuf", f"recvcounts[{self.rank}]")
-            if no_partial_overlap(s, r, "sendbuf", "recvbuf"):
-                s, r = None, s           # the same start: in place, as the block form
-        self._v_expect("reduce_scatterv", lambda: (c.astype("int64"),
-                                                   self._v_rows(int(c[self.rank]))))
-        return _core.reduce_scatterv(self.launcher, s, r, c, op.code, blocking,
-                                     self.calls.wait_limit())
 
     def probe(self, source, tag, blocking, timeout, name):
         """MPI_Iprobe on the user's point-to-point communicator: the Status of the first

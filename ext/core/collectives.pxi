@@ -270,6 +270,46 @@ cdef class HostCollectives:
         o = vop(L, K_SCATTERV, "scatterv", s, r, n, sc, sd, None, None, at, 0)
         return L.launch(o, blocking, self.wait_limit(), "mpi")
 
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op, bint blocking, algorithm="auto"):
+        """Reduce_scatter with per-rank counts: sendbuf holds sum(counts) elements (exactly, as
+        mpi4py requires), rank i gets counts[i] of the reduction.  In place: sendbuf None (the
+        data in recvbuf, mpi4py's MPI.IN_PLACE form), recvbuf None or a recvbuf at sendbuf's
+        address (the data in sendbuf); the result lands at the start of the data's buffer.
+        The MPI library's call."""
+        cdef Launcher L = self.launcher
+        cdef int p = self.state.c.size, me = self.state.c.rank
+        cdef cnp.ndarray s = None, r, data
+        cdef str name = "sendbuf"
+        cdef int opcode
+        cdef int64_t n
+        if algorithm != "mpi" and algorithm != "auto":
+            _hooks.v_algorithm("reduce_scatter with recvcounts", algorithm)    # raises
+        if sendbuf is None or recvbuf is None:
+            if sendbuf is None and recvbuf is None:
+                _hooks.in_place_without_data()                          # raises
+            name = "recvbuf" if sendbuf is None else "sendbuf"
+            r = data = as_array(recvbuf if sendbuf is None else sendbuf, name, True)
+        else:
+            s = data = as_array(sendbuf, "sendbuf", False)
+            r = as_array(recvbuf, "recvbuf", True)
+            same_dtype_of(s, r, "sendbuf", "recvbuf")
+        opcode = op_code(op)
+        check_op_for(opcode, dtype_code_of(data, name), data)
+        rc, _ = parse_vlayout(counts, None, p, "recvbuf", MAX_COUNT, False)
+        n = vtotal_of(rc)
+        if cnp.PyArray_SIZE(data) != n:
+            _hooks.vsame_count(data, n, name, "sum(recvcounts)")        # raises
+        n = vints_data(rc)[me]
+        if s is not None:
+            if cnp.PyArray_SIZE(r) < n:
+                _hooks.at_least(r, n, "recvbuf", f"recvcounts[{me}]")   # raises
+            if overlap(s, r) and _hooks.no_partial_overlap(s, r, "sendbuf", "recvbuf"):
+                s, r = None, s               # the same start: in place, as the block form
+        if L.checker is not None:            # AL_CHECK: what it sends and expects per rank
+            L.checker.expect_v(K_REDUCE_SCATTERV, rc.astype(_np.int64),
+                               _np.full(p, n, dtype=_np.int64))
+        return launch_reduce_scatterv(L, s, r, rc, opcode, blocking, self.wait_limit())
+
     def alltoallv_msg(self, sendbuf, recvbuf, scounts, sdispls, rcounts, rdispls,
                       bint blocking, algorithm):
         """Communicator.Alltoallv's arguments as the caller gave them (MPI.IN_PLACE, the

@@ -1,8 +1,7 @@
 # The v-collectives on host buffers: Allgatherv, Gatherv, Scatterv, Alltoallv and
 # Reduce_scatter with per-rank counts, as MPI pass-through ops (passthrough.pxi: MPI_I*v).
-# Their entries (HostCollectives in collectives.pxi; reduce_scatterv below, whose arguments the
-# host backend checks) build one op from checked arguments (counts and displacements as int32
-# arrays of `size` entries) and launch it.  The op's keep holds the
+# Their entries (HostCollectives in collectives.pxi) build one op from checked arguments (counts
+# and displacements as int32 arrays of `size` entries) and launch it.  The op's keep holds the
 # buffers and the count arrays (op.v points into them) until it completes.
 
 cdef int* vints(object a, int size, str name) except? NULL:
@@ -47,7 +46,8 @@ cdef object vrow(int p, int at, int64_t n):
     row[at] = n
     return row
 
-def reduce_scatterv(Launcher L, s, r, counts, int rop, bint blocking, double timeout):
+cdef object launch_reduce_scatterv(Launcher L, s, r, counts, int rop, bint blocking,
+                                   double timeout):
     """Reduce_scatter with per-rank counts (MPI_Ireduce_scatter): rank i gets counts[i]
     elements of the reduction of every rank's s (sum(counts) elements) in r; s None: in place,
     the data in r, the result in its first counts[rank] elements.  AVG divides the result."""
