@@ -92,12 +92,6 @@ class NativeOp:
     @property
     def esize(self) -> int: ...
 
-def make_op(cs: CommState, kind: int, name: str, sbuf: int, rbuf: int, count: int, dtype: int,
-            esize: int, rop: int, root: int = ..., count2: int = ..., peer2: int = ...,
-            tag: int = ..., schedule: Schedule | None = ..., avg_div: float = ...,
-            avg_buf: int = ..., avg_cnt: int = ..., keep: Any = ...,
-            recv_tag: int | None = ..., logical01: bool = ...) -> NativeOp: ...
-
 class Launcher:
     """How an op runs and how its algorithm is chosen (ext/core/launcher.pxi)."""
     state: CommState
@@ -138,6 +132,10 @@ class HostCollectives:
                  blocking: bool, algorithm: str = ...) -> Any: ...
     def reduce_scatterv(self, sendbuf: Any, recvbuf: Any, counts: Any, op: Any, blocking: bool,
                         algorithm: str = ...) -> Any: ...
+    def scan(self, sendbuf: Any, recvbuf: Any, op: Any, blocking: bool,
+             algorithm: str = ...) -> Any: ...
+    def exscan(self, sendbuf: Any, recvbuf: Any, op: Any, blocking: bool,
+               algorithm: str = ...) -> Any: ...
     def alltoallv(self, sendbuf: Any, scounts: Any, sdispls: Any, recvbuf: Any, rcounts: Any,
                   rdispls: Any, blocking: bool, algorithm: str = ...) -> Any: ...
     def alltoallv_msg(self, sendbuf: Any, recvbuf: Any, scounts: Any, sdispls: Any,

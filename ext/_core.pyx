@@ -44,7 +44,7 @@ include "core/commstate.pxi"        # class CommState
 include "core/shm.pxi"              # the shared-memory transport: shm op, its gate, the segment
 include "core/native_schedule.pxi"  # class Schedule
 include "core/device.pxi"           # classes Device, CpuDevice, CudaDevice, CpuStream
-include "core/nativeop.pxi"         # class NativeOp, make_op
+include "core/nativeop.pxi"         # class NativeOp
 include "core/p2p.pxi"              # probe, wait_any (Probe, Waitany & co)
 include "core/msgbuffer.pxi"        # a call's buffers as one message (one parser per shape)
 include "core/launcher.pxi"         # class Launcher: how an op runs and is chosen

@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import operator
 
-import numpy as np
-
 from .. import _core, config, schedules, tuning
 from ..algorithms import SHM_VCOLLECTIVES, shm_preferred
 from ..algorithms import (COLLECTIVE_ALGORITHMS, GPU_ALLREDUCE, HOST_ALLREDUCE, HOST_CANDIDATES,
                           ONE_NODE, COLLECTIVE_NAMES)
 from ..buffers import _IN_PLACE
-from ..buffers import (addr, as_array, at_least, check_count, no_overlap, no_partial_overlap,
+from ..buffers import (as_array, at_least, check_count, no_overlap, no_partial_overlap,
                        same_dtype)
 from ..buffers import (not_vlayout, vlayout, vno_overlap, vsame_count,  # v-collectives
                        vself_counts)
 from ..errors import Error, MPIError, TimeoutError, UnavailableError
 from ..gpu import cuda_device_count
-from ..ops import AVG, DTYPE_CODES, OPS, VALID_PAIRS, Op, as_op, check_op
+from ..ops import DTYPE_CODES, OPS, VALID_PAIRS, Op, as_op, check_op
 from ..request import Request, _check, _status_of
 from ..status import ANY_SOURCE, ANY_TAG, Status
 from .hier_shm import NodeSegments, attach_segment
-
-K = _core.KINDS
 
 
 def rank_arg(value, name: str, size: int) -> int:
@@ -241,7 +237,7 @@ _core.configure(_Hooks(), {dt: c for dt, (c, _) in DTYPE_CODES.items()}, VALID_P
 # The Backend methods that are HostCollectives' entries (HostBackend.__init__ binds them)
 NATIVE_CALLS = ("allreduce", "reduce", "reduce_scatter", "allgather", "bcast", "alltoall", "gather",
                 "scatter", "barrier", "send", "recv", "sendrecv", "allgatherv", "gatherv", "scatterv",
-                "alltoallv", "reduce_scatterv")
+                "alltoallv", "reduce_scatterv", "scan", "exscan")
 
 _largest_local_size = 0
 _KEPT_AFTER_ABANDON: list = []   # MPI communicators never freed (HostBackend.close)
@@ -392,67 +388,10 @@ class HostBackend:
                                      self.layout if alg in schedules.NEEDS_LAYOUT else None)
         return _core.Schedule(steps, tmp)
 
-    # ------------------------------------------------------------------ Python-level ops
-    # The calls whose shapes are still parsed here, in Python (make_op + launch): Gatherv,
-    # Scatterv, Reduce_scatter with counts, Scan/Exscan.
-    def _launch(self, op, blocking: bool, algorithm: str):
-        return self.launcher.launch(op, blocking, self.calls.wait_limit(), algorithm)
-
-    def _reduction(self, op, arr):
-        """(op as an Op, arr's dtype code), or the error of an op the dtype does not take."""
-        op = as_op(op)
-        code = DTYPE_CODES[arr.dtype][0]
-        check_op(op, code, arr.dtype)
-        return op, code
-
     def _tag_arg(self, tag, allow_any: bool, name: str = "tag") -> int:
         return tag_arg(tag, allow_any, name)
 
-    @staticmethod
-    def _result(s, recvbuf, n: int, what: str):
-        """Where a reduction of sendbuf `s` lands: (s, send address 0, i.e. MPI_IN_PLACE) for
-        recvbuf None, else recvbuf checked for `n` elements of s's dtype, with send address 0 if
-        it is s itself (and an error if it overlaps s otherwise)."""
-        if recvbuf is None:
-            return s, 0
-        r = as_array(recvbuf, "recvbuf", writable=True)
-        same_dtype(s, r, "sendbuf", "recvbuf")
-        at_least(r, n, "recvbuf", what)
-        return r, (0 if no_partial_overlap(s, r, "sendbuf", "recvbuf") else _core.addr(s))
-
-    # ------------------------------------------------------------------ scans, probe
-    def scan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):
-        """MPI_Iscan: rank r gets the reduction of ranks 0..r's sendbufs (recvbuf None: in
-        place in sendbuf). AVG: that sum divided by r + 1."""
-        return self._scan("scan", sendbuf, recvbuf, op, blocking, algorithm)
-
-    def exscan(self, sendbuf, recvbuf, op, blocking, algorithm="auto"):
-        """MPI_Iexscan: rank r > 0 gets the reduction of ranks 0..r-1's sendbufs; rank 0's
-        recvbuf (in place: sendbuf) is left untouched. AVG: that sum divided by r."""
-        return self._scan("exscan", sendbuf, recvbuf, op, blocking, algorithm)
-
-    def _scan(self, kind, sendbuf, recvbuf, op, blocking, algorithm):
-        if algorithm not in ("auto", "mpi"):
-            _Hooks.mpi_only(kind, algorithm)
-        s = as_array(sendbuf, "sendbuf", writable=recvbuf is None)
-        op, code = self._reduction(op, s)
-        count = check_count(s.size, "sendbuf")
-        r, sp = self._result(s, recvbuf, count, "one element per sendbuf element")
-        rp = addr(r)
-        # ranks before it (and itself for scan): what the result sums, AVG's divisor
-        ranks = self.rank + 1 if kind == "scan" else self.rank
-        first = ranks == 1          # MPI copies its input there: no reduction to make 0/1
-        scratch = None
-        if ranks == 0:              # exscan on rank 0: MPI's result is undefined and may be
-            # written: it goes to scratch, so the user's recvbuf stays untouched
-            scratch = np.empty_like(s)
-            sp, rp = addr(s), addr(scratch)
-        nop = _core.make_op(self.state, K[kind], kind, sp, rp, count, code, s.itemsize, op.code,
-                            avg_div=float(ranks) if op is AVG and ranks > 1 else 0.0,
-                            avg_buf=rp if ranks else 0, avg_cnt=count if ranks else 0,
-                            keep=(s, r, scratch), logical01=first)
-        return self._launch(nop, blocking, "mpi")
-
+    # ------------------------------------------------------------------ probe
     def probe(self, source, tag, blocking, timeout, name):
         """MPI_Iprobe on the user's point-to-point communicator: the Status of the first
         matching message (count in bytes), or None (nonblocking: none there). Blocking: polls

@@ -122,6 +122,52 @@ cdef class HostCollectives:
         result_avg(o, m.rp, m.count, opcode, True, p)
         return self.launcher.launch(o, blocking, self.wait_limit(), "mpi")
 
+    # ---------------------------------------------------------------- scans
+    def scan(self, sendbuf, recvbuf, op, bint blocking, algorithm="auto"):
+        """MPI_Iscan: rank r gets the reduction of ranks 0..r's sendbufs (recvbuf None: in
+        place in sendbuf).  AVG: that sum divided by r + 1."""
+        return self.run_scan(K_SCAN, "scan", sendbuf, recvbuf, op, blocking, algorithm,
+                             self.state.c.rank + 1)
+
+    def exscan(self, sendbuf, recvbuf, op, bint blocking, algorithm="auto"):
+        """MPI_Iexscan: rank r > 0 gets the reduction of ranks 0..r-1's sendbufs; rank 0's
+        recvbuf (in place: sendbuf) is left untouched.  AVG: that sum divided by r."""
+        return self.run_scan(K_EXSCAN, "exscan", sendbuf, recvbuf, op, blocking, algorithm,
+                             self.state.c.rank)
+
+    cdef object run_scan(self, int kind, str name, sendbuf, recvbuf, op, bint blocking,
+                         algorithm, int ranks):
+        """A scan whose result here reduces `ranks` ranks' inputs (AVG's divisor).  With none
+        (exscan's rank 0) MPI's result is undefined and may be written: it goes to scratch, so
+        the user's recvbuf stays untouched.  With one, MPI copies the input there without a
+        reduction, so LAND/LOR/LXOR results are made 0/1 (`logical01`)."""
+        cdef al_msg m
+        cdef int opcode = op_code(op)
+        cdef NativeOp o
+        cdef char* sp
+        cdef char* rp
+        cdef cnp.ndarray scratch = None
+        if algorithm != "auto" and algorithm != "mpi":
+            _hooks.mpi_only(name, algorithm)                             # raises
+        hold = parse_reduce(&m, sendbuf, recvbuf, opcode, 1, "one element per sendbuf element",
+                            "sendbuf")
+        sp = NULL if m.inplace else m.sp
+        rp = m.rp
+        if ranks == 0:
+            scratch = _np.empty_like(msg_obj(m.s))
+            sp, rp = m.sp, <char*>cnp.PyArray_DATA(scratch)
+        o = NativeOp.__new__(NativeOp)
+        init_op(o.op, self.state.c, kind, sp, rp, m.count, m.code, m.esize, opcode)
+        o.op.result.logical01 = ranks == 1
+        if ranks:
+            o.op.result.buf = rp
+            o.op.result.count = m.count
+            if opcode == AL_AVG and ranks > 1:
+                o.op.result.avg_div = <double>ranks
+        o.name = name
+        o.keep = (self.state, None, (msg_obj(m.s), msg_obj(m.r), scratch))
+        return self.launcher.launch(o, blocking, self.wait_limit(), "mpi")
+
     # ---------------------------------------------------------------- data movement
     def allgather(self, sendbuf, recvbuf, bint blocking, algorithm="mpi"):
         """Every rank's sendbuf, in rank order; recvbuf None: in place (sendbuf holds size

@@ -291,31 +291,3 @@ cdef inline void init_op(al_op* op, al_comm* c, int kind, char* sbuf, char* rbuf
     op.rop = rop
     op.mtype = g_types[dtype]
     op.mpi.mop = mpi_op_for(dtype, rop)
-
-
-def make_op(CommState cs, int kind, name, intptr_t sbuf, intptr_t rbuf, int64_t count,
-            int dtype, int esize, int rop, int root=0, int64_t count2=0, int peer2=0,
-            int tag=0, Schedule schedule=None, double avg_div=0.0, intptr_t avg_buf=0,
-            int64_t avg_cnt=0, keep=None, recv_tag=None, bint logical01=False):
-    """Build a NativeOp. Pointers are addresses (0 for in place / unused); counts are elements.
-    recv_tag: the tag sendrecv receives with (None: `tag`, which it sends with); logical01:
-    LAND/LOR/LXOR results become 0/1 even where no reduction ran (a scan's first ranks)."""
-    cdef NativeOp o = NativeOp.__new__(NativeOp)
-    cdef al_op* op = o.op
-    init_op(op, cs.c, kind, <char*>sbuf, <char*>rbuf, count, dtype, esize, rop)
-    op.tag = tag
-    op.mpi.count2 = count2
-    op.mpi.root = root
-    op.mpi.peer2 = peer2
-    op.mpi.tag2 = tag if recv_tag is None else <int>recv_tag
-    op.result.logical01 = logical01
-    op.result.avg_div = avg_div
-    op.result.buf = <char*>avg_buf
-    op.result.count = avg_cnt
-    if schedule is not None:
-        op.sched.steps = schedule.steps
-        op.sched.nsteps = schedule.nsteps
-        op.sched.tmpbytes = <size_t>(schedule.tmp_elems * esize)
-    o.keep = (cs, schedule, keep)
-    o.name = name
-    return o
