@@ -524,8 +524,8 @@ class Communicator:
     # mpi4py's argument forms ([buf, counts], [buf, counts, displs], [buf, (counts, displs)],
     # or buf with the keywords) split once (buffers.vspec, whose usual forms are _core.vsplit's),
     # MPI.IN_PLACE and None both mean in place; the backend of the first buffer given checks
-    # everything else.  Counts and
-    # displacements are in elements; displs None: the blocks packed in rank order.
+    # everything else.  Counts and displacements are in elements; displs None: the blocks
+    # packed in rank order.
 
     def _vbackend(self, a, aname: str, b, bname: str):
         """The backend of `a`, or of `b` where `a` is None or MPI.IN_PLACE (in place: the
@@ -591,8 +591,13 @@ class Communicator:
 
     def _alltoallv(self, sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls, algorithm,
                    blocking):
-        """What the host's native split (alltoallv_msg) leaves: the forms it does not take,
-        and GPU buffers, split in Python and run on the buffers' backend."""
+        """numpy arrays in mpi4py's usual forms are split and run natively (alltoallv_msg: a
+        small call costs about what mpi4py's does); what it leaves, the other forms and GPU
+        buffers, is split in Python and run on the buffers' backend."""
+        req = self._host.alltoallv_msg(sendbuf, recvbuf, sendcounts, sdispls, recvcounts,
+                                       rdispls, blocking, algorithm)
+        if req is not NotImplemented:
+            return req
         sbuf, scounts, sdispls = vspec(unless_in_place(sendbuf), "sendbuf", sendcounts, sdispls)
         rbuf, rcounts, rdispls = vspec(recvbuf, "recvbuf", recvcounts, rdispls)
         return self._vbackend(sbuf, "sendbuf", rbuf, "recvbuf").alltoallv(
@@ -605,21 +610,13 @@ class Communicator:
         [buf, counts] or [buf, counts, displs]). sendbuf None or MPI.IN_PLACE: in place,
         recvbuf's layout for both sides.  algorithm: "mpi", "shm" (the node's segment) or
         "auto" (= "mpi": algorithms.shm_preferred)."""
-        # numpy arrays in mpi4py's usual forms: split and run natively (a small call costs
-        # about what mpi4py's does); the rest in _alltoallv
-        if self._host.alltoallv_msg(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls,
-                                    True, algorithm) is NotImplemented:
-            self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls,
-                            algorithm, True)
+        self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls, algorithm,
+                        True)
 
     def Ialltoallv(self, sendbuf, recvbuf, *, sendcounts=None, sdispls=None, recvcounts=None,
                    rdispls=None, algorithm: str = "auto") -> Request:
-        req = self._host.alltoallv_msg(sendbuf, recvbuf, sendcounts, sdispls, recvcounts,
-                                       rdispls, False, algorithm)
-        if req is NotImplemented:
-            req = self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls,
-                                  algorithm, False)
-        return req
+        return self._alltoallv(sendbuf, recvbuf, sendcounts, sdispls, recvcounts, rdispls,
+                               algorithm, False)
 
     def _reduce_scatterv(self, sendbuf, recvbuf, op, recvcounts, blocking, algorithm):
         """Reduce_scatter with per-rank counts: rank i gets recvcounts[i] elements of the
