@@ -275,6 +275,30 @@ def test_cpu_device_streams_events_and_destroy():
     dev.event_destroy(never)
 
 
+def test_cpu_device_stream_ordered_memory_is_freed_behind_the_work_queued_before():
+    """alloc_async's memory (the in-place Reduce_scatter's scratch) is usable by work queued on
+    the stream after it, and free_async queues the release behind that work: on the strict
+    device, with the stream held at a gate, both copies through the scratch run before the
+    release, and the data arrives."""
+    dev = al._core.CpuDevice(strict=True)
+    s = dev.stream()
+    gate = np.zeros(1, dtype=np.uint32)
+    src, dst = np.arange(512, dtype=np.int64), np.zeros(512, dtype=np.int64)
+    s.wait_value32(gate.ctypes.data, 1)
+    scratch = dev.alloc_async(src.nbytes, s.handle)
+    assert scratch
+    dev.memcpy(scratch, src.ctypes.data, src.nbytes, s.handle)
+    dev.memcpy(dst.ctypes.data, scratch, src.nbytes, s.handle)
+    dev.free_async(scratch, s.handle)           # returns at once: the stream is held
+    assert not dst.any()
+    gate[0] = 1
+    assert s.synchronize(timeout=300)           # a hang guard: the stream runs at once
+    assert np.array_equal(dst, src)
+    ran = [(kind, p) for kind, _, p in dev.trace() if kind in ("copy", "hostfn")]
+    assert ran == [("copy", scratch), ("copy", dst.ctypes.data), ("hostfn", scratch)], ran
+    s.destroy()
+
+
 # -- buffers stay referenced until their op has completed on the device
 
 class _Buffer:
